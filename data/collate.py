@@ -1,0 +1,41 @@
+"""Collate functions: the strategy decides how the ragged targets are laid out.
+
+A batch is a list of `(image uint8 [1,H,W], boxes uint8 [n,4])` pairs. Both collates
+stack the images; they differ in the targets:
+- `collate_list`: a Python list of per-sample `[n_i, 4]` tensors (one host-to-device copy
+  per sample later);
+- `collate_padded`: one `[B, capacity, 4]` tensor, zero past each sample's count, plus an
+  int32 `[B]` tensor of counts (two copies for the whole batch). Validity comes from the
+  counts, never from a sentinel coordinate.
+"""
+
+import torch
+
+from errors import UserError
+
+
+def check_capacity(samples, capacity: int) -> None:
+    """Refuse a sample with more boxes than the model predicts: never truncate silently."""
+    for position, (_, boxes) in enumerate(samples):
+        if boxes.shape[0] > capacity:
+            raise UserError(
+                f"sample {position} of the batch has {boxes.shape[0]} boxes but the model "
+                f"predicts only {capacity}: raise --max-boxes to at least {boxes.shape[0]}")
+
+
+def _stack_images(samples) -> torch.Tensor:
+    return torch.stack([image for image, _ in samples])
+
+
+def collate_list(samples, capacity: int):
+    check_capacity(samples, capacity)
+    return _stack_images(samples), [boxes for _, boxes in samples]
+
+
+def collate_padded(samples, capacity: int):
+    check_capacity(samples, capacity)
+    counts = torch.tensor([boxes.shape[0] for _, boxes in samples], dtype=torch.int32)
+    padded = torch.zeros(len(samples), capacity, 4, dtype=torch.uint8)
+    for row, (_, boxes) in enumerate(samples):
+        padded[row, :boxes.shape[0]] = boxes
+    return _stack_images(samples), (padded, counts)

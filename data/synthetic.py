@@ -1,0 +1,47 @@
+"""The workload's synthetic dataset, deterministic per (seed, index).
+
+Image: 1×S×S uint8, uniform noise. Boxes per image: n = clip(floor(|N(0, sigma)|), 0, 255),
+about 2.4 on average for sigma = 3. Each box: top-left uniform in [0, S-2], size uniform in
+[1, S-1], bottom-right = min(top-left + size, S-1); stored as uint8 (x1, y1, x2, y2).
+
+The original drew from global NumPy state inside worker processes, so no two runs saw the
+same data. Here every sample has its own generator seeded by (seed, index): any two
+strategies see exactly the same batches, whatever the number of workers.
+"""
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from errors import UserError
+
+MAX_BOXES_PER_IMAGE = 255  # the workload's clip: a uint8 count
+
+
+class SyntheticFaces(Dataset):
+    def __init__(self, length: int = 1_000_000, image_size: int = 256, seed: int = 0,
+                 box_sigma: float = 3.0):
+        if not 2 <= image_size <= 256:
+            # Coordinates are stored as uint8, so the image may be at most 256 pixels wide.
+            raise UserError(f"image size {image_size} is out of range: use 2..256 "
+                            "(box coordinates are stored as uint8)")
+        self.length = length
+        self.image_size = image_size
+        self.seed = seed
+        self.box_sigma = box_sigma
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        rng = np.random.default_rng([self.seed, index])
+        s = self.image_size
+        image = rng.integers(0, 256, size=(1, s, s), dtype=np.uint8)
+        n = min(int(abs(rng.normal(0.0, self.box_sigma))), MAX_BOXES_PER_IMAGE)
+        top_left = rng.integers(0, s - 1, size=(n, 2))          # [0, S-2]
+        size = rng.integers(1, s, size=(n, 2))                    # [1, S-1]
+        bottom_right = np.minimum(top_left + size, s - 1)
+        boxes = np.concatenate([top_left, bottom_right], axis=1).astype(np.uint8)
+        return torch.from_numpy(image), torch.from_numpy(boxes)

@@ -1,0 +1,55 @@
+"""Fused GIoU kernels, each a torch custom op with autograd and a fake implementation.
+
+    loss = giou_loss(pred, boxes, counts, backend="triton" | "cuda", conditional=False)
+
+Naming ladder (per backend): _giou_fwd_kernel / _giou_bwd_kernel -> launchers inside the
+custom op (giou::triton_loss, giou_cuda::loss) -> autograd registration -> giou_loss ->
+the `kernel` and `conditional` strategies in losses/fused.py. A new backend is one module
+here with a `<name>_loss(pred, target, counts, conditional) -> (loss, denom)` and one line
+in BACKENDS.
+"""
+
+import os
+
+import torch
+
+from errors import UserError
+from losses.checks import check_padded
+
+BACKENDS = ("triton", "cuda")
+
+
+def _use_triton_interpreter_without_gpu() -> None:
+    # Triton compiles for GPUs only; on a CPU-only machine its interpreter runs the same
+    # kernels on CPU tensors. The variable must be set before triton is imported.
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise UserError(f"unknown kernel backend {backend!r}: choose one of "
+                        f"{', '.join(BACKENDS)}")
+    if backend == "cuda":
+        from kernels.cuda_giou import unavailable_reason
+        reason = unavailable_reason()
+        if reason:
+            raise UserError(reason)
+
+
+def giou_loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor,
+              backend: str = "triton", conditional: bool = False) -> torch.Tensor:
+    """Mean of 1 - GIoU over the valid slots of a padded batch; no host-device sync."""
+    check_padded(pred, boxes, counts)
+    if backend == "triton":
+        _use_triton_interpreter_without_gpu()
+        from kernels.triton_giou import triton_loss
+        loss, _ = triton_loss(pred, boxes, counts, conditional)
+    elif backend == "cuda":
+        if not pred.is_cuda:
+            raise UserError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
+        from kernels.cuda_giou import cuda_loss
+        loss, _ = cuda_loss(pred, boxes, counts, conditional)
+    else:
+        check_backend(backend)
+    return loss

@@ -1,0 +1,247 @@
+"""Fused GIoU loss in Triton: `_giou_fwd_kernel` + `_giou_finalize_kernel` forward,
+`_giou_bwd_kernel` backward, launchers, and the `giou::triton_loss` custom op.
+
+Layout: predictions [B, M, 4] (fp16/bf16/fp32/fp64, any strides), targets [B, M, 4] of
+any integer or float dtype, counts [B] int32/int64. Slot i of sample b is valid when
+i < counts[b]. Nothing is cast or copied before the kernels: each loads its own dtype and
+computes in fp32 (fp64 for fp64 predictions).
+
+Grid: (B, cdiv(M, BLOCK)). `kernel` variant (CONDITIONAL=False): every program loads and
+computes its BLOCK slots and zeroes the invalid ones. `conditional` variant: a program
+whose first slot is past the sample's count neither loads nor computes; it writes a zero
+partial (forward) or zero gradients (backward); loads are masked to the valid slots.
+
+Counts outside [0, M] cannot be checked on the host without a sync; the kernels make the
+loss (and that sample's gradients) NaN instead, so a bad count is never a silent wrong
+answer and never an out-of-bounds read.
+
+Byte ledger at B=1024, M=256, bf16 predictions, uint8 targets, mean 2.4 valid boxes:
+  forward  `kernel`: reads B*M*(8+4) + 4B = 3.15 MB, writes 4*B*cdiv(M,BLOCK) partials;
+           `conditional`: reads ~B*2.4*12 + 4B = 33 KB (plus partials).
+  finalize: reads the partials (4 KB at BLOCK=256) and counts (4 KB), writes 8 bytes.
+  backward `kernel`: reads 3.15 MB, writes B*M*8 = 2.1 MB of gradient;
+           `conditional`: reads ~33 KB, still writes the full 2.1 MB (zeros past the count:
+           the gradient tensor must be fully defined).
+At ~3 TB/s that is about 1-2 us of memory traffic: launches dominate, as WORKLOAD.md says.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from losses.checks import check_padded
+from losses.giou import EPS, compute_dtype
+
+FWD_BLOCK = {False: 256, True: 32}  # conditional uses small blocks so empty ones are skipped
+FINALIZE_BLOCK = 1024
+
+
+@triton.jit
+def _d_max(a, b):
+    """d max(a, b) / da with PyTorch's tie rule (half the gradient on a tie)."""
+    return tl.where(a > b, 1.0, tl.where(a == b, 0.5, 0.0))
+
+
+@triton.jit
+def _load_boxes(pred_ptr, target_ptr, b, slots, mask, spb, spm, spc, stb, stm, stc,
+                COMPUTE: tl.constexpr):
+    p = pred_ptr + b * spb + slots * spm
+    t = target_ptr + b * stb + slots * stm
+    px1 = tl.load(p, mask=mask, other=0).to(COMPUTE)
+    py1 = tl.load(p + spc, mask=mask, other=0).to(COMPUTE)
+    px2 = tl.load(p + 2 * spc, mask=mask, other=0).to(COMPUTE)
+    py2 = tl.load(p + 3 * spc, mask=mask, other=0).to(COMPUTE)
+    gx1 = tl.load(t, mask=mask, other=0).to(COMPUTE)
+    gy1 = tl.load(t + stc, mask=mask, other=0).to(COMPUTE)
+    gx2 = tl.load(t + 2 * stc, mask=mask, other=0).to(COMPUTE)
+    gy2 = tl.load(t + 3 * stc, mask=mask, other=0).to(COMPUTE)
+    return px1, py1, px2, py2, gx1, gy1, gx2, gy2
+
+
+@triton.jit
+def _block_limits(counts_ptr, b, blk, M, BLOCK: tl.constexpr, CONDITIONAL: tl.constexpr):
+    """Slots of this program, which are valid, which to load, whether to work at all."""
+    n = tl.load(counts_ptr + b).to(tl.int32)
+    bad = (n < 0) | (n > M)
+    n = tl.minimum(tl.maximum(n, 0), M)
+    slots = blk * BLOCK + tl.arange(0, BLOCK)
+    valid = slots < n
+    if CONDITIONAL:
+        load_mask = valid
+        active = blk * BLOCK < n
+    else:
+        load_mask = slots < M
+        active = blk * BLOCK < M
+    return slots, valid, load_mask, active, bad
+
+
+@triton.jit
+def _giou_fwd_kernel(pred_ptr, target_ptr, counts_ptr, partial_ptr, M,
+                     spb, spm, spc, stb, stm, stc,
+                     EPS_: tl.constexpr, BLOCK: tl.constexpr, CONDITIONAL: tl.constexpr,
+                     COMPUTE: tl.constexpr):
+    """partial[b, blk] = sum over this block's valid slots of 1 - GIoU (NaN on a bad count).
+
+    I = relu(min(px2,gx2) - max(px1,gx1)) * relu(min(py2,gy2) - max(py1,gy1))
+    U = (px2-px1)(py2-py1) + (gx2-gx1)(gy2-gy1) - I,  C = hull width * hull height
+    term = 1 - I/(U+eps) + (C-U)/(C+eps)
+    """
+    b = tl.program_id(0)
+    blk = tl.program_id(1)
+    slots, valid, load_mask, active, bad = _block_limits(counts_ptr, b, blk, M, BLOCK,
+                                                         CONDITIONAL)
+    terms = tl.zeros((BLOCK,), dtype=COMPUTE)
+    if active:
+        px1, py1, px2, py2, gx1, gy1, gx2, gy2 = _load_boxes(
+            pred_ptr, target_ptr, b, slots, load_mask, spb, spm, spc, stb, stm, stc, COMPUTE)
+        iw = tl.maximum(tl.minimum(px2, gx2) - tl.maximum(px1, gx1), 0.0)
+        ih = tl.maximum(tl.minimum(py2, gy2) - tl.maximum(py1, gy1), 0.0)
+        inter = iw * ih
+        union = (px2 - px1) * (py2 - py1) + (gx2 - gx1) * (gy2 - gy1) - inter
+        hull = (tl.maximum(px2, gx2) - tl.minimum(px1, gx1)) * \
+               (tl.maximum(py2, gy2) - tl.minimum(py1, gy1))
+        term = 1.0 - inter / (union + EPS_) + (hull - union) / (hull + EPS_)
+        terms = tl.where(valid, term, 0.0)
+    partial = tl.where(bad, float("nan"), tl.sum(terms, axis=0))
+    tl.store(partial_ptr + b * tl.num_programs(1) + blk, partial)
+
+
+@triton.jit
+def _giou_finalize_kernel(partial_ptr, counts_ptr, loss_ptr, denom_ptr, P, B,
+                          BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
+    """loss = sum(partials) / max(sum(counts), 1); also writes the denominator for the
+    backward. One program; a fixed summation order, so the loss is deterministic."""
+    acc = tl.zeros((BLOCK,), dtype=COMPUTE)
+    for start in range(0, P, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(partial_ptr + offs, mask=offs < P, other=0.0)
+    total = tl.sum(acc, axis=0)
+    boxes = tl.zeros((BLOCK,), dtype=tl.int64)
+    for start in range(0, B, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        boxes += tl.load(counts_ptr + offs, mask=offs < B, other=0).to(tl.int64)
+    denom = tl.maximum(tl.sum(boxes, axis=0), 1).to(COMPUTE)
+    tl.store(loss_ptr, total / denom)
+    tl.store(denom_ptr, denom)
+
+
+@triton.jit
+def _giou_bwd_kernel(grad_loss_ptr, denom_ptr, pred_ptr, target_ptr, counts_ptr, grad_ptr,
+                     M, spb, spm, spc, stb, stm, stc,
+                     EPS_: tl.constexpr, BLOCK: tl.constexpr, CONDITIONAL: tl.constexpr,
+                     COMPUTE: tl.constexpr):
+    """grad[b, i, :] = -dGIoU/dp * grad_loss / denom for valid slots, 0 elsewhere.
+
+    With a = 1/(U+eps), c = 1/(C+eps), and GIoU = I*a - 1 + (U+eps)*c:
+      gU = dGIoU/dU = -I*a^2 + c        (U through area(p))
+      gI = dGIoU/dI = a - gU            (I directly, and through U = ... - I)
+      gC = dGIoU/dC = -(U+eps)*c^2
+    area(p) = wp*hp:   d/dpx1 = -hp, d/dpx2 = hp, d/dpy1 = -wp, d/dpy2 = wp
+    I = iw*ih, iw = relu(min(px2,gx2) - max(px1,gx1)); relu passes at 0 (mw = [raw >= 0]):
+      dI/dpx1 = -ih*mw*dmax(px1,gx1), dI/dpx2 = ih*mw*dmin(px2,gx2)  (and y with iw, mh)
+    C = cw*ch, cw = max(px2,gx2) - min(px1,gx1):
+      dC/dpx1 = -ch*dmin(px1,gx1),    dC/dpx2 = ch*dmax(px2,gx2)     (and y with cw)
+    dmax/dmin send 1 to the strict winner and 1/2 to each side of a tie (PyTorch's rule).
+    """
+    b = tl.program_id(0)
+    blk = tl.program_id(1)
+    slots, valid, load_mask, active, bad = _block_limits(counts_ptr, b, blk, M, BLOCK,
+                                                         CONDITIONAL)
+    zero = tl.zeros((BLOCK,), dtype=COMPUTE)
+    g1 = zero
+    g2 = zero
+    g3 = zero
+    g4 = zero
+    if active:
+        scale = tl.load(grad_loss_ptr).to(COMPUTE) / tl.load(denom_ptr).to(COMPUTE)
+        px1, py1, px2, py2, gx1, gy1, gx2, gy2 = _load_boxes(
+            pred_ptr, target_ptr, b, slots, load_mask, spb, spm, spc, stb, stm, stc, COMPUTE)
+        wp = px2 - px1
+        hp = py2 - py1
+        iw_raw = tl.minimum(px2, gx2) - tl.maximum(px1, gx1)
+        ih_raw = tl.minimum(py2, gy2) - tl.maximum(py1, gy1)
+        iw = tl.maximum(iw_raw, 0.0)
+        ih = tl.maximum(ih_raw, 0.0)
+        inter = iw * ih
+        union = wp * hp + (gx2 - gx1) * (gy2 - gy1) - inter
+        cw = tl.maximum(px2, gx2) - tl.minimum(px1, gx1)
+        ch = tl.maximum(py2, gy2) - tl.minimum(py1, gy1)
+        a = 1.0 / (union + EPS_)
+        c = 1.0 / (cw * ch + EPS_)
+        g_u = c - inter * a * a
+        g_i = a - g_u
+        g_c = -(union + EPS_) * c * c
+        mw = tl.where(iw_raw >= 0, 1.0, 0.0)
+        mh = tl.where(ih_raw >= 0, 1.0, 0.0)
+        # dLoss/dp = -dGIoU/dp * scale; invalid slots get exactly zero.
+        s = tl.where(valid, -scale, 0.0)
+        g1 = s * (-g_u * hp - g_i * ih * mw * _d_max(px1, gx1) - g_c * ch * _d_max(gx1, px1))
+        g2 = s * (-g_u * wp - g_i * iw * mh * _d_max(py1, gy1) - g_c * cw * _d_max(gy1, py1))
+        g3 = s * (g_u * hp + g_i * ih * mw * _d_max(gx2, px2) + g_c * ch * _d_max(px2, gx2))
+        g4 = s * (g_u * wp + g_i * iw * mh * _d_max(gy2, py2) + g_c * cw * _d_max(py2, gy2))
+    nan = tl.where(bad, float("nan"), 0.0)  # a bad count poisons this sample's gradient
+    out = grad_ptr + b * M * 4 + slots * 4
+    in_range = slots < M
+    ty = grad_ptr.dtype.element_ty
+    tl.store(out, (g1 + nan).to(ty), mask=in_range)
+    tl.store(out + 1, (g2 + nan).to(ty), mask=in_range)
+    tl.store(out + 2, (g3 + nan).to(ty), mask=in_range)
+    tl.store(out + 3, (g4 + nan).to(ty), mask=in_range)
+
+
+def _tl_compute(pred: torch.Tensor):
+    return tl.float64 if compute_dtype(pred) == torch.float64 else tl.float32
+
+
+def _grid(pred, conditional):
+    return (pred.shape[0], triton.cdiv(pred.shape[1], FWD_BLOCK[conditional]))
+
+
+@triton_op("giou::triton_loss", mutates_args={})
+def triton_loss(pred: torch.Tensor, target: torch.Tensor, counts: torch.Tensor,
+                conditional: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, denominator) of the padded batch: 2 launches, no sync."""
+    check_padded(pred, target, counts)
+    grid = _grid(pred, conditional)
+    dt = compute_dtype(pred)
+    partial = torch.empty(grid[0] * grid[1], dtype=dt, device=pred.device)
+    loss = torch.empty((), dtype=dt, device=pred.device)
+    denom = torch.empty((), dtype=dt, device=pred.device)
+    wrap_triton(_giou_fwd_kernel)[grid](
+        pred, target, counts, partial, pred.shape[1], *pred.stride(), *target.stride(),
+        EPS_=EPS, BLOCK=FWD_BLOCK[conditional], CONDITIONAL=conditional,
+        COMPUTE=_tl_compute(pred), num_warps=4 if not conditional else 1)
+    wrap_triton(_giou_finalize_kernel)[(1,)](
+        partial, counts, loss, denom, partial.numel(), counts.shape[0],
+        BLOCK=FINALIZE_BLOCK, COMPUTE=_tl_compute(pred), num_warps=4)
+    return loss, denom
+
+
+@triton_op("giou::triton_loss_backward", mutates_args={})
+def triton_loss_backward(grad_loss: torch.Tensor, denom: torch.Tensor, pred: torch.Tensor,
+                         target: torch.Tensor, counts: torch.Tensor,
+                         conditional: bool) -> torch.Tensor:
+    """Gradient w.r.t. the predictions, in their dtype: 1 launch, no sync."""
+    grad = torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)
+    wrap_triton(_giou_bwd_kernel)[_grid(pred, conditional)](
+        grad_loss, denom, pred, target, counts, grad, pred.shape[1],
+        *pred.stride(), *target.stride(),
+        EPS_=EPS, BLOCK=FWD_BLOCK[conditional], CONDITIONAL=conditional,
+        COMPUTE=_tl_compute(pred), num_warps=4 if not conditional else 1)
+    return grad
+
+
+def _setup_context(ctx, inputs, output):
+    pred, target, counts, conditional = inputs
+    ctx.save_for_backward(pred, target, counts, output[1])
+    ctx.conditional = conditional
+
+
+def _backward(ctx, grad_loss, _grad_denom):
+    pred, target, counts, denom = ctx.saved_tensors
+    grad = triton_loss_backward(grad_loss, denom, pred, target, counts, ctx.conditional)
+    return grad, None, None, None
+
+
+triton_loss.register_autograd(_backward, setup_context=_setup_context)

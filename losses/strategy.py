@@ -1,0 +1,32 @@
+"""What a loss strategy is: how it lays out a batch's targets and how it computes the loss.
+
+A strategy bundles three functions:
+- collate(samples) -> (images, targets): `samples` is a list of (image, boxes) pairs;
+- to_device(targets, device) -> targets: the host-to-device copies this layout costs;
+- loss(pred [B, M, 4], targets) -> scalar tensor.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    collate: Callable[[list], tuple[torch.Tensor, Any]]
+    to_device: Callable[[Any, torch.device], Any]
+    loss: Callable[[torch.Tensor, Any], torch.Tensor]
+    needs_cuda: bool = False
+
+
+def list_to_device(targets, device):
+    """One host-to-device copy per sample: the cost of keeping targets ragged."""
+    return [t.to(device, non_blocking=True) for t in targets]
+
+
+def padded_to_device(targets, device):
+    """Two copies for the whole batch: padded boxes and counts."""
+    boxes, counts = targets
+    return boxes.to(device, non_blocking=True), counts.to(device, non_blocking=True)

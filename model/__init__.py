@@ -1,0 +1,3 @@
+from model.boxnet import BoxNet
+
+__all__ = ["BoxNet"]

@@ -1,0 +1,50 @@
+"""The workload's detector: four conv blocks, two linear layers, a box head.
+
+Conv2d(4^i -> 4^(i+1), 3x3, 'same') -> MaxPool(2) -> ReLU for i = 0..3 (channels
+1->4->16->64->256, spatial S -> S/16), flatten, Linear -> hidden, ReLU, Linear ->
+capacity*4. At the workload's size (S=256, hidden 16384, 256 boxes) lin1 alone is
+65,536 x 16,384 = 1.07 B parameters (4.3 GB in fp32).
+
+The original head emitted unconstrained numbers, so "boxes" could have x2 < x1. Here the
+head maps its output to valid pixel-space boxes: a top-left corner and a positive size,
+each sigmoid-scaled to the image, so x2 >= x1 and y2 >= y1 always.
+"""
+
+import torch
+from torch import nn
+
+
+class BoxNet(nn.Module):
+    def __init__(self, image_size: int = 256, capacity: int = 256, hidden: int = 16384):
+        super().__init__()
+        if image_size % 16:
+            raise ValueError(f"image size {image_size} must be a multiple of 16 "
+                             "(four 2x2 max-pools)")
+        blocks = []
+        for i in range(4):
+            blocks += [nn.Conv2d(4 ** i, 4 ** (i + 1), 3, padding="same"),
+                       nn.MaxPool2d(2), nn.ReLU()]
+        self.features = nn.Sequential(*blocks)
+        flat = 256 * (image_size // 16) ** 2
+        self.lin1 = nn.Linear(flat, hidden)
+        self.lin2 = nn.Linear(hidden, capacity * 4)
+        self.image_size = image_size
+        self.capacity = capacity
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 [B, 1, S, S] -> boxes [B, capacity, 4] as (x1, y1, x2, y2) pixels."""
+        x = images.float() * (1.0 / 255.0)
+        x = self.features(x).flatten(1)
+        raw = self.lin2(torch.relu(self.lin1(x))).view(-1, self.capacity, 4)
+        return boxes_from_raw(raw, self.image_size)
+
+
+def boxes_from_raw(raw: torch.Tensor, image_size: int) -> torch.Tensor:
+    """Top-left in [0, S-1] and size in [0, S-1], both sigmoid-scaled: always a valid box.
+
+    Runs in the head's dtype (bf16 under autocast): the loss gets native-dtype boxes.
+    """
+    scale = image_size - 1
+    top_left = torch.sigmoid(raw[..., :2]) * scale
+    size = torch.sigmoid(raw[..., 2:]) * scale
+    return torch.cat([top_left, top_left + size], dim=-1)

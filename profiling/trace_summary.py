@@ -1,0 +1,140 @@
+"""Per-phase numbers from a torch.profiler Chrome trace: the single source of every table.
+
+Why the trace file and not key_averages(): on CUDA runs with torch 2.11, key_averages()
+has two rows per record_function name (a CPU one, and a GPU-annotation one whose CPU time
+is 0); a table built from the wrong row prints zeros. The trace has every event with its
+category, so each number here is defined once:
+
+- phase CPU time: wall duration of the phase's `user_annotation` range on the host;
+- phase GPU time: summed durations of the kernels, memcpys and memsets whose launching
+  runtime/driver call falls inside the phase's time window (any thread: the backward runs
+  on autograd's device thread while the main thread waits inside the 'backward' range);
+- launches: runtime/driver launch calls in the window (cudaLaunchKernel, cuLaunchKernel...);
+- H2D copies: host-to-device memcpy activities launched in the window;
+- syncs: runtime calls that block the host on the device (…Synchronize, blocking memcpy);
+- step time: the `ProfilerStep#N` range's wall duration; GPU busy time of a step likewise.
+All per-step numbers are means over the profiled (active) steps.
+"""
+
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+
+RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "Runtime", "driver"}
+GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
+SYNC_NAMES = ("Synchronize",)
+BLOCKING_COPIES = {"cudaMemcpy", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2", "cuMemcpy"}
+
+
+def load_trace(path: Path) -> list[dict]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def _is_launch(name: str) -> bool:
+    return "LaunchKernel" in name or "LaunchCooperativeKernel" in name or \
+        name in {"cudaGraphLaunch", "cuGraphLaunch"}
+
+
+def _is_sync(name: str) -> bool:
+    return any(s in name for s in SYNC_NAMES) or name in BLOCKING_COPIES
+
+
+def _is_h2d(event: dict) -> bool:
+    name = event.get("name", "")
+    kind = str(event.get("args", {}).get("kind", ""))
+    return "HtoD" in name or "HtoD" in kind or "Host -> Device" in name
+
+
+class _Windows:
+    """The phase ranges and step ranges of the host, to find which one holds a timestamp."""
+
+    def __init__(self, ranges: list[tuple[float, float, str]]):
+        self.ranges = sorted(ranges)
+
+    def find(self, ts: float) -> str | None:
+        # Phases never overlap one another, so the last range starting at or before ts is
+        # the only candidate. A linear scan is fast enough for the few ranges per run.
+        hit = None
+        for start, end, name in self.ranges:
+            if start > ts:
+                break
+            if ts <= end:
+                hit = name
+        return hit
+
+
+def summarize(events: list[dict], phases: tuple[str, ...]) -> dict:
+    """Per-phase means over the profiled steps, and the step time."""
+    phase_ranges, step_ranges = [], []
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") != "user_annotation":
+            continue
+        start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        if e["name"] in phases:
+            phase_ranges.append((start, end, e["name"]))
+        elif e["name"].startswith("ProfilerStep#"):
+            step_ranges.append((start, end, e["name"]))
+    steps = max(len(step_ranges), 1)
+    phase_of, step_of = _Windows(phase_ranges), _Windows(step_ranges)
+
+    stats = {p: defaultdict(float) for p in phases}
+    step_gpu = defaultdict(float)
+    for start, end, name in phase_ranges:
+        stats[name]["cpu_us"] += end - start
+    launcher_phase = {}  # correlation id -> phase of the runtime call that launched it
+    launcher_step = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in RUNTIME_CATS:
+            continue
+        ts, name = float(e["ts"]), e.get("name", "")
+        phase = phase_of.find(ts)
+        corr = e.get("args", {}).get("correlation")
+        if corr is not None:
+            launcher_phase[corr] = phase
+            launcher_step[corr] = step_of.find(ts)
+        if phase is None:
+            continue
+        if _is_launch(name):
+            stats[phase]["launches"] += 1
+        if _is_sync(name):
+            stats[phase]["syncs"] += 1
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in GPU_CATS:
+            continue
+        corr = e.get("args", {}).get("correlation")
+        dur = float(e.get("dur", 0))
+        if launcher_step.get(corr) is not None:
+            step_gpu[launcher_step[corr]] += dur
+        phase = launcher_phase.get(corr)
+        if phase is None:
+            continue
+        stats[phase]["gpu_us"] += dur
+        if e.get("cat") in {"gpu_memcpy", "Memcpy"} and _is_h2d(e):
+            stats[phase]["h2d_copies"] += 1
+
+    result = {"steps": len(step_ranges), "phases": {}}
+    for p in phases:
+        s = stats[p]
+        result["phases"][p] = {
+            "cpu_ms": s["cpu_us"] / steps / 1e3,
+            "gpu_ms": s["gpu_us"] / steps / 1e3,
+            "launches": s["launches"] / steps,
+            "h2d_copies": s["h2d_copies"] / steps,
+            "syncs": s["syncs"] / steps,
+        }
+    result["step"] = {
+        "cpu_ms": sum(e - s for s, e, _ in step_ranges) / steps / 1e3,
+        "gpu_ms": sum(step_gpu.values()) / steps / 1e3,
+    }
+    return result
+
+
+def find_trace(run_dir: Path) -> Path:
+    traces = sorted(Path(run_dir).glob("*.pt.trace.json*"))
+    if not traces:
+        raise FileNotFoundError(f"no profiler trace (*.pt.trace.json[.gz]) in {run_dir}")
+    return traces[-1]

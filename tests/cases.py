@@ -1,0 +1,107 @@
+"""Inputs for loss tests: fresh random boxes each call, plus the shapes that break
+things (identical, disjoint, nested, touching, degenerate boxes; empty and full samples)."""
+
+from dataclasses import dataclass
+
+import torch
+
+KINDS = ("random", "identical", "disjoint", "nested", "touching", "degenerate", "mixed")
+
+
+def _random_boxes(shape, gen, lo=0.0, hi=250.0, min_size=0.5, max_size=120.0):
+    x1 = lo + torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo)
+    y1 = lo + torch.rand(shape, generator=gen, dtype=torch.float64) * (hi - lo)
+    w = min_size + torch.rand(shape, generator=gen, dtype=torch.float64) * (max_size - min_size)
+    h = min_size + torch.rand(shape, generator=gen, dtype=torch.float64) * (max_size - min_size)
+    return torch.stack([x1, y1, x1 + w, y1 + h], -1)
+
+
+def _targets_from(boxes):
+    return boxes.round().clamp(0, 255)
+
+
+def _random_targets(shape, gen, lo=0.0, hi=250.0, min_size=1.5, max_size=120.0):
+    """Integer targets at least 1 px wide and high, as the dataset makes them. (Zero-area
+    targets are the degenerate kind's: beside a touching zero-width prediction their union
+    is 0 and the exact gradient is ~1/eps, which fp16 cannot hold.)"""
+    return _targets_from(_random_boxes(shape, gen, lo, hi, min_size, max_size))
+
+
+def make_boxes(kind: str, B: int, M: int, gen: torch.Generator):
+    """(pred float64, target float64 integer-valued) of shape [B, M, 4] for one kind."""
+    target = _random_targets((B, M), gen)
+    if kind == "random":
+        pred = _random_boxes((B, M), gen)
+    elif kind == "identical":
+        pred = target.clone()
+    elif kind == "disjoint":
+        target = _random_targets((B, M), gen, 0, 60, 1.5, 40)
+        pred = _random_boxes((B, M), gen, 130, 200, 1, 40)
+    elif kind == "nested":  # pred inside target in half the slots, target inside pred in the rest
+        outer = _random_targets((B, M), gen, 0, 60, 100, 150)
+        inner = outer + torch.tensor([10.0, 12.0, -14.0, -16.0], dtype=torch.float64)
+        flip = torch.rand((B, M, 1), generator=gen) < 0.5
+        target = torch.where(flip, outer, inner)
+        pred = torch.where(flip, inner + 0.25, outer - 0.25)
+    elif kind == "touching":  # pred's left edge on target's right edge, and corners
+        pred = target.clone()
+        width = target[..., 2] - target[..., 0]
+        pred[..., 0] = target[..., 2]
+        pred[..., 2] = target[..., 2] + width
+        pred[..., 1::2] += torch.randint(-3, 4, (B, M, 1), generator=gen).double()
+    elif kind == "degenerate":  # zero width and/or height, points, on both sides
+        pred = _random_boxes((B, M), gen).round()
+        pred[..., 2] = pred[..., 0]
+        target[..., 3] = target[..., 1]
+        point = torch.rand((B, M), generator=gen) < 0.3
+        pred[point] = torch.tensor([7.0, 9.0, 7.0, 9.0], dtype=torch.float64)
+        target[point] = torch.tensor([7.0, 9.0, 7.0, 9.0], dtype=torch.float64)
+    elif kind == "mixed":  # every kind at once, slot by slot
+        parts = [make_boxes(k, B, M, gen) for k in KINDS[:-1]]
+        pick = torch.randint(0, len(parts), (B, M, 1), generator=gen)
+        pred = torch.zeros(B, M, 4, dtype=torch.float64)
+        target = torch.zeros(B, M, 4, dtype=torch.float64)
+        for i, (p, t) in enumerate(parts):
+            pred = torch.where(pick == i, p, pred)
+            target = torch.where(pick == i, t, target)
+    else:
+        raise ValueError(kind)
+    return pred, target
+
+
+def make_counts(pattern: str, B: int, M: int, gen: torch.Generator) -> torch.Tensor:
+    if pattern == "empty":
+        return torch.zeros(B, dtype=torch.int32)
+    if pattern == "full":
+        return torch.full((B,), M, dtype=torch.int32)
+    counts = torch.randint(0, M + 1, (B,), generator=gen, dtype=torch.int32)
+    counts[0] = 0
+    counts[-1] = M
+    return counts
+
+
+@dataclass
+class Case:
+    pred: torch.Tensor      # [B, M, 4] in the dtype under test
+    boxes: torch.Tensor     # [B, M, 4] padded targets, junk past each count
+    counts: torch.Tensor    # [B] int32
+    targets: list           # per-sample [n_i, 4] targets
+    seed: int               # to replay a failure
+
+    def to(self, device):
+        return Case(self.pred.to(device), self.boxes.to(device), self.counts.to(device),
+                    [t.to(device) for t in self.targets], self.seed)
+
+
+def make_case(kind, B, M, dtype, counts="mixed", target_dtype=torch.uint8, seed=None):
+    """A fresh random case (a new seed each call unless one is given). The padded targets
+    hold junk past each count, which every strategy must ignore."""
+    seed = int(torch.randint(0, 2**31, (1,))) if seed is None else seed
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    pred, target = make_boxes(kind, B, M, gen)
+    n = make_counts(counts, B, M, gen)
+    pred = pred.to(dtype)
+    target = target.to(target_dtype)
+    target_list = [target[b, :n[b]].clone() for b in range(B)]
+    return Case(pred, target, n, target_list, seed)

@@ -1,0 +1,49 @@
+"""An independent float64 GIoU loss: its own code (not losses/giou.py), one sample at a
+time, gradients by float64 autograd. Tie and boundary conventions are PyTorch's (half
+the gradient at a max/min tie, clamp passes at zero), which the kernels document."""
+
+import torch
+
+
+def reference_loss(pred, boxes, counts):
+    """pred [B, M, 4] any float dtype; boxes [B, M, 4]; counts [B]. Returns (loss, grad)
+    in float64 on the CPU, grad w.r.t. pred."""
+    p = pred.detach().cpu().to(torch.float64).requires_grad_(True)
+    g = boxes.detach().cpu().to(torch.float64)
+    eps = 1e-7
+    total = p.sum() * 0.0
+    n_total = 0
+    for b, n in enumerate(counts.cpu().tolist()):
+        x1, y1, x2, y2 = p[b, :n].unbind(-1)
+        a1, b1, a2, b2 = g[b, :n].unbind(-1)
+        iw = torch.clamp(torch.min(x2, a2) - torch.max(x1, a1), min=0)
+        ih = torch.clamp(torch.min(y2, b2) - torch.max(y1, b1), min=0)
+        inter = iw * ih
+        union = (x2 - x1) * (y2 - y1) + (a2 - a1) * (b2 - b1) - inter
+        hull = (torch.max(x2, a2) - torch.min(x1, a1)) * (torch.max(y2, b2) - torch.min(y1, b1))
+        giou = inter / (union + eps) - (hull - union) / (hull + eps)
+        total = total + (1 - giou).sum()
+        n_total += n
+    loss = total / max(n_total, 1)
+    loss.backward()
+    return loss.detach(), p.grad
+
+
+def rel_err(actual, expected, floor: float = 0.0) -> float:
+    """||actual - expected|| / max(||expected||, floor). The loss lies in [0, 2], so it is
+    compared with floor 1: identical boxes give 0 in fp32 and ~1e-10 (the eps) in fp64."""
+    actual = actual.detach().cpu().to(torch.float64)
+    expected = expected.detach().cpu().to(torch.float64)
+    assert torch.isfinite(actual).all(), "non-finite values"
+    scale = max(float(expected.norm()), floor)
+    diff = float((actual - expected).norm())
+    return diff / scale if scale > 0 else diff
+
+
+def grad_floor(upstream: float, counts) -> float:
+    """The scale under which a gradient's norm counts as zero: upstream/N per box, times
+    1e-2 (a box coordinate's derivative is ~1/size, size up to 255 px), over all valid
+    coordinates. At identical boxes the exact gradient is ~1e-13 (eps only) and fp32 gives
+    0 or ~1e-8: both are zero at this scale."""
+    n = int(counts.sum())
+    return upstream / max(n, 1) * 1e-2 * (4 * max(n, 1)) ** 0.5

@@ -1,0 +1,268 @@
+"""The case study's training loop under torch.profiler, one loss strategy per run.
+
+    python3 train.py --loss padded                 # full step: copy, forward, loss, backward, optimizer
+    python3 train.py --loss loop --mode forward    # the original's measurement
+    python3 train.py --help                        # every knob, generated from Config
+
+Each run writes profiles/<run>/: a gzip Chrome trace (TensorBoard's profiler plugin reads
+it), TensorBoard scalars, and summary.json with the step-time table, the full config and
+the environment. Every number in the table comes from that run's trace.
+"""
+
+import argparse
+import dataclasses
+import json
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from errors import UserError, one_line
+
+REPO = Path(__file__).resolve().parent
+
+
+@dataclass
+class Config:
+    """The single source of defaults: the GPU preset is the workload's full size."""
+    loss: str = "padded"         # loop | concat | padded | kernel | conditional
+    kernel: str = "triton"       # fused-kernel backend for kernel/conditional: triton | cuda
+    mode: str = "train"          # train: full step; forward: the original's measurement
+                                 #   (forward + loss only, a device sync closing each range)
+    preset: str = "auto"         # auto: gpu on a CUDA machine, cpu otherwise
+    batch_size: int = 1024
+    num_workers: int = 16
+    image_size: int = 256        # square grayscale images, a multiple of 16, at most 256
+    max_boxes: int = 256         # the model's box capacity (prediction slots per image)
+    hidden: int = 16384          # width of lin1 (1.07 B parameters at the full size)
+    wait: int = 1                # profiler schedule: skipped steps (compile happens here)
+    warmup: int = 2              # traced but discarded steps
+    active: int = 5              # profiled steps: the table's means are over these
+    compile: bool = True         # torch.compile the model
+    amp: bool = True             # bf16 autocast for the forward (CUDA only)
+    pin_memory: bool = True
+    lr: float = 1e-4             # SGD with momentum 0.9
+    seed: int = 0                # same seed, same batches for every strategy
+    dataset_length: int = 1_000_000
+    out_dir: str = "profiles"
+    run_name: str = ""           # default: <loss>[-<kernel>]-<mode>-<UTC time>
+
+
+# A preset overrides some defaults; options given on the command line override the preset.
+PRESETS = {
+    "gpu": {},
+    # Finishes in about a minute on 2 CPU cores.
+    "cpu": dict(batch_size=32, num_workers=2, image_size=64, hidden=512, wait=1, warmup=1,
+                active=3, compile=False, amp=False, pin_memory=False),
+}
+MODES = ("train", "forward")
+
+
+def parse_config(argv=None) -> Config:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type is bool or f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=f"(default {f.default})")
+        else:
+            parser.add_argument(flag, type=type(f.default), default=argparse.SUPPRESS,
+                                help=f"(default {f.default})")
+    given = vars(parser.parse_args(argv))
+    preset = given.get("preset", Config.preset)
+    if preset == "auto":
+        preset = "gpu" if torch.cuda.is_available() else "cpu"
+    if preset not in PRESETS:
+        raise UserError(f"unknown preset {preset!r}: choose auto, gpu or cpu")
+    if preset == "gpu" and not torch.cuda.is_available():
+        raise UserError("the gpu preset needs a CUDA GPU; use --preset cpu (the default "
+                        "without a GPU)")
+    return Config(**{**PRESETS[preset], **given, "preset": preset})
+
+
+def validate(cfg: Config) -> None:
+    """Every mistake found before anything is written."""
+    if cfg.mode not in MODES:
+        raise UserError(f"unknown mode {cfg.mode!r}: choose train or forward")
+    if cfg.image_size % 16 or not 16 <= cfg.image_size <= 256:
+        raise UserError(f"image size {cfg.image_size} must be a multiple of 16 in 16..256")
+    for name in ("batch_size", "max_boxes", "hidden", "active"):
+        if getattr(cfg, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+    if cfg.wait < 0 or cfg.warmup < 0 or cfg.num_workers < 0:
+        raise UserError("--wait, --warmup and --num-workers must not be negative")
+
+
+def environment() -> dict:
+    def git(*args):
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    cuda = torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "commit": git("rev-parse", "HEAD") or None,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def new_run_dir(cfg: Config) -> Path:
+    """A fresh folder: a run never overwrites another."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    kernel = f"-{cfg.kernel}" if cfg.loss in ("kernel", "conditional") else ""
+    name = cfg.run_name or f"{cfg.loss}{kernel}-{cfg.mode}-{stamp}"
+    base = REPO / cfg.out_dir if not Path(cfg.out_dir).is_absolute() else Path(cfg.out_dir)
+    for suffix in [""] + [f"-{i}" for i in range(2, 1000)]:
+        path = base / (name + suffix)
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            return path
+        except FileExistsError:
+            continue
+    raise UserError(f"could not find a free run folder name under {base}")
+
+
+def phases_of(mode: str) -> tuple[str, ...]:
+    base = ("data", "copy", "forward", "loss")
+    return base + (("backward", "optimizer") if mode == "train" else ())
+
+
+def run(cfg: Config) -> dict:
+    from data import SyntheticFaces
+    import losses
+    from model import BoxNet
+    from profiling.table import format_table
+    from profiling.trace_summary import find_trace, load_trace, summarize
+
+    validate(cfg)
+    strategy = losses.get(cfg.loss, kernel=cfg.kernel, capacity=cfg.max_boxes)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    if strategy.needs_cuda and not cuda:
+        raise UserError(f"--kernel {cfg.kernel} needs a CUDA GPU; use --kernel triton")
+    torch.manual_seed(cfg.seed)
+    dataset = SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed)
+    steps = cfg.wait + cfg.warmup + cfg.active
+    if steps * cfg.batch_size > len(dataset):
+        raise UserError(f"{steps} steps of {cfg.batch_size} need more than the "
+                        f"{len(dataset)} samples of --dataset-length")
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=cfg.batch_size, shuffle=False, drop_last=True,
+        num_workers=cfg.num_workers, collate_fn=strategy.collate,
+        pin_memory=cuda and cfg.pin_memory,
+        prefetch_factor=4 if cfg.num_workers else None)
+    model = BoxNet(cfg.image_size, cfg.max_boxes, cfg.hidden).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    if cfg.compile:
+        model = torch.compile(model)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)
+    forward_only = cfg.mode == "forward"
+
+    def close_range():
+        # The original's method: a device sync closes each range, so the range's CPU time
+        # covers its GPU work. Forward mode only; train mode has no sync inside a phase.
+        if forward_only and cuda:
+            torch.cuda.synchronize()  # host-device sync (forward mode, by design)
+
+    run_dir = new_run_dir(cfg)
+    from torch.utils.tensorboard import SummaryWriter
+    writer = SummaryWriter(str(run_dir))
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    profiler = torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
+                                         repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir), "train",
+                                                                use_gzip=True),
+        record_shapes=False, profile_memory=True, with_stack=False)
+    label = f"{cfg.loss}{'/' + cfg.kernel if cfg.loss in ('kernel', 'conditional') else ''}"
+    print(f"[{label}] {cfg.mode} mode, {cfg.preset} preset, batch {cfg.batch_size}, "
+          f"{steps} steps ({cfg.wait} wait, {cfg.warmup} warmup, {cfg.active} profiled) "
+          f"on {device} -> {run_dir.relative_to(REPO) if run_dir.is_relative_to(REPO) else run_dir}",
+          flush=True)
+    losses_seen = []
+    batches = iter(loader)
+    with profiler:
+        for step in range(steps):
+            t0 = time.perf_counter()
+            with torch.profiler.record_function("data"):
+                images, targets = next(batches)
+            with torch.profiler.record_function("copy"):
+                images = images.to(device, non_blocking=True)
+                targets = strategy.to_device(targets, device)
+                close_range()
+            with torch.profiler.record_function("forward"):
+                with autocast:
+                    pred = model(images)
+                close_range()
+            with torch.profiler.record_function("loss"):
+                loss = strategy.loss(pred, targets)
+                close_range()
+            if not forward_only:
+                with torch.profiler.record_function("backward"):
+                    loss.backward()
+                with torch.profiler.record_function("optimizer"):
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+            # host-device sync: once per step, outside the phases. It makes the step's wall
+            # time its real time and keeps the host from running ahead of the GPU.
+            value = loss.item()
+            elapsed_ms = (time.perf_counter() - t0) * 1e3
+            losses_seen.append(value)
+            writer.add_scalar("loss", value, step)
+            writer.add_scalar("step_time_ms", elapsed_ms, step)
+            phase = ("wait" if step < cfg.wait else
+                     "warmup" if step < cfg.wait + cfg.warmup else "profiled")
+            print(f"[{label}] step {step + 1}/{steps} ({phase}) loss {value:.4f} "
+                  f"{elapsed_ms:.1f} ms", flush=True)
+            profiler.step()
+    peak_gb = torch.cuda.max_memory_allocated() / 1e9 if cuda else None
+
+    trace = find_trace(run_dir)
+    summary = summarize(load_trace(trace), phases_of(cfg.mode))
+    for name, p in summary["phases"].items():
+        writer.add_scalar(f"phase_cpu_ms/{name}", p["cpu_ms"], 0)
+        writer.add_scalar(f"phase_gpu_ms/{name}", p["gpu_ms"], 0)
+    writer.close()
+    title = f"{label}, {cfg.mode} mode, batch {cfg.batch_size}, {environment()['device']}"
+    table = format_table(summary, title, on_gpu=cuda)
+    record = {"config": dataclasses.asdict(cfg), "environment": environment(),
+              "trace": trace.name, "table": table, "losses": losses_seen,
+              "peak_gpu_memory_gb": peak_gb, **summary}
+    (run_dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(table)
+    print(f"written: {run_dir / 'summary.json'}")
+    return record
+
+
+def main(argv=None) -> int:
+    try:
+        run(parse_config(argv))
+    except UserError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
