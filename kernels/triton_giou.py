@@ -190,6 +190,26 @@ def _giou_bwd_kernel(grad_loss_ptr, denom_ptr, pred_ptr, target_ptr, counts_ptr,
     tl.store(out + 3, (g4 + nan).to(ty), mask=in_range)
 
 
+def _is_interpreted(kernel) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(kernel, InterpretedFunction)
+
+
+# Under Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) torch cannot trace into
+# the kernels: wrap_triton hands back the raw kernel. There the launchers below are
+# registered as an opaque custom_op with an explicit fake; on a GPU they are a triton_op,
+# which torch.compile decomposes so Inductor sees the kernels themselves.
+INTERPRETED = _is_interpreted(_giou_fwd_kernel)
+_define_op = torch.library.custom_op if INTERPRETED else triton_op
+
+
+def _launch(kernel, grid, *args, **meta) -> None:
+    if INTERPRETED:
+        kernel[grid](*args, **meta)
+    else:
+        wrap_triton(kernel)[grid](*args, **meta)
+
+
 def _tl_compute(pred: torch.Tensor):
     return tl.float64 if compute_dtype(pred) == torch.float64 else tl.float32
 
@@ -198,7 +218,7 @@ def _grid(pred, conditional):
     return (pred.shape[0], triton.cdiv(pred.shape[1], FWD_BLOCK[conditional]))
 
 
-@triton_op("giou::triton_loss", mutates_args={})
+@_define_op("giou::triton_loss", mutates_args=())
 def triton_loss(pred: torch.Tensor, target: torch.Tensor, counts: torch.Tensor,
                 conditional: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, denominator) of the padded batch: 2 launches, no sync."""
@@ -208,23 +228,23 @@ def triton_loss(pred: torch.Tensor, target: torch.Tensor, counts: torch.Tensor,
     partial = torch.empty(grid[0] * grid[1], dtype=dt, device=pred.device)
     loss = torch.empty((), dtype=dt, device=pred.device)
     denom = torch.empty((), dtype=dt, device=pred.device)
-    wrap_triton(_giou_fwd_kernel)[grid](
+    _launch(_giou_fwd_kernel, grid,
         pred, target, counts, partial, pred.shape[1], *pred.stride(), *target.stride(),
         EPS_=EPS, BLOCK=FWD_BLOCK[conditional], CONDITIONAL=conditional,
         COMPUTE=_tl_compute(pred), num_warps=4 if not conditional else 1)
-    wrap_triton(_giou_finalize_kernel)[(1,)](
+    _launch(_giou_finalize_kernel, (1,),
         partial, counts, loss, denom, partial.numel(), counts.shape[0],
         BLOCK=FINALIZE_BLOCK, COMPUTE=_tl_compute(pred), num_warps=4)
     return loss, denom
 
 
-@triton_op("giou::triton_loss_backward", mutates_args={})
+@_define_op("giou::triton_loss_backward", mutates_args=())
 def triton_loss_backward(grad_loss: torch.Tensor, denom: torch.Tensor, pred: torch.Tensor,
                          target: torch.Tensor, counts: torch.Tensor,
                          conditional: bool) -> torch.Tensor:
     """Gradient w.r.t. the predictions, in their dtype: 1 launch, no sync."""
     grad = torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)
-    wrap_triton(_giou_bwd_kernel)[_grid(pred, conditional)](
+    _launch(_giou_bwd_kernel, _grid(pred, conditional),
         grad_loss, denom, pred, target, counts, grad, pred.shape[1],
         *pred.stride(), *target.stride(),
         EPS_=EPS, BLOCK=FWD_BLOCK[conditional], CONDITIONAL=conditional,
@@ -245,3 +265,13 @@ def _backward(ctx, grad_loss, _grad_denom):
 
 
 triton_loss.register_autograd(_backward, setup_context=_setup_context)
+
+if INTERPRETED:
+    @triton_loss.register_fake
+    def _(pred, target, counts, conditional):
+        dt = compute_dtype(pred)
+        return pred.new_empty((), dtype=dt), pred.new_empty((), dtype=dt)
+
+    @triton_loss_backward.register_fake
+    def _(grad_loss, denom, pred, target, counts, conditional):
+        return torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)

@@ -5,35 +5,9 @@ import torch
 
 import losses
 from tests.cases import KINDS, make_case
-from tests.reference import grad_floor, reference_loss, rel_err
+from tests.reference import DTYPES, check_against_reference, targets_for
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Kernels and PyTorch strategies compute in fp32; gradients come back in the predictions'
-# dtype, so bf16/fp16 gradients carry their rounding (2^-8, 2^-11 relative).
-GRAD_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3,
-            torch.float64: 1e-10}
-LOSS_TOL = 1e-5
 STRATEGIES = ("loop", "concat", "padded", "kernel", "conditional")
-
-
-def targets_for(name, case):
-    return case.targets if name in ("loop", "concat") else (case.boxes, case.counts)
-
-
-def check_against_reference(strategy, case, device="cpu"):
-    case = case.to(device)
-    pred = case.pred.clone().requires_grad_(True)
-    upstream = float(torch.empty(()).uniform_(0.5, 2.0)) * 256  # exercises grad_loss
-    loss = strategy.loss(pred, targets_for(strategy.name, case))
-    (loss * upstream).backward()
-    ref_loss, ref_grad = reference_loss(case.pred, case.boxes, case.counts)
-    where = f"{strategy.name} seed={case.seed} dtype={case.pred.dtype}"
-    assert loss.dim() == 0 and torch.isfinite(loss), where
-    assert rel_err(loss, ref_loss, floor=1.0) < LOSS_TOL, where
-    assert pred.grad.dtype == case.pred.dtype, where
-    tol = GRAD_TOL[case.pred.dtype]
-    floor = grad_floor(upstream, case.counts)
-    assert rel_err(pred.grad, ref_grad * upstream, floor) < tol, where
 
 
 @pytest.mark.parametrize("name", STRATEGIES)

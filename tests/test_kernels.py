@@ -1,0 +1,139 @@
+"""The fused kernels: both variants, odd shapes, any target dtype, bad inputs, custom-op
+checks. On CPU the Triton kernels run in Triton's interpreter; the `gpu`-marked cases
+run both backends on CUDA (make test-gpu)."""
+
+import pytest
+import torch
+
+import losses
+from errors import UserError
+from kernels import giou_loss
+from tests.cases import make_case
+from tests.reference import DTYPES, check_against_reference, reference_loss, rel_err
+
+gpu = pytest.mark.gpu
+# (backend, device): the Triton kernels everywhere, the CUDA kernels on a GPU only.
+TARGETS = [pytest.param("triton", "cpu", id="triton-cpu"),
+           pytest.param("triton", "cuda", id="triton-cuda", marks=gpu),
+           pytest.param("cuda", "cuda", id="cuda-cuda", marks=gpu)]
+VARIANTS = ("kernel", "conditional")
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M", (1, 7, 256, 1000))
+@pytest.mark.parametrize("B", (1, 3))
+def test_kernel_matches_reference(backend, device, variant, dtype, M, B):
+    strategy = losses.get(variant, kernel=backend)
+    check_against_reference(strategy, make_case("mixed", B, M, dtype), device)
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("counts", ("empty", "full"))
+def test_kernel_counts_zero_and_full(backend, device, variant, counts):
+    case = make_case("mixed", 4, 256, torch.bfloat16, counts=counts)
+    check_against_reference(losses.get(variant, kernel=backend), case, device)
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
+@pytest.mark.parametrize("target_dtype", (torch.uint8, torch.int16, torch.int32, torch.int64,
+                                          torch.float16, torch.float32), ids=str)
+def test_any_target_dtype_and_int64_counts(backend, device, target_dtype):
+    case = make_case("random", 3, 33, torch.float32, target_dtype=target_dtype)
+    case.counts = case.counts.long()
+    check_against_reference(losses.get("conditional", kernel=backend), case, device)
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_strided_predictions_are_read_in_place(backend, device, variant):
+    case = make_case("random", 3, 40, torch.bfloat16)
+    # [M, B, 4] transposed to [B, M, 4]: same values, non-contiguous strides.
+    case.pred = case.pred.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not case.pred.is_contiguous()
+    check_against_reference(losses.get(variant, kernel=backend), case, device)
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bad_counts_poison_the_loss_instead_of_reading_out_of_bounds(backend, device, variant):
+    """Counts cannot be range-checked without a sync; a bad one makes the loss NaN."""
+    case = make_case("random", 3, 16, torch.float32).to(device)
+    for bad in (-1, 17):
+        counts = case.counts.clone()
+        counts[1] = bad
+        pred = case.pred.clone().requires_grad_(True)
+        loss = giou_loss(pred, case.boxes, counts, backend, variant == "conditional")
+        loss.backward()
+        assert torch.isnan(loss)
+        assert torch.isnan(pred.grad[1]).all()
+        assert torch.isfinite(pred.grad[0]).all() and torch.isfinite(pred.grad[2]).all()
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
+def test_conditional_and_kernel_agree_bit_for_bit_on_gradients(backend, device):
+    """Same maths per slot: only which slots are touched differs."""
+    case = make_case("mixed", 6, 100, torch.bfloat16).to(device)
+    grads = []
+    for conditional in (False, True):
+        pred = case.pred.clone().requires_grad_(True)
+        giou_loss(pred, case.boxes, case.counts, backend, conditional).backward()
+        grads.append(pred.grad)
+    assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
+def test_bad_inputs_are_clear_errors(backend, device):
+    case = make_case("random", 2, 8, torch.float32).to(device)
+    p, t, n = case.pred, case.boxes, case.counts
+    bad = {
+        "predictions must be a \\[batch, slots, 4\\]": (p[0], t, n),
+        "predictions must be fp16": (p.to(torch.int32), t, n),
+        "must have the predictions' shape": (p, t[:, :4], n),
+        "counts must be a \\[2\\]": (p, t, n[:1]),
+        "counts must be int32 or int64": (p, t, n.float()),
+        "must be on one device": (p, t, n.to("meta")),
+        "integer or float": (p, t.bool(), n),
+    }
+    for message, args in bad.items():
+        with pytest.raises(UserError, match=message):
+            giou_loss(*args, backend=backend)
+
+
+def test_cuda_backend_without_gpu_says_what_it_needs():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(UserError, match="needs a CUDA GPU and nvcc"):
+        losses.get("kernel", kernel="cuda")
+    with pytest.raises(UserError, match="unknown kernel backend"):
+        losses.get("kernel", kernel="opencl")
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
+def test_opcheck(backend, device):
+    """Schema, fake implementation, autograd registration and AOT dispatch of the op."""
+    case = make_case("random", 3, 16, torch.float32).to(device)
+    if backend == "triton":
+        import kernels.triton_giou  # noqa: F401  registers giou::triton_loss
+        op = torch.ops.giou.triton_loss.default
+    else:
+        from kernels.cuda_giou import load
+        load()
+        op = torch.ops.giou_cuda.loss.default
+    for conditional in (False, True):
+        torch.library.opcheck(op, (case.pred.clone().requires_grad_(True), case.boxes,
+                                   case.counts, conditional))
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
+def test_float64_predictions_compute_in_float64(backend, device):
+    case = make_case("random", 2, 9, torch.float64).to(device)
+    pred = case.pred.clone().requires_grad_(True)
+    loss = giou_loss(pred, case.boxes, case.counts, backend)
+    loss.backward()
+    ref_loss, ref_grad = reference_loss(case.pred, case.boxes, case.counts)
+    assert loss.dtype == torch.float64
+    assert rel_err(loss, ref_loss, 1.0) < 1e-12
+    assert rel_err(pred.grad, ref_grad) < 1e-10

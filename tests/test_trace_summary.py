@@ -1,0 +1,69 @@
+"""The trace -> table code, on hand-made events (CPU) and on a real GPU trace from the
+device (tests/fixtures/, a few steps of a small batch)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from profiling.trace_summary import load_trace, summarize
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _x(cat, name, ts, dur, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def test_events_are_attributed_to_the_phase_that_launched_them():
+    events = [
+        _x("user_annotation", "ProfilerStep#3", 0, 100),
+        _x("user_annotation", "copy", 1, 9),
+        _x("user_annotation", "loss", 10, 20),
+        _x("gpu_user_annotation", "loss", 40, 50),  # the GPU twin: ignored
+        _x("cuda_runtime", "cudaMemcpyAsync", 2, 1, correlation=1),
+        _x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 3, 4, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 12, 1, correlation=2),
+        _x("cuda_driver", "cuLaunchKernelEx", 14, 1, correlation=3),
+        _x("cuda_runtime", "cudaStreamSynchronize", 20, 5),
+        _x("kernel", "_giou_fwd_kernel", 30, 2.5, correlation=2),
+        _x("kernel", "_giou_finalize_kernel", 33, 1.5, correlation=3),
+        _x("kernel", "stray", 90, 7, correlation=99),  # launched outside any phase
+    ]
+    s = summarize(events, ("copy", "loss"))
+    assert s["steps"] == 1
+    assert s["phases"]["copy"] == pytest.approx(
+        {"cpu_ms": 0.009, "gpu_ms": 0.004, "launches": 0, "h2d_copies": 1, "syncs": 0})
+    assert s["phases"]["loss"] == pytest.approx(
+        {"cpu_ms": 0.020, "gpu_ms": 0.004, "launches": 2, "h2d_copies": 0, "syncs": 1})
+    assert s["step"]["cpu_ms"] == pytest.approx(0.1)
+
+
+def _fixture(name):
+    trace = FIXTURES / f"{name}.pt.trace.json.gz"
+    if not trace.exists():
+        pytest.skip(f"{trace} not recorded yet")
+    recorded = json.loads((FIXTURES / f"{name}.summary.json").read_text())
+    return load_trace(trace), recorded
+
+
+@pytest.mark.parametrize("name", ["gpu_padded_train", "gpu_kernel_train"])
+def test_real_gpu_trace(name):
+    """A real CUDA trace (torch 2.11 on the H100): key_averages() has a zero-CPU-time twin
+    row per range there; the trace parser must give every phase its real numbers."""
+    events, recorded = _fixture(name)
+    s = summarize(events, tuple(recorded["phases"]))
+    assert s["phases"] == pytest.approx(recorded["phases"])  # same numbers as on the device
+    phases = s["phases"]
+    for phase in ("forward", "loss", "loss_backward", "backward", "optimizer"):
+        assert phases[phase]["gpu_ms"] > 0, phase
+        assert phases[phase]["cpu_ms"] > 0, phase
+        assert phases[phase]["launches"] >= 1, phase
+    assert phases["copy"]["h2d_copies"] == 3  # images, padded boxes, counts
+    assert phases["copy"]["launches"] == 0
+    for phase in ("copy", "forward", "loss", "loss_backward", "backward", "optimizer"):
+        assert phases[phase]["syncs"] == 0, phase  # train mode: no sync inside a phase
+    if name == "gpu_kernel_train":  # the fused Triton kernel: forward + finalize, backward
+        assert phases["loss"]["launches"] == 2
+        assert phases["loss_backward"]["launches"] == 1
+    assert s["step"]["gpu_ms"] >= sum(p["gpu_ms"] for p in phases.values()) * 0.99

@@ -1,0 +1,94 @@
+"""train.py on CPU: a short profiled run writes a gzip trace and a complete summary; runs
+never overwrite each other; user mistakes stop with one line and a non-zero exit."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import train
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--preset", "cpu", "--batch-size", "4", "--image-size", "32", "--hidden", "32",
+        "--num-workers", "0", "--wait", "0", "--warmup", "1", "--active", "2"]
+
+
+def _run(tmp_path, *extra):
+    return train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), *extra]))
+
+
+@pytest.mark.parametrize("loss", ("loop", "padded", "conditional"))
+@pytest.mark.parametrize("mode", ("train", "forward"))
+def test_profile_run_writes_trace_and_summary(tmp_path, loss, mode):
+    _run(tmp_path, "--loss", loss, "--mode", mode)
+    (run_dir,) = list(tmp_path.iterdir())
+    (trace,) = list(run_dir.glob("*.pt.trace.json.gz"))
+    with gzip.open(trace, "rt") as f:
+        assert json.load(f)["traceEvents"]
+    assert list(run_dir.glob("events.out.tfevents.*")), "no TensorBoard scalars"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 2
+    expected = {"data", "copy", "forward", "loss"} | (
+        {"loss_backward", "backward", "optimizer"} if mode == "train" else set())
+    assert set(summary["phases"]) == expected
+    for name, phase in summary["phases"].items():
+        assert phase["cpu_ms"] > 0, name
+    assert summary["step"]["cpu_ms"] > 0
+    assert summary["config"]["loss"] == loss and summary["config"]["mode"] == mode
+    for key in ("device", "torch", "triton", "cuda", "commit", "date"):
+        assert key in summary["environment"]
+    assert "| loss" in summary["table"]
+
+
+def test_a_second_run_leaves_the_first_untouched(tmp_path):
+    _run(tmp_path, "--run-name", "same")
+    first = tmp_path / "same"
+    before = {p: p.read_bytes() for p in first.iterdir()}
+    _run(tmp_path, "--run-name", "same")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["same", "same-2"]
+    assert {p: p.read_bytes() for p in first.iterdir()} == before
+
+
+def test_same_seed_same_losses_across_strategies(tmp_path):
+    a = _run(tmp_path, "--loss", "loop", "--mode", "forward")
+    b = _run(tmp_path, "--loss", "padded", "--mode", "forward")
+    assert a["losses"] == pytest.approx(b["losses"], rel=1e-5)
+
+
+def _our_lines(stderr: str) -> list[str]:
+    """stderr without libkineto's 'USDT:' markers (torch 2.13's CPU build prints them on
+    every profiled run; no setting turns them off)."""
+    return [line for line in stderr.strip().splitlines() if not line.startswith("USDT:")]
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "train.py", *TINY, *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--loss", "nope"], "unknown loss strategy 'nope': choose one of loop, concat"),
+    (["--mode", "backward"], "unknown mode"),
+    (["--max-boxes", "1", "--num-workers", "1", "--batch-size", "16"],
+     "boxes but the model predicts only 1: raise --max-boxes"),
+])
+def test_user_mistakes_stop_with_one_line(tmp_path, args, message):
+    result = _cli("--out-dir", str(tmp_path), *args)
+    assert result.returncode == 2, result.stderr
+    lines = _our_lines(result.stderr)
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_gpu_only_options_without_gpu(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for args, message in ((["--loss", "kernel", "--kernel", "cuda"], "needs a CUDA GPU"),
+                          (["--preset", "gpu"], "the gpu preset needs a CUDA GPU")):
+        result = _cli("--out-dir", str(tmp_path), *args)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+        assert len(_our_lines(result.stderr)) == 1
+    assert not list(tmp_path.iterdir()), "an error before the run must write nothing"
