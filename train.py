@@ -12,6 +12,7 @@ the environment. Every number in the table comes from that run's trace.
 import argparse
 import dataclasses
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -102,10 +103,11 @@ def validate(cfg: Config) -> None:
 def environment() -> dict:
     def git(*args):
         try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                                  timeout=10)
         except (OSError, subprocess.SubprocessError):
-            return ""
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
     try:
         import triton
         triton_version = triton.__version__
@@ -118,8 +120,10 @@ def environment() -> dict:
         "triton": triton_version,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "commit": git("rev-parse", "HEAD") or None,
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        # A copy of the tree without .git (the device machine) gets the commit from GIT_COMMIT.
+        "commit": git("rev-parse", "HEAD") or os.environ.get("GIT_COMMIT"),
+        "dirty": (lambda status: None if status is None else bool(status))(
+            git("status", "--porcelain", "--untracked-files=no")),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

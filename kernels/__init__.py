@@ -19,11 +19,12 @@ from losses.checks import check_padded
 BACKENDS = ("triton", "cuda")
 
 
-def _use_triton_interpreter_without_gpu() -> None:
-    # Triton compiles for GPUs only; on a CPU-only machine its interpreter runs the same
-    # kernels on CPU tensors. The variable must be set before triton is imported.
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+# Triton compiles for GPUs only; on a CPU-only machine its interpreter runs the same
+# kernels on CPU tensors. The variable must be set before anything imports triton (torch's
+# profiler and tensorboard writer may), so it is set when this package is first imported:
+# losses.get() of a fused strategy imports it before the run starts.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def check_backend(backend: str) -> None:
@@ -42,7 +43,6 @@ def giou_loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor,
     """Mean of 1 - GIoU over the valid slots of a padded batch; no host-device sync."""
     check_padded(pred, boxes, counts)
     if backend == "triton":
-        _use_triton_interpreter_without_gpu()
         from kernels.triton_giou import triton_loss
         loss, _ = triton_loss(pred, boxes, counts, conditional)
     elif backend == "cuda":

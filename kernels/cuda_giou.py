@@ -60,6 +60,7 @@ def _register_python_parts() -> None:
         pred, target, counts, conditional = inputs
         ctx.save_for_backward(pred, target, counts, output[1])
         ctx.conditional = conditional
+        ctx.set_materialize_grads(False)  # no zero gradient (and fill launch) for denom
 
     def backward(ctx, grad_loss, _grad_denom):
         pred, target, counts, denom = ctx.saved_tensors

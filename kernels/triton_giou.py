@@ -256,6 +256,8 @@ def _setup_context(ctx, inputs, output):
     pred, target, counts, conditional = inputs
     ctx.save_for_backward(pred, target, counts, output[1])
     ctx.conditional = conditional
+    # The denominator gets no gradient; materialising a zero one would cost a fill launch.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_loss, _grad_denom):

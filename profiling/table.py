@@ -8,13 +8,13 @@ def _ms(value: float, on_gpu: bool) -> str:
 def format_table(summary: dict, title: str, on_gpu: bool) -> str:
     """Markdown table; GPU columns read '-' on a CPU-only run."""
     lines = [f"### {title}", "",
-             "| phase      |  CPU ms/step |  GPU ms/step | launches | H2D copies | syncs |",
-             "|------------|-------------:|-------------:|---------:|-----------:|------:|"]
+             "| phase         |  CPU ms/step |  GPU ms/step | launches | H2D copies | syncs |",
+             "|---------------|-------------:|-------------:|---------:|-----------:|------:|"]
     for name, p in summary["phases"].items():
-        lines.append(f"| {name:<10} | {p['cpu_ms']:12.3f} | {_ms(p['gpu_ms'], on_gpu):>12} "
+        lines.append(f"| {name:<13} | {p['cpu_ms']:12.3f} | {_ms(p['gpu_ms'], on_gpu):>12} "
                      f"| {p['launches']:8.1f} | {p['h2d_copies']:10.1f} | {p['syncs']:5.1f} |")
     step = summary["step"]
-    lines.append(f"| **step**   | {step['cpu_ms']:12.3f} | {_ms(step['gpu_ms'], on_gpu):>12} "
+    lines.append(f"| **step**      | {step['cpu_ms']:12.3f} | {_ms(step['gpu_ms'], on_gpu):>12} "
                  f"|          |            |       |")
     lines.append("")
     lines.append(f"mean over {summary['steps']} profiled steps")

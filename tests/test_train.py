@@ -92,3 +92,18 @@ def test_gpu_only_options_without_gpu(tmp_path):
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert len(_our_lines(result.stderr)) == 1
     assert not list(tmp_path.iterdir()), "an error before the run must write nothing"
+
+
+def test_fused_strategy_from_the_command_line_without_gpu(tmp_path):
+    """train.py must choose Triton's interpreter itself on a CPU machine (the test suite's
+    conftest sets it too, so the subprocess runs without it)."""
+    import os
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "train.py", *TINY, "--loss", "kernel",
+                             "--out-dir", str(tmp_path)], cwd=REPO, capture_output=True,
+                            text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| loss" in result.stdout
