@@ -26,3 +26,5 @@ for mode in $modes; do
     echo "($(( $(date +%s) - start )) s)"
   done
 done
+# The device returns at most 8 files: everything in one archive.
+tar czf "$dest.tgz" -C "$(dirname "$dest")" "$(basename "$dest")"

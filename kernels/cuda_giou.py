@@ -63,6 +63,8 @@ def _register_python_parts() -> None:
         ctx.set_materialize_grads(False)  # no zero gradient (and fill launch) for denom
 
     def backward(ctx, grad_loss, _grad_denom):
+        if grad_loss is None:  # no gradient flowed into the loss (grads not materialised)
+            return None, None, None, None
         pred, target, counts, denom = ctx.saved_tensors
         grad = torch.ops.giou_cuda.loss_backward(grad_loss, denom, pred, target, counts,
                                                  ctx.conditional)

@@ -261,6 +261,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_loss, _grad_denom):
+    if grad_loss is None:  # no gradient flowed into the loss (grads are not materialised)
+        return None, None, None, None
     pred, target, counts, denom = ctx.saved_tensors
     grad = triton_loss_backward(grad_loss, denom, pred, target, counts, ctx.conditional)
     return grad, None, None, None
