@@ -19,6 +19,8 @@ for mode in $modes; do
          --run-name "$name" > "$dest/$name.log" 2>&1; then
       dir=$(ls -d profiles/"$name"* | tail -1)
       cp "$dir/summary.json" "$dest/$name.summary.json"
+      # Archived after every run, so a later run that is cut off loses nothing.
+      tar rf "$dest.tar" -C "$dest" "$name.summary.json" "$name.log"
       sed -n '/^### /,/^mean over/p' "$dest/$name.log"
     else
       echo "FAILED ($name), last lines:"; tail -5 "$dest/$name.log"
@@ -26,5 +28,4 @@ for mode in $modes; do
     echo "($(( $(date +%s) - start )) s)"
   done
 done
-# The device returns at most 8 files: everything in one archive.
-tar czf "$dest.tgz" -C "$(dirname "$dest")" "$(basename "$dest")"
+# (The device returns at most 8 files: $dest.tar holds every run's summary and log.)

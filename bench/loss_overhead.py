@@ -1,0 +1,67 @@
+"""Where does the time of a profiled `loss` range go? The same loss call + sync, timed
+with a host clock (median of N), bare and under the profiler's settings one at a time.
+
+    python3 bench/loss_overhead.py            # GPU only; prints a table
+
+Columns: bare = loss + sync; +range = inside record_function; +profiler = under
+torch.profiler (CPU+CUDA activities); +memory = profile_memory=True as train.py uses.
+"""
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import losses  # noqa: E402
+from tests.cases import make_case  # noqa: E402
+
+N = 200
+
+
+def timed(fn) -> float:
+    samples = []
+    for _ in range(N):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e3
+
+
+def main() -> None:
+    case = make_case("mixed", 1024, 256, torch.bfloat16, seed=0).to("cuda")
+    targets = (case.boxes, case.counts)
+    rows = []
+    for name, kernel in (("padded", "triton"), ("kernel", "triton"), ("conditional", "triton"),
+                         ("kernel", "cuda"), ("conditional", "cuda")):
+        loss = losses.get(name, kernel=kernel).loss
+        call = lambda: loss(case.pred, targets)
+        for _ in range(20):
+            call()
+        torch.cuda.synchronize()
+        bare = timed(call)
+
+        def in_range():
+            with torch.profiler.record_function("loss"):
+                call()
+        ranged = timed(in_range)
+        results = [bare, ranged]
+        for memory in (False, True):
+            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=acts, profile_memory=memory):
+                results.append(timed(in_range))
+        rows.append((f"{name}/{kernel}" if name != "padded" else name, *results))
+    print(f"loss + sync, median of {N}, ms, batch 1024, bf16 predictions, "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| strategy | bare | +range | +profiler | +memory |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r[0]} | " + " | ".join(f"{v:.3f}" for v in r[1:]) + " |")
+
+
+if __name__ == "__main__":
+    main()
