@@ -9,12 +9,14 @@ PYTHON := .venv/bin/python
 SETUP := .venv/.installed
 endif
 
+LOGDIR ?= profiles
+PORT ?= 6006
 LOSS ?= padded
 KERNEL ?= triton
 MODE ?= train
 ARGS ?=
 
-.PHONY: profile test test-gpu setup clean-build
+.PHONY: profile test test-gpu test-browser tensorboard setup clean-build
 
 profile: $(SETUP)
 	$(PYTHON) train.py --loss $(LOSS) --kernel $(KERNEL) --mode $(MODE) $(ARGS)
@@ -26,6 +28,19 @@ test: $(SETUP)
 test-gpu: $(SETUP)
 	$(PYTHON) -m pytest -q -m gpu tests
 	compute-sanitizer --tool memcheck --error-exitcode 1 $(PYTHON) tests/sanitize_kernels.py
+
+# The TensorBoard page in headless Chromium (Debian's chromium + chromium-driver, installed
+# here when missing: needs root or sudo); screenshots land in profiles/screenshots.
+test-browser: $(SETUP)
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } || \
+	  { echo "error: could not install chromium and chromium-driver (apt-get as root)"; exit 2; }
+	SCREENSHOT_DIR=profiles/screenshots $(PYTHON) -m pytest -q -m browser tests
+
+# TensorBoard with the profiler plugin on the runs, on localhost only, fixed for torch 2.x
+# GPU traces (profiling/tb_profiler_compat.py says what it fixes).
+tensorboard: $(SETUP)
+	$(PYTHON) -m profiling.serve_tensorboard --logdir $(LOGDIR) --port $(PORT)
 
 setup: $(SETUP)
 

@@ -1,0 +1,35 @@
+"""TensorBoard with the profiler plugin, made right for torch 2.x traces (make tensorboard).
+
+    python3 -m profiling.serve_tensorboard --logdir profiles --port 6006
+
+Arguments go to TensorBoard unchanged; it binds to localhost unless told otherwise.
+"""
+
+import sys
+
+from errors import UserError, one_line
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        import torch_tb_profiler  # noqa: F401
+        from tensorboard import main as tensorboard_main
+    except ImportError as exc:
+        raise UserError(f"{exc.name} is not installed: pip install torch-tb-profiler==0.4.3 "
+                        "(make setup does it on a CPU machine)") from exc
+    from profiling import tb_profiler_compat
+    tb_profiler_compat.apply()
+    if not any(a == "--host" or a.startswith("--host=") or a.startswith("--bind_all")
+               for a in argv):
+        argv += ["--host", "127.0.0.1"]
+    sys.argv = ["tensorboard", *argv]
+    return tensorboard_main.run_main() or 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        sys.exit(2)
