@@ -16,10 +16,16 @@ KERNEL ?= triton
 MODE ?= train
 ARGS ?=
 
-.PHONY: profile test test-gpu test-browser tensorboard setup clean-build
+.PHONY: profile compare test test-gpu test-browser tensorboard setup clean-build
 
 profile: $(SETUP)
 	$(PYTHON) train.py --loss $(LOSS) --kernel $(KERNEL) --mode $(MODE) $(ARGS)
+
+# Every strategy, both modes, side by side; RUNS="profiles/a profiles/b" rebuilds the
+# comparison from finished runs without running anything.
+RUNS ?=
+compare: $(SETUP)
+	$(PYTHON) -m profiling.run_comparison $(if $(RUNS),--runs $(RUNS),) $(ARGS)
 
 test: $(SETUP)
 	$(PYTHON) -m pytest -q tests

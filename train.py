@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent
 @dataclass
 class Config:
     """The single source of defaults: the GPU preset is the workload's full size."""
-    loss: str = "padded"         # loop | concat | padded | kernel | conditional
+    loss: str = "padded"         # loop | concat | padded | compiled | kernel | conditional
     kernel: str = "triton"       # fused-kernel backend for kernel/conditional: triton | cuda
     mode: str = "train"          # train: full step; forward: the original's measurement
                                  #   (forward + loss only, a device sync closing each range)

@@ -1,6 +1,6 @@
 """The loss strategies for ragged targets, by name.
 
-    strategy = losses.get("padded")                    # or loop, concat, kernel, conditional
+    strategy = losses.get("padded")     # or loop, concat, compiled, kernel, conditional
     images, targets = strategy.collate(samples)
     loss = strategy.loss(pred, strategy.to_device(targets, device))
 
@@ -9,13 +9,14 @@ and add one line to _MAKERS.
 """
 
 from errors import UserError
-from losses import concat, fused, loop, padded
+from losses import compiled, concat, fused, loop, padded
 from losses.strategy import Strategy
 
 _MAKERS = {
     "loop": loop.make,
     "concat": concat.make,
     "padded": padded.make,
+    "compiled": compiled.make,
     "kernel": fused.make_kernel,
     "conditional": fused.make_conditional,
 }

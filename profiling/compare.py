@@ -4,10 +4,12 @@
 
 Per run: each phase's CPU and GPU time per step, the loss's launches (forward and, in
 train mode, backward), host-to-device copies and syncs per step, peak GPU memory, the step
-time, and the loss's speed-up over the loop strategy when a loop run of the same mode is
-among the inputs.
+time, and the loss's speed-up over the loop strategy (host time in the loss ranges) when a
+loop run of the same mode is among the inputs.
 """
 
+import csv
+import io
 import json
 import sys
 from pathlib import Path
@@ -29,27 +31,56 @@ def _loss_time(summary: dict, key: str) -> float:
     return p["loss"][key] + p.get("loss_backward", {}).get(key, 0.0)
 
 
+PHASES = ("data", "copy", "forward", "loss", "loss_backward", "backward", "optimizer")
+COLUMNS = (["strategy", "mode", "profiled steps"]
+           + [f"{p} {unit} ms" for p in PHASES for unit in ("CPU", "GPU")]
+           + ["loss launches", "loss bwd launches", "H2D copies", "syncs", "peak GPU GB",
+              "step CPU ms", "step GPU ms", "loss speed-up vs loop"])
+
+
 def compare_rows(summaries: list[dict]) -> list[dict]:
+    """One row per run. GPU columns are empty for a run without a GPU; the speed-up is
+    the loop's host time in the loss ranges (loss + loss_backward) over this run's, in
+    the same mode, when a loop run is among the inputs."""
     loops = {s["config"]["mode"]: s for s in summaries if s["config"]["loss"] == "loop"}
     rows = []
     for s in summaries:
         p, mode = s["phases"], s["config"]["mode"]
+        on_gpu = s.get("peak_gpu_memory_gb") is not None
         loop = loops.get(mode)
-        row = {
-            "strategy": label(s), "mode": mode, "profiled steps": s["steps"],
-            **{f"{name} CPU ms": p[name]["cpu_ms"] for name in p},
-            **{f"{name} GPU ms": p[name]["gpu_ms"] for name in p},
-            "loss launches": p["loss"]["launches"],
-            "loss bwd launches": p["loss_backward"]["launches"] if "loss_backward" in p else None,
-            "H2D copies": sum(x["h2d_copies"] for x in p.values()),
-            "syncs": sum(x["syncs"] for x in p.values()),
+        row = {"strategy": label(s), "mode": mode, "profiled steps": s["steps"]}
+        for name in PHASES:
+            if name in p:
+                row[f"{name} CPU ms"] = p[name]["cpu_ms"]
+                row[f"{name} GPU ms"] = p[name]["gpu_ms"] if on_gpu else None
+        row.update({
+            "loss launches": p["loss"]["launches"] if on_gpu else None,
+            "loss bwd launches": p["loss_backward"]["launches"]
+            if on_gpu and "loss_backward" in p else None,
+            "H2D copies": sum(x["h2d_copies"] for x in p.values()) if on_gpu else None,
+            "syncs": sum(x["syncs"] for x in p.values()) if on_gpu else None,
             "peak GPU GB": s.get("peak_gpu_memory_gb"),
-            "step CPU ms": s["step"]["cpu_ms"], "step GPU ms": s["step"]["gpu_ms"],
-            "loss speed-up vs loop (CPU)": (_loss_time(loop, "cpu_ms") / _loss_time(s, "cpu_ms")
-                                            if loop else None),
-        }
+            "step CPU ms": s["step"]["cpu_ms"],
+            "step GPU ms": s["step"]["gpu_ms"] if on_gpu else None,
+            "loss speed-up vs loop": (_loss_time(loop, "cpu_ms") / _loss_time(s, "cpu_ms")
+                                      if loop else None),
+        })
         rows.append(row)
     return rows
+
+
+def skipped_row(strategy: str, mode: str, reason: str) -> dict:
+    """A strategy that could not run here, listed with the reason."""
+    return {"strategy": strategy, "mode": mode, "profiled steps": f"skipped: {reason}"}
+
+
+def to_csv(rows: list[dict]) -> str:
+    columns = [c for c in COLUMNS if any(c in r for r in rows)]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
 
 
 def _cell(value) -> str:
@@ -61,7 +92,7 @@ def _cell(value) -> str:
 
 
 def to_markdown(rows: list[dict], columns: list[str] | None = None) -> str:
-    columns = columns or list(dict.fromkeys(k for r in rows for k in r))
+    columns = columns or [c for c in COLUMNS if any(c in r for r in rows)]
     lines = ["| " + " | ".join(columns) + " |",
              "|" + "|".join("---" if c in ("strategy", "mode") else "---:" for c in columns) + "|"]
     for r in rows:

@@ -18,7 +18,8 @@ SMALL = ["--preset", "gpu", "--batch-size", "64", "--image-size", "64", "--hidde
 
 
 @pytest.mark.parametrize("loss,kernel", [("loop", "triton"), ("concat", "triton"),
-                                         ("padded", "triton"), ("kernel", "triton"),
+                                         ("padded", "triton"), ("compiled", "triton"),
+                                         ("kernel", "triton"),
                                          ("conditional", "triton"), ("kernel", "cuda"),
                                          ("conditional", "cuda")])
 @pytest.mark.parametrize("mode", ("train", "forward"))
@@ -50,9 +51,9 @@ def _grad_once(loss_fn, case):
     return loss, grad
 
 
-@pytest.mark.parametrize("name,kernel", [("padded", "triton"), ("kernel", "triton"),
-                                         ("conditional", "triton"), ("kernel", "cuda"),
-                                         ("conditional", "cuda")])
+@pytest.mark.parametrize("name,kernel", [("padded", "triton"), ("compiled", "triton"),
+                                         ("kernel", "triton"), ("conditional", "triton"),
+                                         ("kernel", "cuda"), ("conditional", "cuda")])
 def test_no_host_device_sync_in_the_loss(name, kernel):
     case = make_case("mixed", 64, 256, torch.bfloat16).to("cuda")
     strategy = losses.get(name, kernel=kernel)

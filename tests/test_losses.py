@@ -44,8 +44,14 @@ def test_giou_is_one_minus_giou_with_clamped_intersection():
     assert giou_loss_terms(a, b).item() == pytest.approx(1 + (hull - union) / hull, rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_compiled_padded_loss_matches_reference(dtype):
+    """torch.compile of the padded loss (Inductor on CPU here, Triton on a GPU)."""
+    check_against_reference(losses.get("compiled"), make_case("mixed", B=5, M=16, dtype=dtype))
+
+
 def test_unknown_strategy_lists_the_known_ones():
-    with pytest.raises(Exception, match="loop, concat, padded, kernel, conditional"):
+    with pytest.raises(Exception, match="loop, concat, padded, compiled, kernel, conditional"):
         losses.get("nope")
 
 

@@ -1,0 +1,126 @@
+"""make compare: every strategy, both modes, on the same seed and batches, side by side.
+
+    python3 -m profiling.run_comparison [train.py options...]      # run everything, compare
+    python3 -m profiling.run_comparison --runs DIR [DIR ...]        # rebuild from finished runs
+
+Each run is its own `train.py` process writing into profiles/compare-<UTC time>/; the
+comparison (comparison.md, comparison.csv, comparison.png, and a TensorBoard text table
+and scalars under comparison/) is written beside them. Every figure comes from the runs'
+summary.json files. The loop strategy gets 3 profiled steps (seconds per step at batch
+1024); the table's 'profiled steps' column says so. Where the CUDA kernel backend cannot
+run (no GPU or no nvcc), its rows say why.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from profiling.chart import loss_chart
+from profiling.compare import compare_rows, load_summary, skipped_row, to_csv, to_markdown
+
+REPO = Path(__file__).resolve().parent.parent
+STRATEGIES = ("loop", "concat", "padded", "compiled", "kernel:triton", "conditional:triton",
+              "kernel:cuda", "conditional:cuda")
+MODES = ("forward", "train")
+LOOP_ACTIVE = 3
+SKIPPED = "skipped.json"
+
+
+def _name(strategy: str, mode: str) -> str:
+    return f"{strategy.replace(':', '-')}-{mode}"
+
+
+def run_all(out: Path, train_args: list[str], strategies=STRATEGIES,
+            modes=MODES) -> tuple[list[Path], list[dict]]:
+    """Runs the strategies in the modes; returns the run folders and the skipped rows."""
+    from kernels.cuda_giou import unavailable_reason
+    cuda_reason = unavailable_reason()
+    plan = [(s, m) for m in modes for s in strategies]
+    runs, skipped, started = [], [], time.time()
+    for i, (strategy, mode) in enumerate(plan, 1):
+        loss, _, kernel = strategy.partition(":")
+        label = f"[{i}/{len(plan)}] {strategy} {mode}"
+        if kernel == "cuda" and cuda_reason:
+            print(f"{label}: skipped ({cuda_reason})", flush=True)
+            skipped.append(skipped_row(f"{loss}/cuda", mode, cuda_reason))
+            continue
+        extra = ["--active", str(LOOP_ACTIVE)] if loss == "loop" and \
+            "--active" not in train_args else []
+        name = _name(strategy, mode)
+        cmd = [sys.executable, "train.py", "--loss", loss, "--kernel", kernel or "triton",
+               "--mode", mode, "--out-dir", str(out), "--run-name", name, *extra, *train_args]
+        print(f"{label} ({time.time() - started:.0f} s so far)", flush=True)
+        if subprocess.run(cmd, cwd=REPO).returncode != 0:
+            skipped.append(skipped_row(strategy.replace(":", "/"), mode, "the run failed"))
+            continue
+        runs.append(out / name)
+    print(f"all runs done in {time.time() - started:.0f} s", flush=True)
+    return runs, skipped
+
+
+def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
+    rows = compare_rows([load_summary(r) for r in runs]) + skipped
+    rows.sort(key=lambda r: (MODES.index(r["mode"]), r["strategy"]))
+    table = to_markdown(rows)
+    (out / "comparison.md").write_text(table + "\n")
+    (out / "comparison.csv").write_text(to_csv(rows))
+    loss_chart(rows, out / "comparison.png")
+    from torch.utils.tensorboard import SummaryWriter
+    with SummaryWriter(str(out / "comparison")) as writer:
+        writer.add_text("comparison", table, 0)
+        for r in rows:
+            tag = r["strategy"].replace("/", "_")
+            for column in ("loss CPU ms", "loss GPU ms", "step CPU ms", "step GPU ms"):
+                if r.get(column) is not None:  # absent for skipped runs, GPU ones on a CPU
+                    name = column.replace(" ", "_").lower()
+                    writer.add_scalar(f"{r['mode']}/{name}/{tag}", r[column], 0)
+    return table
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", nargs="+", type=Path,
+                        help="rebuild the comparison from these run folders; runs nothing")
+    parser.add_argument("--out", type=Path, help="where the comparison goes (default: a new "
+                        "profiles/compare-<time>/, or the runs' common folder with --runs)")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help="comma-separated, <loss>[:<kernel backend>]")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated")
+    args, train_args = parser.parse_known_args(argv)
+    strategies, modes = args.strategies.split(","), args.modes.split(",")
+    import losses
+    for s in strategies:
+        if s.partition(":")[0] not in losses.NAMES or s.partition(":")[2] not in ("", "triton", "cuda"):
+            print(f"error: unknown strategy {s!r} in --strategies: use <loss>[:triton|:cuda] "
+                  f"with a loss from {', '.join(losses.NAMES)}", file=sys.stderr)
+            return 2
+    if not set(modes) <= set(MODES):
+        print(f"error: --modes takes {', '.join(MODES)}", file=sys.stderr)
+        return 2
+    if args.runs:
+        missing = [str(r) for r in args.runs if not (r / "summary.json").exists()]
+        if missing:
+            print(f"error: no summary.json in {', '.join(missing)}", file=sys.stderr)
+            return 2
+        out = args.out or Path(os.path.commonpath([r.resolve() for r in args.runs]))
+        runs = args.runs
+        skipped = json.loads((out / SKIPPED).read_text()) if (out / SKIPPED).exists() else []
+    else:
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        out = args.out or REPO / "profiles" / f"compare-{stamp}"
+        out.mkdir(parents=True, exist_ok=False)
+        runs, skipped = run_all(out, train_args, strategies, modes)
+        # Kept so that a rebuild from the run folders lists the skipped runs too.
+        (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
+    print(write_comparison(out, runs, skipped))
+    print(f"written: {out / 'comparison.md'}, comparison.csv, comparison.png, comparison/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
