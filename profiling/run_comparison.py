@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         if missing:
             print(f"error: no summary.json in {', '.join(missing)}", file=sys.stderr)
             return 2
-        out = args.out or Path(os.path.commonpath([r.resolve() for r in args.runs]))
+        out = args.out or Path(os.path.commonpath([r.resolve().parent for r in args.runs]))
         runs = args.runs
         skipped = json.loads((out / SKIPPED).read_text()) if (out / SKIPPED).exists() else []
     else:

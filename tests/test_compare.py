@@ -39,6 +39,10 @@ def test_compare_runs_then_rebuilds_the_same_table(tmp_path, capsys):
     assert run_comparison.main(["--runs", str(out / "loop-forward"),
                                 str(out / "padded-forward")]) == 0
     assert (out / "comparison.md").read_text() == table
+    # One run: the comparison still goes beside it, never inside the run's folder.
+    assert run_comparison.main(["--runs", str(out / "padded-forward")]) == 0
+    assert not (out / "padded-forward" / "comparison.md").exists()
+    assert "| padded | forward |" in (out / "comparison.md").read_text()
 
 
 def test_unknown_strategy_is_refused(tmp_path, capsys):
