@@ -128,11 +128,10 @@ def environment() -> dict:
     }
 
 
-def new_run_dir(cfg: Config) -> Path:
+def new_run_dir(cfg: Config, label: str) -> Path:
     """A fresh folder: a run never overwrites another."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    kernel = f"-{cfg.kernel}" if cfg.loss in ("kernel", "conditional") else ""
-    name = cfg.run_name or f"{cfg.loss}{kernel}-{cfg.mode}-{stamp}"
+    name = cfg.run_name or f"{label.replace('/', '-')}-{cfg.mode}-{stamp}"
     base = REPO / cfg.out_dir if not Path(cfg.out_dir).is_absolute() else Path(cfg.out_dir)
     for suffix in [""] + [f"-{i}" for i in range(2, 1000)]:
         path = base / (name + suffix)
@@ -155,6 +154,20 @@ def _lower_worker_priority(_worker_id: int) -> None:
     fused loss of 10 us of GPU work read 1.5-14 ms of CPU time, step times swung 48-105
     ms). Generation throughput is unchanged; only who waits changes."""
     os.nice(19)
+
+
+def make_profiler(cfg: Config, run_dir: Path, cuda: bool) -> torch.profiler.profile:
+    """wait/warmup/active schedule; a gzip Chrome trace into the run folder at the end."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
+                                         repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir), "train",
+                                                                use_gzip=True),
+        record_shapes=False, profile_memory=True, with_stack=False)
 
 
 def run(cfg: Config) -> dict:
@@ -194,20 +207,11 @@ def run(cfg: Config) -> dict:
         if forward_only and cuda:
             torch.cuda.synchronize()  # host-device sync (forward mode, by design)
 
-    run_dir = new_run_dir(cfg)
+    label = losses.describe(cfg.loss, cfg.kernel)
+    run_dir = new_run_dir(cfg, label)
     from torch.utils.tensorboard import SummaryWriter
     writer = SummaryWriter(str(run_dir))
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if cuda:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    profiler = torch.profiler.profile(
-        activities=activities,
-        schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
-                                         repeat=1),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir), "train",
-                                                                use_gzip=True),
-        record_shapes=False, profile_memory=True, with_stack=False)
-    label = f"{cfg.loss}{'/' + cfg.kernel if cfg.loss in ('kernel', 'conditional') else ''}"
+    profiler = make_profiler(cfg, run_dir, cuda)
     print(f"[{label}] {cfg.mode} mode, {cfg.preset} preset, batch {cfg.batch_size}, "
           f"{steps} steps ({cfg.wait} wait, {cfg.warmup} warmup, {cfg.active} profiled) "
           f"on {device} -> {run_dir.relative_to(REPO) if run_dir.is_relative_to(REPO) else run_dir}",
@@ -264,9 +268,10 @@ def run(cfg: Config) -> dict:
         writer.add_scalar(f"phase_cpu_ms/{name}", p["cpu_ms"], 0)
         writer.add_scalar(f"phase_gpu_ms/{name}", p["gpu_ms"], 0)
     writer.close()
-    title = f"{label}, {cfg.mode} mode, batch {cfg.batch_size}, {environment()['device']}"
+    env = environment()
+    title = f"{label}, {cfg.mode} mode, batch {cfg.batch_size}, {env['device']}"
     table = format_table(summary, title, on_gpu=cuda)
-    record = {"config": dataclasses.asdict(cfg), "environment": environment(),
+    record = {"config": dataclasses.asdict(cfg), "environment": env,
               "trace": trace.name, "table": table, "losses": losses_seen,
               "peak_gpu_memory_gb": peak_gb, **summary}
     (run_dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")

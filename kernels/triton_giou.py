@@ -33,7 +33,9 @@ from torch.library import triton_op, wrap_triton
 from losses.checks import check_padded
 from losses.giou import EPS, compute_dtype
 
-FWD_BLOCK = {False: 256, True: 32}  # conditional uses small blocks so empty ones are skipped
+# Slots per program. conditional uses one-warp blocks so whole empty blocks can be skipped.
+BLOCK_SLOTS = {False: 256, True: 32}
+NUM_WARPS = {False: 4, True: 1}
 FINALIZE_BLOCK = 1024
 
 
@@ -215,7 +217,13 @@ def _tl_compute(pred: torch.Tensor):
 
 
 def _grid(pred, conditional):
-    return (pred.shape[0], triton.cdiv(pred.shape[1], FWD_BLOCK[conditional]))
+    return (pred.shape[0], triton.cdiv(pred.shape[1], BLOCK_SLOTS[conditional]))
+
+
+def _slot_kernel_meta(pred, conditional) -> dict:
+    """Compile-time parameters shared by the forward and backward slot kernels."""
+    return dict(EPS_=EPS, BLOCK=BLOCK_SLOTS[conditional], CONDITIONAL=conditional,
+                COMPUTE=_tl_compute(pred), num_warps=NUM_WARPS[conditional])
 
 
 @_define_op("giou::triton_loss", mutates_args=())
@@ -230,8 +238,7 @@ def triton_loss(pred: torch.Tensor, target: torch.Tensor, counts: torch.Tensor,
     denom = torch.empty((), dtype=dt, device=pred.device)
     _launch(_giou_fwd_kernel, grid,
         pred, target, counts, partial, pred.shape[1], *pred.stride(), *target.stride(),
-        EPS_=EPS, BLOCK=FWD_BLOCK[conditional], CONDITIONAL=conditional,
-        COMPUTE=_tl_compute(pred), num_warps=4 if not conditional else 1)
+        **_slot_kernel_meta(pred, conditional))
     _launch(_giou_finalize_kernel, (1,),
         partial, counts, loss, denom, partial.numel(), counts.shape[0],
         BLOCK=FINALIZE_BLOCK, COMPUTE=_tl_compute(pred), num_warps=4)
@@ -246,9 +253,7 @@ def triton_loss_backward(grad_loss: torch.Tensor, denom: torch.Tensor, pred: tor
     grad = torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)
     _launch(_giou_bwd_kernel, _grid(pred, conditional),
         grad_loss, denom, pred, target, counts, grad, pred.shape[1],
-        *pred.stride(), *target.stride(),
-        EPS_=EPS, BLOCK=FWD_BLOCK[conditional], CONDITIONAL=conditional,
-        COMPUTE=_tl_compute(pred), num_warps=4 if not conditional else 1)
+        *pred.stride(), *target.stride(), **_slot_kernel_meta(pred, conditional))
     return grad
 
 

@@ -24,10 +24,16 @@ _MAKERS = {
 NAMES = tuple(_MAKERS)
 
 
+def describe(name: str, kernel: str) -> str:
+    """How tables and folders name a strategy: 'padded', or 'kernel/triton' for the fused
+    strategies, whose backend matters."""
+    return f"{name}/{kernel}" if name in fused.FUSED else name
+
+
 def get(name: str, kernel: str = "triton", capacity: int = 256) -> Strategy:
     if name not in _MAKERS:
         raise UserError(f"unknown loss strategy {name!r}: choose one of {', '.join(NAMES)}")
     return _MAKERS[name](capacity=capacity, kernel=kernel)
 
 
-__all__ = ["get", "NAMES", "Strategy"]
+__all__ = ["get", "describe", "NAMES", "Strategy"]

@@ -10,6 +10,8 @@ from functools import partial
 from data import collate_padded
 from losses.strategy import Strategy, padded_to_device
 
+FUSED = ("kernel", "conditional")  # the strategies whose kernel backend is chosen
+
 
 def _fused_loss(pred, targets, backend: str, conditional: bool):
     from kernels import giou_loss  # imported on use: the CUDA backend builds on first use

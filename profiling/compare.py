@@ -5,7 +5,7 @@
 Per run: each phase's CPU and GPU time per step, the loss's launches (forward and, in
 train mode, backward), host-to-device copies and syncs per step, peak GPU memory, the step
 time, and the loss's speed-up over the loop strategy (host time in the loss ranges) when a
-loop run of the same mode is among the inputs.
+loop run of the same mode is among the inputs. Peak GPU memory is over the whole run.
 """
 
 import csv
@@ -21,9 +21,8 @@ def load_summary(path: Path) -> dict:
 
 
 def label(summary: dict) -> str:
-    cfg = summary["config"]
-    fused = cfg["loss"] in ("kernel", "conditional")
-    return f"{cfg['loss']}{'/' + cfg['kernel'] if fused else ''}"
+    from losses import describe
+    return describe(summary["config"]["loss"], summary["config"]["kernel"])
 
 
 def _loss_time(summary: dict, key: str) -> float:
