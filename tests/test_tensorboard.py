@@ -38,7 +38,8 @@ def _get(base: str, path: str):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def logdir(tmp_path_factory):
+    """Two real H100 traces (fixtures) and a CPU run made here, one folder each."""
     logdir = tmp_path_factory.mktemp("logdir")
     for name in ("kernel", "padded"):
         run = logdir / f"gpu_{name}"
@@ -49,6 +50,11 @@ def server(tmp_path_factory):
                                   "32", "--hidden", "32", "--num-workers", "0", "--wait",
                                   "0", "--warmup", "1", "--active", "2", "--run-name",
                                   "cpu_padded", "--out-dir", str(logdir)]))
+    return logdir
+
+
+@pytest.fixture(scope="module")
+def server(logdir):
     port = _free_port()
     log = open(logdir / "tensorboard.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "profiling.serve_tensorboard", "--logdir",
@@ -119,6 +125,23 @@ def test_memory_and_trace_views_answer(server, run):
         assert view in views
     memory = _get(server, f"/memory?{_q(run)}")
     assert memory["rows"], "no memory rows"
+
+
+@pytest.mark.parametrize("run", ("gpu_kernel", "cpu_padded"))
+def test_trace_view_serves_the_events(server, run):
+    events = _get(server, f"/trace?{_q(run)}")["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert {"copy", "forward", "loss", "loss_backward"} <= names
+    if run.startswith("gpu"):
+        assert "_giou_fwd_kernel" in names
+
+
+def test_scalars_of_a_run(logdir):
+    """The Scalars tab: loss, step time and every phase's CPU and GPU time of the run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    tags = set(EventAccumulator(str(logdir / "cpu_padded")).Reload().Tags()["scalars"])
+    assert {"loss", "step_time_ms", "phase_cpu_ms/loss", "phase_gpu_ms/loss",
+            "phase_cpu_ms/loss_backward", "phase_cpu_ms/optimizer"} <= tags
 
 
 def test_cpu_trace_still_works(server):
