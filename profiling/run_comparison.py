@@ -112,11 +112,14 @@ def main(argv=None) -> int:
         skipped = json.loads((out / SKIPPED).read_text()) if (out / SKIPPED).exists() else []
     else:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        # A named --out may already hold runs (a comparison made in stages); train.py
+        # never overwrites a run folder, it adds a suffix.
         out = args.out or REPO / "profiles" / f"compare-{stamp}"
-        out.mkdir(parents=True, exist_ok=False)
+        out.mkdir(parents=True, exist_ok=args.out is not None)
         runs, skipped = run_all(out, train_args, strategies, modes)
         # Kept so that a rebuild from the run folders lists the skipped runs too.
-        (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
+        earlier = json.loads((out / SKIPPED).read_text()) if (out / SKIPPED).exists() else []
+        (out / SKIPPED).write_text(json.dumps(earlier + skipped, indent=1) + "\n")
     print(write_comparison(out, runs, skipped))
     print(f"written: {out / 'comparison.md'}, comparison.csv, comparison.png, comparison/")
     return 0
