@@ -13,18 +13,19 @@ from losses.strategy import Strategy, padded_to_device
 FUSED = ("kernel", "conditional")  # the strategies whose kernel backend is chosen
 
 
-def _fused_loss(pred, targets, backend: str, conditional: bool):
-    from kernels import giou_loss  # imported on use: the CUDA backend builds on first use
-    boxes, counts = targets
-    return giou_loss(pred, boxes, counts, backend=backend, conditional=conditional)
-
-
 def _make(name: str, conditional: bool, capacity: int, kernel: str) -> Strategy:
-    from kernels import check_backend
+    # Imported here, not at module top: importing kernels picks Triton's interpreter on a
+    # CPU machine, which only the fused strategies need. (The CUDA backend still builds on
+    # its first call, not here.)
+    from kernels import check_backend, giou_loss
     check_backend(kernel)
+
+    def fused_loss(pred, targets):
+        boxes, counts = targets
+        return giou_loss(pred, boxes, counts, backend=kernel, conditional=conditional)
+
     return Strategy(name, partial(collate_padded, capacity=capacity), padded_to_device,
-                    partial(_fused_loss, backend=kernel, conditional=conditional),
-                    needs_cuda=kernel == "cuda")
+                    fused_loss, needs_cuda=kernel == "cuda")
 
 
 make_kernel = partial(_make, "kernel", False)
