@@ -1,6 +1,5 @@
-"""Side-by-side table of several runs, from their summary.json files (never re-measured).
-
-    python3 -m profiling.compare profiles/padded-train-... profiles/kernel-triton-train-...
+"""Side-by-side rows of several runs, from their summary.json files (never re-measured);
+make compare (profiling/run_comparison.py) runs the strategies and writes them out.
 
 Per run: each phase's CPU and GPU time per step, the loss's launches (forward and, in
 train mode, backward), host-to-device copies and syncs per step, peak GPU memory, the step
@@ -11,7 +10,6 @@ loop run of the same mode is among the inputs. Peak GPU memory is over the whole
 import csv
 import io
 import json
-import sys
 from pathlib import Path
 
 
@@ -73,8 +71,13 @@ def skipped_row(strategy: str, mode: str, reason: str) -> dict:
     return {"strategy": strategy, "mode": mode, "profiled steps": f"skipped: {reason}"}
 
 
+def _present_columns(rows: list[dict]) -> list[str]:
+    """COLUMNS in their order, less those no row has (train-only phases in forward mode)."""
+    return [c for c in COLUMNS if any(c in r for r in rows)]
+
+
 def to_csv(rows: list[dict]) -> str:
-    columns = [c for c in COLUMNS if any(c in r for r in rows)]
+    columns = _present_columns(rows)
     out = io.StringIO()
     writer = csv.DictWriter(out, columns, lineterminator="\n")
     writer.writeheader()
@@ -91,22 +94,9 @@ def _cell(value) -> str:
 
 
 def to_markdown(rows: list[dict], columns: list[str] | None = None) -> str:
-    columns = columns or [c for c in COLUMNS if any(c in r for r in rows)]
+    columns = columns or _present_columns(rows)
     lines = ["| " + " | ".join(columns) + " |",
              "|" + "|".join("---" if c in ("strategy", "mode") else "---:" for c in columns) + "|"]
     for r in rows:
         lines.append("| " + " | ".join(_cell(r.get(c)) for c in columns) + " |")
     return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    paths = argv if argv is not None else sys.argv[1:]
-    if not paths:
-        print("usage: python3 -m profiling.compare RUN_DIR_OR_SUMMARY [...]", file=sys.stderr)
-        return 2
-    print(to_markdown(compare_rows([load_summary(Path(p)) for p in paths])))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -63,6 +63,10 @@ def run_all(out: Path, train_args: list[str], strategies=STRATEGIES,
     return runs, skipped
 
 
+def _load_skipped(out: Path) -> list[dict]:
+    return json.loads((out / SKIPPED).read_text()) if (out / SKIPPED).exists() else []
+
+
 def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
     rows = compare_rows([load_summary(r) for r in runs]) + skipped
     rows.sort(key=lambda r: (MODES.index(r["mode"]), r["strategy"]))
@@ -94,8 +98,9 @@ def main(argv=None) -> int:
     args, train_args = parser.parse_known_args(argv)
     strategies, modes = args.strategies.split(","), args.modes.split(",")
     import losses
+    from kernels import BACKENDS
     for s in strategies:
-        if s.partition(":")[0] not in losses.NAMES or s.partition(":")[2] not in ("", "triton", "cuda"):
+        if s.partition(":")[0] not in losses.NAMES or s.partition(":")[2] not in ("", *BACKENDS):
             print(f"error: unknown strategy {s!r} in --strategies: use <loss>[:triton|:cuda] "
                   f"with a loss from {', '.join(losses.NAMES)}", file=sys.stderr)
             return 2
@@ -109,7 +114,7 @@ def main(argv=None) -> int:
             return 2
         out = args.out or Path(os.path.commonpath([r.resolve().parent for r in args.runs]))
         runs = args.runs
-        skipped = json.loads((out / SKIPPED).read_text()) if (out / SKIPPED).exists() else []
+        skipped = _load_skipped(out)
     else:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         # A named --out may already hold runs (a comparison made in stages); train.py
@@ -118,8 +123,7 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=args.out is not None)
         runs, skipped = run_all(out, train_args, strategies, modes)
         # Kept so that a rebuild from the run folders lists the skipped runs too.
-        earlier = json.loads((out / SKIPPED).read_text()) if (out / SKIPPED).exists() else []
-        (out / SKIPPED).write_text(json.dumps(earlier + skipped, indent=1) + "\n")
+        (out / SKIPPED).write_text(json.dumps(_load_skipped(out) + skipped, indent=1) + "\n")
     print(write_comparison(out, runs, skipped))
     print(f"written: {out / 'comparison.md'}, comparison.csv, comparison.png, comparison/")
     return 0
