@@ -1,6 +1,7 @@
 """The CUDA C++ GIoU op: built on first use with torch.utils.cpp_extension (ninja), cached
-in build/giou_cuda/, then given a fake implementation and autograd here in Python (the
-pattern of pytorch/extension-cpp: the schema lives in C++, the rest in Python)."""
+in build/giou_cuda/. The schema and the CUDA kernels live in csrc/giou.cu, the autograd in
+csrc/giou_autograd.cpp (C++, so that a call never enters Python after torch.ops), and the
+fake implementations that torch.compile traces with here in Python."""
 
 import shutil
 from pathlib import Path
@@ -9,7 +10,7 @@ import torch
 
 from errors import UserError
 
-SOURCE = Path(__file__).parent / "csrc" / "giou.cu"
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("giou.cu", "giou_autograd.cpp")]
 BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "giou_cuda"
 
 _loaded = False
@@ -30,7 +31,7 @@ def _cuda_home_nvcc() -> bool:
 
 
 def load() -> None:
-    """Build (first time, ~1 min) or load the extension and register fake + autograd."""
+    """Build (first time, ~1 min) or load the extension and register the fakes."""
     global _loaded
     if _loaded:
         return
@@ -39,14 +40,15 @@ def load() -> None:
         raise UserError(reason)
     from torch.utils.cpp_extension import load as load_extension
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    load_extension(name="giou_cuda_ext", sources=[str(SOURCE)], build_directory=str(BUILD_DIR),
+    load_extension(name="giou_cuda_ext", sources=[str(s) for s in SOURCES],
+                   build_directory=str(BUILD_DIR), extra_cflags=["-O3"],
                    extra_cuda_cflags=["-O3", "-lineinfo"], is_python_module=False,
                    verbose=False)
-    _register_python_parts()
+    _register_fakes()
     _loaded = True
 
 
-def _register_python_parts() -> None:
+def _register_fakes() -> None:
     @torch.library.register_fake("giou_cuda::loss")
     def _(pred, target, counts, conditional):
         dt = torch.promote_types(pred.dtype, torch.float32)
@@ -55,22 +57,6 @@ def _register_python_parts() -> None:
     @torch.library.register_fake("giou_cuda::loss_backward")
     def _(grad_loss, denom, pred, target, counts, conditional):
         return torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)
-
-    def setup_context(ctx, inputs, output):
-        pred, target, counts, conditional = inputs
-        ctx.save_for_backward(pred, target, counts, output[1])
-        ctx.conditional = conditional
-        ctx.set_materialize_grads(False)  # no zero gradient (and fill launch) for denom
-
-    def backward(ctx, grad_loss, _grad_denom):
-        if grad_loss is None:  # no gradient flowed into the loss (grads not materialised)
-            return None, None, None, None
-        pred, target, counts, denom = ctx.saved_tensors
-        grad = torch.ops.giou_cuda.loss_backward(grad_loss, denom, pred, target, counts,
-                                                 ctx.conditional)
-        return grad, None, None, None
-
-    torch.library.register_autograd("giou_cuda::loss", backward, setup_context=setup_context)
 
 
 def cuda_loss(pred, target, counts, conditional: bool):
