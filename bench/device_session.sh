@@ -1,43 +1,51 @@
 #!/usr/bin/env bash
-# Everything this repo measures on a GPU, in stages meant to fit one 10-minute device call
-# each. Times seen on the H100 on 2026-11-22: make test-gpu 2.5 min; 35-45 s a run for
-# every strategy but the loop (forward: 8 runs); the loop's train run did not finish in
-# 130 s, so it has a stage of its own.
-#   bench/device_session.sh tests       # make test-gpu (pytest + compute-sanitizer)
-#   bench/device_session.sh forward     # make compare, forward mode, every strategy
-#   bench/device_session.sh train       # make compare, train mode, all but the loop
-#   bench/device_session.sh loop-train  # the loop in train mode; then the combined table
-#   bench/device_session.sh overhead    # bench/loss_overhead.py
-# Results go to $OUT (the device tool returns at most 8 files) as one archive per stage.
-# The comparison's runs collect in profiles/compare-device/. Where the tree has no .git (the
-# device machine), export GIT_COMMIT=<sha> first so that every summary names its commit.
+# Everything this repo measures on a GPU, as stages run in order within one device call
+# (10 minutes at most; the device tool returns at most 8 files, so each stage leaves one
+# log or archive in $OUT):
+#   bench/device_session.sh tests overhead compare timeline
+#     tests     make test-gpu (pytest -m gpu, then compute-sanitizer over both kernels)
+#     overhead  bench/loss_overhead.py: the host cost of one loss call, layer by layer
+#     compare   make compare (every strategy, both modes) into profiles/compare-device/
+#     timeline  what the host does inside the loss range of compare's forward-mode runs
+#               of the padded-layout strategies
+# DEADLINE (seconds from the start, default 570) stops a stage that would run past it, so
+# the archives still get written. Where the tree has no .git (the device machine), export
+# GIT_COMMIT=<sha> first so that every summary names its commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-results-device}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 cmp=profiles/compare-device
-case ${1:?stage: tests, forward, train or overhead} in
-  tests)
-    timeout 420 make test-gpu > "$out/test-gpu.log" 2>&1
-    echo "make test-gpu: exit $?"
-    grep -E "passed|failed|ERROR SUMMARY" "$out/test-gpu.log" | tail -3 ;;
-  forward|train|loop-train)
-    case $1 in
-      forward) args=(--modes forward) ;;
-      train) args=(--modes train --strategies \
-                   concat,padded,compiled,kernel:triton,conditional:triton,kernel:cuda,conditional:cuda) ;;
-      loop-train) args=(--modes train --strategies loop) ;;
-    esac
-    python3 -m profiling.run_comparison --out "$cmp" "${args[@]}" 2>&1 \
-      | grep -vE "^\[.*\] step [0-9]|USDT" > "$out/compare-$1.log"
-    if [[ $1 == loop-train ]]; then  # the combined table of every run so far
-      python3 -m profiling.run_comparison --runs "$cmp"/*-forward* "$cmp"/*-train* >/dev/null
-    fi
-    tar czf "$out/compare-$1.tgz" "$cmp"/*.md "$cmp"/*.csv "$cmp"/*.png "$cmp"/*/summary.json \
-      "$out/compare-$1.log" 2>/dev/null
-    tail -3 "$out/compare-$1.log" ;;
-  overhead)
-    python3 bench/loss_overhead.py | tee "$out/loss_overhead.md" ;;
-  *) echo "unknown stage $1" >&2; exit 2 ;;
-esac
+deadline=${DEADLINE:-570}
+left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
+stamp() { printf '[%4d s] %s\n' "$SECONDS" "$*"; }
+
+for stage in "$@"; do
+  stamp "stage $stage"
+  case $stage in
+    tests)
+      timeout "$(left)" make test-gpu > "$out/test-gpu.log" 2>&1
+      stamp "make test-gpu: exit $?"
+      grep -E "passed|failed|ERROR SUMMARY" "$out/test-gpu.log" | tail -3 ;;
+    overhead)
+      timeout "$(left)" python3 bench/loss_overhead.py > "$out/loss_overhead.md" 2>&1
+      cat "$out/loss_overhead.md" ;;
+    compare)
+      # Per-step progress lines are left out of the log; each run's table stays.
+      ( time timeout "$(left)" make compare ARGS="--out $cmp" ) 2>&1 \
+        | grep -vE "^\[.*\] step [0-9]|USDT" > "$out/compare.log"
+      tar czf "$out/compare.tgz" "$cmp"/*.md "$cmp"/*.csv "$cmp"/*.png "$cmp"/*.json \
+        "$cmp"/*/summary.json 2>/dev/null
+      grep -E "^\[[0-9]+/[0-9]+\]|all runs done|^real" "$out/compare.log" ;;
+    timeline)
+      for run in "$cmp"/{padded,compiled,kernel-*,conditional-*}-forward; do  # not the
+        # loop's or concat's: thousands of operators per range
+        echo "## $run"
+        timeout "$(left)" python3 -m profiling.range_timeline "$run" --range loss --steps 2
+      done > "$out/timeline.txt" 2>&1
+      head -c 3000 "$out/timeline.txt" ;;
+    *) echo "unknown stage $stage: tests, overhead, compare or timeline" >&2; exit 2 ;;
+  esac
+done
+stamp "done"

@@ -3,7 +3,8 @@ with a host clock (median of N), bare and under the profiler's settings one at a
 
     python3 bench/loss_overhead.py            # GPU only; prints a table
 
-Columns: bare = loss + sync; +range = inside record_function; +profiler = under
+The predictions require grad, as in a run (the model made them), so autograd records the
+call. Columns: bare = loss + sync; +range = inside record_function; +profiler = under
 torch.profiler (CPU+CUDA activities); +memory = profile_memory=True as train.py uses.
 """
 
@@ -35,11 +36,12 @@ def timed(fn) -> float:
 def main() -> None:
     case = make_case("mixed", 1024, 256, torch.bfloat16, seed=0).to("cuda")
     targets = (case.boxes, case.counts)
+    pred = case.pred.clone().requires_grad_(True)
     rows = []
     for name, kernel in (("padded", "triton"), ("kernel", "triton"), ("conditional", "triton"),
                          ("kernel", "cuda"), ("conditional", "cuda")):
         loss = losses.get(name, kernel=kernel).loss
-        call = lambda: loss(case.pred, targets)
+        call = lambda: loss(pred, targets)
         for _ in range(20):
             call()
         torch.cuda.synchronize()
@@ -56,7 +58,7 @@ def main() -> None:
                 results.append(timed(in_range))
         rows.append((f"{name}/{kernel}" if name != "padded" else name, *results))
     print(f"loss + sync, median of {N}, ms, batch 1024, bf16 predictions, "
-          f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+          f"predictions requiring grad, {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| strategy | bare | +range | +profiler | +memory |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
