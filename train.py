@@ -38,6 +38,8 @@ class Config:
     preset: str = "auto"         # auto: gpu on a CUDA machine, cpu otherwise
     batch_size: int = 1024
     num_workers: int = 16
+    main_cores: int = 0          # >0: the training process keeps this many CPU cores to
+                                 #   itself and the data workers run on the others
     image_size: int = 256        # square grayscale images, a multiple of 16, at most 256
     max_boxes: int = 256         # the model's box capacity (prediction slots per image)
     hidden: int = 16384          # width of lin1 (1.07 B parameters at the full size)
@@ -156,6 +158,25 @@ def _lower_worker_priority(_worker_id: int) -> None:
     os.nice(19)
 
 
+def split_cores(main_cores: int) -> tuple[set[int], set[int]] | None:
+    """(cores of the training process, cores of the data workers), or None for no split."""
+    cores = sorted(os.sched_getaffinity(0))
+    if main_cores <= 0:
+        return None
+    if main_cores >= len(cores):
+        raise UserError(f"--main-cores {main_cores} leaves no core for the data workers: "
+                        f"this process may use {len(cores)}")
+    return set(cores[:main_cores]), set(cores[main_cores:])
+
+
+def _worker_init(worker_cores: set[int] | None):
+    def init(worker_id: int) -> None:
+        _lower_worker_priority(worker_id)
+        if worker_cores:
+            os.sched_setaffinity(0, worker_cores)
+    return init
+
+
 def make_profiler(cfg: Config, run_dir: Path, cuda: bool) -> torch.profiler.profile:
     """wait/warmup/active schedule; a gzip Chrome trace into the run folder at the end."""
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -186,6 +207,13 @@ def run(cfg: Config) -> dict:
         raise UserError(f"--kernel {cfg.kernel} needs a CUDA GPU; use --kernel triton")
     torch.manual_seed(cfg.seed)
     dataset = SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed)
+    cores = split_cores(cfg.main_cores)
+    worker_cores = None
+    if cores:
+        # Set before the loader starts: its threads inherit the main thread's cores, and
+        # each forked worker then moves itself to the workers' cores.
+        os.sched_setaffinity(0, cores[0])
+        worker_cores = cores[1]
     steps = cfg.wait + cfg.warmup + cfg.active
     if steps * cfg.batch_size > len(dataset):
         raise UserError(f"{steps} steps of {cfg.batch_size} need more than the "
@@ -193,7 +221,7 @@ def run(cfg: Config) -> dict:
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=cfg.batch_size, shuffle=False, drop_last=True,
         num_workers=cfg.num_workers, collate_fn=strategy.collate,
-        pin_memory=cuda and cfg.pin_memory, worker_init_fn=_lower_worker_priority)
+        pin_memory=cuda and cfg.pin_memory, worker_init_fn=_worker_init(worker_cores))
     t_model = time.perf_counter()
     # Built on the device: initialising the 1.07 B parameters of the full model on the host
     # took 15 s on 2 cores (then a 4.3 GB copy), every run.

@@ -107,3 +107,19 @@ def test_fused_strategy_from_the_command_line_without_gpu(tmp_path):
                             text=True, timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "| loss" in result.stdout
+
+
+def test_main_cores_split_the_cores_between_training_and_workers(tmp_path):
+    import os
+    cores = sorted(os.sched_getaffinity(0))
+    assert train.split_cores(0) is None
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    main, workers = train.split_cores(1)
+    assert main == {cores[0]} and workers == set(cores[1:])
+    result = _cli("--out-dir", str(tmp_path), "--main-cores", str(len(cores)))
+    assert result.returncode == 2 and "leaves no core for the data workers" in result.stderr
+    # A run with the split: the training process, in a subprocess so that this one keeps
+    # its cores, finishes with workers on the other cores.
+    result = _cli("--out-dir", str(tmp_path), "--main-cores", "1", "--num-workers", "1")
+    assert result.returncode == 0, result.stderr
