@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 loss=${1:-kernel}
 kernel=${2:-cuda}
 dest=profiles/loss-range-variants
+mkdir -p "$dest"
 variants=("" "--num-workers 0" "--num-workers 4" "--main-cores 2" "--main-cores 4")
 lscpu | grep -E "^CPU\(s\)|Thread|Core|Socket|NUMA node[0-9]" || true
 for v in "${variants[@]}"; do
