@@ -3,10 +3,10 @@
     loss = giou_loss(pred, boxes, counts, backend="triton" | "cuda", conditional=False)
 
 Naming ladder (per backend): _giou_fwd_kernel / _giou_bwd_kernel -> launchers inside the
-custom op (giou::triton_loss, giou_cuda::loss) -> autograd registration -> giou_loss ->
-the `kernel` and `conditional` strategies in losses/fused.py. A new backend is one module
-here with a `<name>_loss(pred, target, counts, conditional) -> (loss, denom)` and one line
-in BACKENDS.
+custom op (giou::triton_loss, giou_cuda::loss) -> autograd registration -> bind_loss /
+giou_loss -> the `kernel` and `conditional` strategies in losses/fused.py. A new backend
+is one module here with an op `(pred, target, counts, conditional) -> (loss, denom)`, a
+branch in bind_loss and one line in BACKENDS.
 """
 
 import os
@@ -38,18 +38,31 @@ def check_backend(backend: str) -> None:
             raise UserError(reason)
 
 
+def bind_loss(backend: str = "triton", conditional: bool = False):
+    """The fused loss of one backend and variant, resolved once:
+    (pred, boxes, counts) -> mean of 1 - GIoU over the valid slots; no host-device sync.
+
+    Everything that does not depend on the inputs (the backend's module, the CUDA build,
+    the op lookup) happens here, so a call is the input check and the op: the strategies
+    bind once, and the loss range of a step times only that."""
+    check_backend(backend)
+    if backend == "triton":
+        from kernels.triton_giou import triton_loss as op
+    else:
+        from kernels.cuda_giou import load
+        load()  # builds the extension on first use (about a minute), then loads it
+        op = torch.ops.giou_cuda.loss.default
+
+    def loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        check_padded(pred, boxes, counts)
+        if backend == "cuda" and not pred.is_cuda:
+            raise UserError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
+        return op(pred, boxes, counts, conditional)[0]
+
+    return loss
+
+
 def giou_loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor,
               backend: str = "triton", conditional: bool = False) -> torch.Tensor:
     """Mean of 1 - GIoU over the valid slots of a padded batch; no host-device sync."""
-    check_padded(pred, boxes, counts)
-    if backend == "triton":
-        from kernels.triton_giou import triton_loss
-        loss, _ = triton_loss(pred, boxes, counts, conditional)
-    elif backend == "cuda":
-        if not pred.is_cuda:
-            raise UserError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
-        from kernels.cuda_giou import cuda_loss
-        loss, _ = cuda_loss(pred, boxes, counts, conditional)
-    else:
-        check_backend(backend)
-    return loss
+    return bind_loss(backend, conditional)(pred, boxes, counts)

@@ -57,8 +57,3 @@ def _register_fakes() -> None:
     @torch.library.register_fake("giou_cuda::loss_backward")
     def _(grad_loss, denom, pred, target, counts, conditional):
         return torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)
-
-
-def cuda_loss(pred, target, counts, conditional: bool):
-    load()
-    return torch.ops.giou_cuda.loss(pred, target, counts, conditional)

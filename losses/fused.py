@@ -15,14 +15,14 @@ FUSED = ("kernel", "conditional")  # the strategies whose kernel backend is chos
 
 def _make(name: str, conditional: bool, capacity: int, kernel: str) -> Strategy:
     # Imported here, not at module top: importing kernels picks Triton's interpreter on a
-    # CPU machine, which only the fused strategies need. (The CUDA backend still builds on
-    # its first call, not here.)
-    from kernels import check_backend, giou_loss
-    check_backend(kernel)
+    # CPU machine, which only the fused strategies need. Binding resolves the backend once
+    # (and builds the CUDA extension on first use), so a loss call is the check and the op.
+    from kernels import bind_loss
+    giou = bind_loss(kernel, conditional)
 
     def fused_loss(pred, targets):
         boxes, counts = targets
-        return giou_loss(pred, boxes, counts, backend=kernel, conditional=conditional)
+        return giou(pred, boxes, counts)
 
     return Strategy(name, partial(collate_padded, capacity=capacity), padded_to_device,
                     fused_loss, needs_cuda=kernel == "cuda")
