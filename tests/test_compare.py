@@ -60,3 +60,9 @@ def test_counts_match_the_gpu_trace_fixture():
     for row in (kernel, padded):
         assert row["H2D copies"] == 3 and row["syncs"] == 0
         assert row["loss GPU ms"] > 0 and row["peak GPU GB"] > 0
+
+
+def test_the_loop_gets_fewer_steps_unless_the_user_sets_them():
+    assert run_comparison.loop_steps([]) == ["--warmup", "1", "--active", "2"]
+    assert run_comparison.loop_steps(["--active", "5"]) == ["--warmup", "1"]
+    assert run_comparison.loop_steps(TINY) == []
