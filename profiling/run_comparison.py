@@ -3,7 +3,8 @@
     python3 -m profiling.run_comparison [train.py options...]      # run everything, compare
     python3 -m profiling.run_comparison --runs DIR [DIR ...]        # rebuild from finished runs
 
-Each run is its own `train.py` process writing into profiles/compare-<UTC time>/; the
+Each run is `train.run` in this process (the model is built and compiled once and
+re-initialised per run), writing into profiles/compare-<UTC time>/<strategy>-<mode>/; the
 comparison (comparison.md, comparison.csv, comparison.png, and a TensorBoard text table
 and scalars under comparison/) is written beside them. Every figure comes from the runs'
 summary.json files. The loop strategy gets 1 warmup and 2 profiled steps (seconds per step
@@ -14,12 +15,14 @@ run (no GPU or no nvcc), its rows say why.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
+import train
+from errors import UserError, one_line
 from profiling.chart import loss_chart
 from profiling.compare import compare_rows, load_summary, skipped_row, to_csv, to_markdown
 
@@ -58,13 +61,21 @@ def run_all(out: Path, train_args: list[str], strategies=STRATEGIES,
             continue
         extra = loop_steps(train_args) if loss == "loop" else []
         name = _name(strategy, mode)
-        cmd = [sys.executable, "train.py", "--loss", loss, "--kernel", kernel or "triton",
-               "--mode", mode, "--out-dir", str(out), "--run-name", name, *extra, *train_args]
+        args = ["--loss", loss, "--kernel", kernel or "triton", "--mode", mode,
+                "--out-dir", str(out), "--run-name", name, *extra, *train_args]
         print(f"{label} ({time.time() - started:.0f} s so far)", flush=True)
-        if subprocess.run(cmd, cwd=REPO).returncode != 0:
-            skipped.append(skipped_row(strategy.replace(":", "/"), mode, "the run failed"))
+        try:
+            # In this process: the model, its compiled form and CUDA's start-up are shared
+            # by every run (train.build_model re-initialises the weights for each).
+            record = train.run(train.parse_config(args), reuse=True)
+        except Exception as exc:  # one run's failure is a row, not the end of the table
+            if not isinstance(exc, UserError):
+                traceback.print_exc()
+            print(f"{label}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
+            skipped.append(skipped_row(strategy.replace(":", "/"), mode,
+                                       f"the run failed: {one_line(exc)}"))
             continue
-        runs.append(out / name)
+        runs.append(Path(record["run_dir"]))
     print(f"all runs done in {time.time() - started:.0f} s", flush=True)
     return runs, skipped
 
@@ -122,6 +133,11 @@ def main(argv=None) -> int:
         runs = args.runs
         skipped = _load_skipped(out)
     else:
+        try:  # the shared train.py options, checked once before any run starts
+            train.validate(train.parse_config(train_args))
+        except UserError as exc:
+            print(f"error: {one_line(exc)}", file=sys.stderr)
+            return 2
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         # A named --out may already hold runs (a comparison made in stages); train.py
         # never overwrites a run folder, it adds a suffix.

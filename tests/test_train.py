@@ -123,3 +123,16 @@ def test_main_cores_split_the_cores_between_training_and_workers(tmp_path):
     # its cores, finishes with workers on the other cores.
     result = _cli("--out-dir", str(tmp_path), "--main-cores", "1", "--num-workers", "1")
     assert result.returncode == 0, result.stderr
+
+
+def test_a_kept_model_starts_each_run_from_the_same_weights(tmp_path):
+    """make compare keeps one model per process; every run must start as a fresh one."""
+    fresh = _run(tmp_path, "--mode", "train")["losses"]
+    args = TINY + ["--out-dir", str(tmp_path), "--mode", "train"]
+    first = train.run(train.parse_config(args), reuse=True)["losses"]
+    kept_model = train._kept["model"]
+    second = train.run(train.parse_config(args), reuse=True)
+    assert train._kept["model"] is kept_model  # the same module, so no recompile
+    assert first == fresh and second["losses"] == fresh  # training moved the weights; restored
+    assert Path(second["run_dir"]).parent == tmp_path
+    train._kept.clear()
