@@ -13,7 +13,8 @@ category, so each number here is defined once:
 - H2D copies: host-to-device memcpy activities launched in the window;
 - syncs: runtime calls that block the host on the device (…Synchronize, blocking memcpy);
 - step time: the `ProfilerStep#N` range's wall duration; GPU busy time of a step likewise.
-All per-step numbers are means over the profiled (active) steps.
+All per-step numbers are means over the profiled (active) steps; cpu_ms_each lists each
+step's CPU time of a phase (and of the step), so that one slow step is visible.
 """
 
 import bisect
@@ -81,9 +82,11 @@ def summarize(events: list[dict], phases: tuple[str, ...]) -> dict:
     phase_of, step_of = _Windows(phase_ranges), _Windows(step_ranges)
 
     stats = {p: defaultdict(float) for p in phases}
+    cpu_per_step = {p: [] for p in phases}  # each occurrence, in order: outliers show here
     step_gpu = defaultdict(float)
-    for start, end, name in phase_ranges:
+    for start, end, name in sorted(phase_ranges):
         stats[name]["cpu_us"] += end - start
+        cpu_per_step[name].append(round((end - start) / 1e3, 4))
     launcher_phase = {}  # correlation id -> phase of the runtime call that launched it
     launcher_step = {}
     for e in events:
@@ -120,6 +123,7 @@ def summarize(events: list[dict], phases: tuple[str, ...]) -> dict:
         s = stats[p]
         result["phases"][p] = {
             "cpu_ms": s["cpu_us"] / steps / 1e3,
+            "cpu_ms_each": cpu_per_step[p],
             "gpu_ms": s["gpu_us"] / steps / 1e3,
             "launches": s["launches"] / steps,
             "h2d_copies": s["h2d_copies"] / steps,
@@ -127,6 +131,7 @@ def summarize(events: list[dict], phases: tuple[str, ...]) -> dict:
         }
     result["step"] = {
         "cpu_ms": sum(e - s for s, e, _ in step_ranges) / steps / 1e3,
+        "cpu_ms_each": [round((e - s) / 1e3, 4) for s, e, _ in sorted(step_ranges)],
         "gpu_ms": sum(step_gpu.values()) / steps / 1e3,
     }
     return result

@@ -32,11 +32,26 @@ def test_events_are_attributed_to_the_phase_that_launched_them():
     ]
     s = summarize(events, ("copy", "loss"))
     assert s["steps"] == 1
-    assert s["phases"]["copy"] == pytest.approx(
+    copy, loss = s["phases"]["copy"], s["phases"]["loss"]
+    assert copy.pop("cpu_ms_each") == pytest.approx([0.009])
+    assert loss.pop("cpu_ms_each") == pytest.approx([0.020])
+    assert copy == pytest.approx(
         {"cpu_ms": 0.009, "gpu_ms": 0.004, "launches": 0, "h2d_copies": 1, "syncs": 0})
-    assert s["phases"]["loss"] == pytest.approx(
+    assert loss == pytest.approx(
         {"cpu_ms": 0.020, "gpu_ms": 0.004, "launches": 2, "h2d_copies": 0, "syncs": 1})
     assert s["step"]["cpu_ms"] == pytest.approx(0.1)
+    assert s["step"]["cpu_ms_each"] == pytest.approx([0.1])
+
+
+def test_each_steps_time_is_kept_in_order_and_averages_to_the_mean():
+    events = [_x("user_annotation", "ProfilerStep#4", 200, 90),
+              _x("user_annotation", "loss", 250, 30),
+              _x("user_annotation", "ProfilerStep#3", 0, 100),
+              _x("user_annotation", "loss", 10, 5)]
+    s = summarize(events, ("loss",))
+    assert s["phases"]["loss"]["cpu_ms_each"] == pytest.approx([0.005, 0.030])
+    assert s["phases"]["loss"]["cpu_ms"] == pytest.approx(0.0175)
+    assert s["step"]["cpu_ms_each"] == pytest.approx([0.1, 0.09])
 
 
 def _fixture(name):
@@ -54,7 +69,7 @@ def test_real_gpu_trace(name):
     events, recorded = _fixture(name)
     s = summarize(events, tuple(recorded["phases"]))
     for phase, numbers in recorded["phases"].items():  # the numbers the device printed
-        assert s["phases"][phase] == pytest.approx(numbers), phase
+        assert {k: s["phases"][phase][k] for k in numbers} == pytest.approx(numbers), phase
     phases = s["phases"]
     for phase in ("forward", "loss", "loss_backward", "backward", "optimizer"):
         assert phases[phase]["gpu_ms"] > 0, phase
