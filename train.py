@@ -123,9 +123,11 @@ def environment() -> dict:
         "triton": triton_version,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        # A copy of the tree without .git (the device machine) gets the commit from GIT_COMMIT.
-        "commit": git("rev-parse", "HEAD") or os.environ.get("GIT_COMMIT"),
-        "dirty": (lambda status: None if status is None else bool(status))(
+        # GIT_COMMIT, where set, names the commit of a copied tree: the device machine's
+        # copy carries a stale .git, whose HEAD and status say nothing about the tree.
+        "commit": os.environ.get("GIT_COMMIT") or git("rev-parse", "HEAD"),
+        "dirty": None if os.environ.get("GIT_COMMIT") else (
+            lambda status: None if status is None else bool(status))(
             git("status", "--porcelain", "--untracked-files=no")),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

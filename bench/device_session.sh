@@ -9,8 +9,8 @@
 #     timeline  what the host does inside the loss range of compare's forward-mode runs
 #               of the padded-layout strategies
 # DEADLINE (seconds from the start, default 570) stops a stage that would run past it, so
-# the archives still get written. Where the tree has no .git (the device machine), export
-# GIT_COMMIT=<sha> first so that every summary names its commit.
+# the archives still get written. The device's copy of the tree carries a stale .git:
+# export GIT_COMMIT=<sha of the tree sent> first so that every summary names its commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-results-device}

@@ -136,3 +136,9 @@ def test_a_kept_model_starts_each_run_from_the_same_weights(tmp_path):
     assert first == fresh and second["losses"] == fresh  # training moved the weights; restored
     assert Path(second["run_dir"]).parent == tmp_path
     train._kept.clear()
+
+
+def test_git_commit_names_a_copied_tree(monkeypatch):
+    monkeypatch.setenv("GIT_COMMIT", "0123abc")
+    env = train.environment()
+    assert env["commit"] == "0123abc" and env["dirty"] is None
