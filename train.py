@@ -161,9 +161,14 @@ def _lower_worker_priority(_worker_id: int) -> None:
     os.nice(19)
 
 
+# The cores this process started with: a run with --main-cores narrows the main thread's,
+# and the next run of the same process (make compare) splits, or gets back, these.
+_START_CORES = frozenset(os.sched_getaffinity(0))
+
+
 def split_cores(main_cores: int) -> tuple[set[int], set[int]] | None:
     """(cores of the training process, cores of the data workers), or None for no split."""
-    cores = sorted(os.sched_getaffinity(0))
+    cores = sorted(_START_CORES)
     if main_cores <= 0:
         return None
     if main_cores >= len(cores):
@@ -248,12 +253,10 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     torch.manual_seed(cfg.seed)
     dataset = SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed)
     cores = split_cores(cfg.main_cores)
-    worker_cores = None
-    if cores:
-        # Set before the loader starts: its threads inherit the main thread's cores, and
-        # each forked worker then moves itself to the workers' cores.
-        os.sched_setaffinity(0, cores[0])
-        worker_cores = cores[1]
+    worker_cores = cores[1] if cores else None
+    # Set before the loader starts: its threads inherit the main thread's cores, and each
+    # forked worker then moves itself to the workers' cores.
+    os.sched_setaffinity(0, cores[0] if cores else _START_CORES)
     steps = cfg.wait + cfg.warmup + cfg.active
     if steps * cfg.batch_size > len(dataset):
         raise UserError(f"{steps} steps of {cfg.batch_size} need more than the "
