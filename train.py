@@ -117,18 +117,18 @@ def environment() -> dict:
     except ImportError:
         triton_version = None
     cuda = torch.cuda.is_available()
+    # GIT_COMMIT, where set, names the commit of a copied tree: the device machine's copy
+    # carries a stale .git, whose HEAD and status say nothing about the tree.
+    copied = os.environ.get("GIT_COMMIT")
+    status = None if copied else git("status", "--porcelain", "--untracked-files=no")
     return {
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
         "torch": torch.__version__,
         "triton": triton_version,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        # GIT_COMMIT, where set, names the commit of a copied tree: the device machine's
-        # copy carries a stale .git, whose HEAD and status say nothing about the tree.
-        "commit": os.environ.get("GIT_COMMIT") or git("rev-parse", "HEAD"),
-        "dirty": None if os.environ.get("GIT_COMMIT") else (
-            lambda status: None if status is None else bool(status))(
-            git("status", "--porcelain", "--untracked-files=no")),
+        "commit": copied or git("rev-parse", "HEAD"),
+        "dirty": None if status is None else bool(status),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -250,7 +250,6 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     if strategy.needs_cuda and not cuda:
         raise UserError(f"--kernel {cfg.kernel} needs a CUDA GPU; use --kernel triton")
-    torch.manual_seed(cfg.seed)
     dataset = SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed)
     cores = split_cores(cfg.main_cores)
     worker_cores = cores[1] if cores else None

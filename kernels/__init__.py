@@ -9,6 +9,7 @@ is one module here with an op `(pred, target, counts, conditional) -> (loss, den
 branch in bind_loss and one line in BACKENDS.
 """
 
+import functools
 import os
 
 import torch
@@ -38,13 +39,15 @@ def check_backend(backend: str) -> None:
             raise UserError(reason)
 
 
+@functools.lru_cache(maxsize=None)
 def bind_loss(backend: str = "triton", conditional: bool = False):
     """The fused loss of one backend and variant, resolved once:
     (pred, boxes, counts) -> mean of 1 - GIoU over the valid slots; no host-device sync.
 
     Everything that does not depend on the inputs (the backend's module, the CUDA build,
-    the op lookup) happens here, so a call is the input check and the op: the strategies
-    bind once, and the loss range of a step times only that."""
+    the op lookup) happens here, once per (backend, variant) and process, so a call is the
+    input check and the op: the loss range of a step times only that, and giou_loss does
+    not look for nvcc on every call."""
     check_backend(backend)
     if backend == "triton":
         from kernels.triton_giou import triton_loss as op

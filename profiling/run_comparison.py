@@ -26,7 +26,7 @@ from errors import UserError, one_line
 from profiling.chart import loss_chart
 from profiling.compare import compare_rows, load_summary, skipped_row, to_csv, to_markdown
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = train.REPO
 STRATEGIES = ("loop", "concat", "padded", "compiled", "kernel:triton", "conditional:triton",
               "kernel:cuda", "conditional:cuda")
 MODES = ("forward", "train")
