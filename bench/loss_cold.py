@@ -1,5 +1,5 @@
 """Is the loss range slow in a training step because the host is cold? The same loss call
-plus a device sync, timed with a host clock under the profiler (train.py's settings),
+plus a device sync, timed with a host clock with and without the profiler,
 right after one of several things a training step does before its loss.
 
     python3 bench/loss_cold.py            # GPU only; prints a table (ms, median of N)
@@ -12,9 +12,12 @@ Conditions (what happens just before each timed call):
             copy and the collate pass far more than a last-level cache through the host)
   both      gpu-wait, then flush
 Calls: the kernel/cuda and kernel/triton strategies, the CUDA op alone (no Python input
-checks), and the sync alone (the floor of each condition).
+checks), the sync alone (the floor of each condition), and a CPU probe (a fixed loop of
+Python arithmetic, no CUDA: is the CPU itself slow after the condition?).
+Profiler: off, CPU activity only (no CUPTI), or CPU+CUDA with profile_memory (train.py's).
 """
 
+import contextlib
 import statistics
 import sys
 import time
@@ -28,7 +31,7 @@ import torch  # noqa: E402
 import losses  # noqa: E402
 from tests.cases import make_case  # noqa: E402
 
-N = 40
+N = 30
 WAIT_S = 0.044  # the forward's sync in a forward-mode step at the full preset
 
 
@@ -43,6 +46,23 @@ def gpu_cycles_for(seconds: float) -> int:
     end.record()
     end.synchronize()  # host-device sync: calibration only
     return int(probe * seconds * 1e3 / start.elapsed_time(end))
+
+
+def cpu_probe() -> int:
+    total = 0
+    for i in range(2000):
+        total += i * i % 7
+    return total
+
+
+def profiler(mode: str):
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if mode == "off":
+        return contextlib.nullcontext()
+    if mode == "cpu":
+        return torch.profiler.profile(activities=acts)
+    acts.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=acts, profile_memory=True)
 
 
 def main() -> None:
@@ -74,6 +94,7 @@ def main() -> None:
         "kernel/triton": lambda: triton_loss(pred, (boxes, counts)),
         "cuda op alone": lambda: op(pred, boxes, counts, False),
         "sync alone": lambda: None,
+        "cpu probe": cpu_probe,
     }
     for call in calls.values():
         for _ in range(10):
@@ -81,27 +102,28 @@ def main() -> None:
     torch.cuda.synchronize()
 
     results = {}
-    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=acts, profile_memory=True):
-        for cname, before in conditions.items():
-            for name, call in calls.items():
-                samples = []
-                for _ in range(N):
-                    before()
-                    t0 = time.perf_counter()
-                    with torch.profiler.record_function("loss"):
-                        call()
-                        torch.cuda.synchronize()  # host-device sync: closes the range
-                    samples.append(time.perf_counter() - t0)
-                results[cname, name] = statistics.median(samples) * 1e3
-    print(f"loss range (call + sync) under the profiler, median of {N}, ms; batch 1024, "
-          f"bf16 predictions requiring grad; {torch.cuda.get_device_name()}, "
-          f"torch {torch.__version__}")
-    print("| before each call | " + " | ".join(calls) + " |")
-    print("|---|" + "---:|" * len(calls))
-    for cname in conditions:
-        print(f"| {cname} | " + " | ".join(f"{results[cname, n]:.3f}" for n in calls) + " |")
-
+    modes = ("off", "cpu", "cpu+cuda")
+    for mode in modes:
+        with profiler(mode):
+            for cname, before in conditions.items():
+                for name, call in calls.items():
+                    samples = []
+                    for _ in range(N):
+                        before()
+                        t0 = time.perf_counter()
+                        with torch.profiler.record_function("loss"):
+                            call()
+                            torch.cuda.synchronize()  # host-device sync: closes the range
+                        samples.append(time.perf_counter() - t0)
+                    results[mode, cname, name] = statistics.median(samples) * 1e3
+    print(f"loss range (call + sync), median of {N}, ms; batch 1024, bf16 predictions "
+          f"requiring grad; {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| profiler | before each call | " + " | ".join(calls) + " |")
+    print("|---|---|" + "---:|" * len(calls))
+    for mode in modes:
+        for cname in conditions:
+            print(f"| {mode} | {cname} | " +
+                  " | ".join(f"{results[mode, cname, n]:.3f}" for n in calls) + " |")
 
 if __name__ == "__main__":
     main()
