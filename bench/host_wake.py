@@ -1,14 +1,16 @@
 """Why is the host slow for a while after a 44 ms wait? (bench/loss_cold.py found every
 call, even a Python loop with no CUDA in it, 2-4x slower after a wait, a sleep or a cache
-flush, with the profiler on or off.) Probes after waits of different kinds, with the
-thread free to move among the process's cores or pinned to one.
+flush, with the profiler on or off.) Probes after waits of different kinds. (A first
+version also pinned the thread to one core: no difference; RESULTS.md section 3.)
 
     python3 bench/host_wake.py [--sched auto|spin|yield|blocking]   # GPU only
 
 Waits: none (back-to-back), spin (a Python loop reading the clock for 44 ms: the thread
-never leaves the CPU), sleep (time.sleep: it does), gpu (a 44 ms GPU kernel and a device
-sync, as the forward's). Probes: a fixed Python loop (no CUDA), a device sync with nothing
-pending, and the kernel/cuda loss plus a sync.
+never leaves the CPU, no CUDA call), sleep (time.sleep: it does), gpu sleep (a 44 ms
+one-thread GPU kernel and a device sync), gpu matmuls (44 ms of bf16 matmuls and a sync:
+the GPU as busy as in the forward). Probes, each after its own wait: a fixed Python loop
+(no CUDA), a device sync with nothing pending, the kernel/cuda loss split into the call's
+host time and the sync's, and the loss's GPU span between two events.
 """
 
 import argparse
@@ -50,37 +52,77 @@ def main() -> None:
         torch.cuda._sleep(cycles)
         torch.cuda.synchronize()  # host-device sync: the forward's own
 
-    waits = {"none": lambda: None, "spin": spin, "sleep": lambda: time.sleep(WAIT_S),
-             "gpu": gpu}
-    probes = {"cpu probe": cpu_probe, "sync alone": torch.cuda.synchronize,
-              "kernel/cuda + sync": lambda: (loss(pred, (case.boxes, case.counts)),
-                                             torch.cuda.synchronize())}
-    all_cores = os.sched_getaffinity(0)
-    placements = {"free": all_cores, "pinned": {min(all_cores)}}
-    for probe in probes.values():
-        probe()
-    results = {}
-    for pname, cores in placements.items():
-        os.sched_setaffinity(0, cores)
-        for wname, wait in waits.items():
-            for name, probe in probes.items():
-                samples = []
-                for _ in range(N):
-                    wait()
-                    t0 = time.perf_counter()
-                    probe()
-                    samples.append(time.perf_counter() - t0)
-                results[pname, wname, name] = statistics.median(samples) * 1e3
-    os.sched_setaffinity(0, all_cores)
-    print(f"probe after a wait, median of {N}, ms; CUDA sync policy {args.sched}; "
-          f"{len(all_cores)} cores; {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| thread | wait | " + " | ".join(probes) + " |")
-    print("|---|---|" + "---:|" * len(probes))
-    for pname in placements:
-        for wname in waits:
-            print(f"| {pname} | {wname} | " +
-                  " | ".join(f"{results[pname, wname, n]:.3f}" for n in probes) + " |")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    matmuls = max(1, round(WAIT_S / time_matmul(a)))
 
+    def gpu_busy():
+        for _ in range(matmuls):
+            a @ a
+        torch.cuda.synchronize()  # host-device sync: the forward's own
+
+    waits = {"none": lambda: None, "spin": spin, "sleep": lambda: time.sleep(WAIT_S),
+             "gpu sleep": gpu, "gpu matmuls": gpu_busy}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def split_call():
+        """(host ms of the loss call, host ms of the sync after it)"""
+        t0 = time.perf_counter()
+        loss(pred, (case.boxes, case.counts))
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()  # host-device sync: closes the range
+        return t1 - t0, time.perf_counter() - t1
+
+    def gpu_span():
+        """GPU ms from an event before the loss to one after it."""
+        start.record()
+        loss(pred, (case.boxes, case.counts))
+        end.record()
+        end.synchronize()  # host-device sync: closes the range
+        return start.elapsed_time(end) / 1e3
+
+    columns = ("cpu probe", "sync alone", "loss call", "sync after it", "loss GPU span")
+    for _ in range(3):
+        split_call(), gpu_span(), cpu_probe()
+    results = {}
+    for wname, wait in waits.items():
+        samples = {c: [] for c in columns}
+        for _ in range(N):
+            wait()
+            t0 = time.perf_counter()
+            cpu_probe()
+            samples["cpu probe"].append(time.perf_counter() - t0)
+            wait()
+            t0 = time.perf_counter()
+            torch.cuda.synchronize()  # host-device sync: the probe
+            samples["sync alone"].append(time.perf_counter() - t0)
+            wait()
+            call, sync = split_call()
+            samples["loss call"].append(call)
+            samples["sync after it"].append(sync)
+            wait()
+            samples["loss GPU span"].append(gpu_span())
+        for c in columns:
+            results[wname, c] = statistics.median(samples[c]) * 1e3
+    print(f"probe after a wait, median of {N}, ms; CUDA sync policy {args.sched}; "
+          f"{len(os.sched_getaffinity(0))} cores; {matmuls} bf16 8192^3 matmuls per GPU "
+          f"wait; {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| wait | " + " | ".join(columns) + " |")
+    print("|---|" + "---:|" * len(columns))
+    for wname in waits:
+        print(f"| {wname} | " + " | ".join(f"{results[wname, c]:.3f}" for c in columns) + " |")
+
+
+def time_matmul(a) -> float:
+    """Seconds of one a @ a (for sizing the busy wait)."""
+    import torch
+    for _ in range(3):
+        a @ a
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    torch.cuda.synchronize()  # host-device sync: calibration only
+    return (time.perf_counter() - t0) / 10
 
 if __name__ == "__main__":
     main()
