@@ -29,6 +29,9 @@ WAIT_S = 0.044
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sched", default="auto", choices=("auto", "spin", "yield", "blocking"))
+    parser.add_argument("--sweep", action="store_true",
+                        help="instead: spins of 0 to 44 ms, then the loss call or a touch of "
+                             "256 pages (reads or writes) or of one page")
     args = parser.parse_args()
     from bench.host_variant import SCHED, set_sched
     if args.sched != "auto":
@@ -41,6 +44,8 @@ def main() -> None:
     case = make_case("mixed", 1024, 256, torch.bfloat16, seed=0).to("cuda")
     pred = case.pred.clone().requires_grad_(True)
     loss = losses.get("kernel", kernel="cuda").loss
+    if args.sweep:
+        return sweep(lambda: loss(pred, (case.boxes, case.counts)), torch)
     cycles = gpu_cycles_for(WAIT_S)
 
     def spin():
@@ -110,6 +115,40 @@ def main() -> None:
     print("|---|" + "---:|" * len(columns))
     for wname in waits:
         print(f"| {wname} | " + " | ".join(f"{results[wname, c]:.3f}" for c in columns) + " |")
+
+
+def sweep(loss_call, torch) -> None:
+    """After how long a pause is the host slow, and is it the pages? The same 256 pages
+    (4 KiB apart) or one page, read or written, after spins of growing length."""
+    import numpy as np
+    pages = np.zeros(256 * 4096, dtype=np.uint8)
+    one = np.zeros(4096, dtype=np.uint8)
+    probes = {
+        "loss call": loss_call,
+        "write 256 pages": lambda: pages[::4096].__iadd__(1),
+        "read 256 pages": lambda: int(pages[::4096].sum()),
+        "write 1 page": lambda: one[:256].__iadd__(1),
+    }
+    gaps_ms = (0, 0.1, 0.3, 1, 3, 10, 44)
+    results = {}
+    for gap in gaps_ms:
+        for name, probe in probes.items():
+            samples = []
+            for _ in range(N):
+                end = time.perf_counter() + gap / 1e3
+                while time.perf_counter() < end:
+                    pass
+                t0 = time.perf_counter()
+                probe()
+                samples.append(time.perf_counter() - t0)
+                torch.cuda.synchronize()  # host-device sync: outside the timed probe
+            results[gap, name] = statistics.median(samples) * 1e6
+    print(f"probe after a spin of the given length, median of {N}, us; "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| spin ms | " + " | ".join(probes) + " |")
+    print("|---:|" + "---:|" * len(probes))
+    for gap in gaps_ms:
+        print(f"| {gap} | " + " | ".join(f"{results[gap, n]:.1f}" for n in probes) + " |")
 
 
 def time_matmul(a) -> float:
