@@ -9,6 +9,9 @@ through libcuda before torch creates the context): auto (CUDA's default: spin wh
 process has fewer contexts than cores), spin, yield, blocking (sleep on an interrupt).
 --gc: on (default), off (no cyclic collection), freeze (collect once, then move every
 object to a generation the collector never scans).
+--empty-loss: the strategy's loss returns a tensor made once, with no work: the loss range
+then holds only its record_function and the sync that closes it, the floor of that range
+in a real step (the loss values printed are then that constant, not a loss).
 """
 
 import argparse
@@ -35,16 +38,35 @@ def set_sched(flag: int, device: int = 0) -> None:
     check(set_flags(dev, flag), "cuDevicePrimaryCtxSetFlags")
 
 
+def stub_losses() -> None:
+    """Make losses.get return strategies whose loss does nothing (see --empty-loss)."""
+    import dataclasses
+    import losses
+    import torch
+    real_get = losses.get
+    made = {}
+
+    def empty_loss(pred, targets):
+        if pred.device not in made:
+            made[pred.device] = pred.new_zeros((), dtype=torch.float32)
+        return made[pred.device]
+
+    losses.get = lambda *a, **k: dataclasses.replace(real_get(*a, **k), loss=empty_loss)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sched", choices=SCHED, default="auto")
     parser.add_argument("--gc", choices=("on", "off", "freeze"), default="on")
+    parser.add_argument("--empty-loss", action="store_true")
     args, train_args = parser.parse_known_args()
     if train_args[:1] == ["--"]:
         train_args = train_args[1:]
     if args.sched != "auto":
         set_sched(SCHED[args.sched])
     import train
+    if args.empty_loss:
+        stub_losses()
     if args.gc == "off":
         gc.disable()
     elif args.gc == "freeze":
