@@ -325,6 +325,15 @@ def run(cfg: Config, reuse: bool = False) -> dict:
             # host-device sync: once per step, outside the phases. It makes the step's wall
             # time its real time and keeps the host from running ahead of the GPU.
             value = loss.item()
+            # Release this step's tensors here, outside every phase. Kept, they would be
+            # freed by the next step's assignments, inside its ranges: in forward mode
+            # `loss` holds, through the predictions, the autograd graph the forward
+            # recorded (the compiled model's saved activations), so the next `loss = ...`
+            # tore that graph down inside the loss range (RESULTS.md section 3 has the
+            # before and after).
+            del images, targets, pred, loss
+            if not forward_only:
+                del grad_pred
             elapsed_ms = (time.perf_counter() - t0) * 1e3
             losses_seen.append(value)
             writer.add_scalar("loss", value, step)

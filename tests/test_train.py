@@ -144,3 +144,28 @@ def test_git_commit_names_a_copied_tree(monkeypatch):
     monkeypatch.setenv("GIT_COMMIT", "0123abc")
     env = train.environment()
     assert env["commit"] == "0123abc" and env["dirty"] is None
+
+
+@pytest.mark.parametrize("mode", ("forward", "train"))
+def test_a_step_releases_its_tensors_before_the_next_step(tmp_path, monkeypatch, mode):
+    """Freeing a step's autograd graph must not land in the next step's ranges: when the
+    loss of step k runs, the predictions of step k-1 (and the graph they hold) are gone."""
+    import dataclasses
+    import weakref
+
+    import losses
+    previous, alive_at_loss = [], []
+    real_get = losses.get
+
+    def get(*args, **kwargs):
+        strategy = real_get(*args, **kwargs)
+
+        def loss(pred, targets):
+            alive_at_loss.append(bool(previous) and previous[-1]() is not None)
+            previous.append(weakref.ref(pred))
+            return strategy.loss(pred, targets)
+        return dataclasses.replace(strategy, loss=loss)
+
+    monkeypatch.setattr(losses, "get", get)
+    _run(tmp_path, "--loss", "padded", "--mode", mode)
+    assert alive_at_loss == [False, False, False]
