@@ -102,6 +102,19 @@ def test_bad_inputs_are_clear_errors(backend, device):
             giou_loss(*args, backend=backend)
 
 
+@gpu
+def test_cuda_backend_given_cpu_tensors_says_so():
+    """The CUDA op checks its inputs in C++; its failures are explained in one line."""
+    case = make_case("random", 2, 8, torch.float32)
+    with pytest.raises(UserError, match="needs CUDA tensors, got cpu"):
+        giou_loss(case.pred, case.boxes, case.counts, backend="cuda")
+    with pytest.raises(UserError, match="must be on one device"):
+        giou_loss(case.pred.cuda(), case.boxes, case.counts, backend="cuda")
+    with pytest.raises(RuntimeError, match="counts must be contiguous"):  # C++ only
+        giou_loss(case.pred.cuda(), case.boxes.cuda(),
+                  case.counts.cuda().repeat(2)[::2], backend="cuda")
+
+
 def test_cuda_backend_without_gpu_says_what_it_needs():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
