@@ -48,12 +48,24 @@ def load() -> None:
     _loaded = True
 
 
+def _check_one_device(*tensors) -> None:
+    """The fakes' own check. Real inputs on CUDA and on the meta device together are sent
+    to the fake (the meta kernel) rather than to the CUDA one, which would say no: without
+    this the op returned an uninitialised loss, no error (RESULTS.md section 6)."""
+    devices = [t.device for t in tensors]
+    if len(set(devices)) > 1:
+        raise RuntimeError("giou_cuda: predictions, targets and counts must be on one device, "
+                           f"got {', '.join(map(str, devices))}")
+
+
 def _register_fakes() -> None:
     @torch.library.register_fake("giou_cuda::loss")
     def _(pred, target, counts, conditional):
+        _check_one_device(pred, target, counts)
         dt = torch.promote_types(pred.dtype, torch.float32)
         return pred.new_empty((), dtype=dt), pred.new_empty((), dtype=dt)
 
     @torch.library.register_fake("giou_cuda::loss_backward")
     def _(grad_loss, denom, pred, target, counts, conditional):
+        _check_one_device(grad_loss, denom, pred, target, counts)
         return torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)

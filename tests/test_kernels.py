@@ -115,6 +115,35 @@ def test_cuda_backend_given_cpu_tensors_says_so():
                   case.counts.cuda().repeat(2)[::2], backend="cuda")
 
 
+@gpu
+@pytest.mark.parametrize("requires_grad", (False, True))
+def test_cuda_op_called_directly_rejects_bad_inputs(requires_grad):
+    """torch.ops.giou_cuda.loss without the Python wrapper: every mistake is an error
+    raised by the op (its C++ checks, its dtype dispatch or its fake), never a crash and
+    never a result. Formatting a shape into a message once crashed it; meta inputs beside
+    CUDA ones once reached the fake and came back as an uninitialised loss."""
+    from kernels.cuda_giou import load
+    load()
+    op = torch.ops.giou_cuda.loss.default
+    case = make_case("random", 2, 8, torch.float32).to("cuda")
+    p, t, n = case.pred.requires_grad_(requires_grad), case.boxes, case.counts
+    bad = {
+        "predictions must be \\[batch, slots, 4\\], got \\[8, 4\\]": (p[0], t, n),
+        "not implemented for 'Int'": (p.detach().to(torch.int32), t, n),
+        "targets \\[2, 4, 4\\] must have the predictions' shape \\[2, 8, 4\\]": (p, t[:, :4], n),
+        "counts must be \\[2\\], got \\[1\\]": (p, t, n[:1]),
+        "counts must be int32 or int64": (p, t, n.float()),
+        "must be on one device": (p, t, n.to("meta")),
+        "not implemented for 'Bool'": (p, t.bool(), n),
+        "must be on one device, got cuda:0, cpu": (p, t.cpu(), n),
+        "'CPU' backend": (p.detach().cpu(), t.cpu(), n.cpu()),
+    }
+    for message, args in bad.items():
+        for conditional in (False, True):
+            with pytest.raises(RuntimeError, match=message):
+                op(*args, conditional)
+
+
 def test_cuda_backend_without_gpu_says_what_it_needs():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
