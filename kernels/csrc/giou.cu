@@ -175,10 +175,10 @@ __global__ void giou_bwd_kernel(const acc_t* __restrict__ grad_loss,
   for (int k = 0; k < 4; ++k) out[k] = static_cast<scalar_t>(bad ? acc_t(NAN) : g[k]);
 }
 
-// A shape as text. The checks below format shapes with this, not by streaming
-// tensor.sizes(): with torch 2.11 on the H100 machine, each of the three checks that
-// streamed sizes() into its message crashed the process (SIGSEGV) instead of raising,
-// while the checks without one raised (RESULTS.md section 6).
+// Numbers in the check messages below are text made here (std::to_string), never
+// streamed: with torch 2.11 on the H100 machine, every check whose message streamed an
+// integer (tensor.sizes() or a size) crashed the process (SIGSEGV) instead of raising,
+// while those streaming only text, a dtype or a device raised (RESULTS.md section 6).
 std::string shape_of(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t d = 0; d < t.dim(); ++d) {
@@ -198,7 +198,8 @@ void check_inputs(const at::Tensor& pred, const at::Tensor& target, const at::Te
               "giou_cuda: targets ", shape_of(target), " must have the predictions' shape ",
               shape_of(pred));
   TORCH_CHECK(counts.dim() == 1 && counts.size(0) == pred.size(0),
-              "giou_cuda: counts must be [", pred.size(0), "], got ", shape_of(counts));
+              "giou_cuda: counts must be [", std::to_string(pred.size(0)), "], got ",
+              shape_of(counts));
   TORCH_CHECK(counts.scalar_type() == at::kInt || counts.scalar_type() == at::kLong,
               "giou_cuda: counts must be int32 or int64, got ", counts.scalar_type());
   TORCH_CHECK(target.device() == pred.device() && counts.device() == pred.device(),
@@ -233,7 +234,8 @@ std::tuple<at::Tensor, at::Tensor> giou_loss_cuda(const at::Tensor& pred,
   const int64_t B = pred.size(0), M = pred.size(1);
   const int threads = block_slots(conditional);
   const int64_t blocks_per_sample = std::max<int64_t>((M + threads - 1) / threads, 1);
-  TORCH_CHECK(blocks_per_sample <= 65535, "giou_cuda: too many slots per sample: ", M);
+  TORCH_CHECK(blocks_per_sample <= 65535,
+              "giou_cuda: too many slots per sample: ", std::to_string(M));
   const auto opts = pred.options().dtype(acc_type_of(pred));
   at::Tensor partial = at::empty({B * blocks_per_sample}, opts);
   at::Tensor loss = at::empty({}, opts), denom = at::empty({}, opts);
@@ -272,7 +274,8 @@ at::Tensor giou_loss_backward_cuda(const at::Tensor& grad_loss, const at::Tensor
   const int64_t blocks_per_sample = (M + threads - 1) / threads;
   at::Tensor grad = at::empty(pred.sizes(), pred.options().memory_format(at::MemoryFormat::Contiguous));
   if (B == 0 || M == 0) return grad;
-  TORCH_CHECK(blocks_per_sample <= 65535, "giou_cuda: too many slots per sample: ", M);
+  TORCH_CHECK(blocks_per_sample <= 65535,
+              "giou_cuda: too many slots per sample: ", std::to_string(M));
   auto stream = c10::cuda::getCurrentCUDAStream();
   const Strides s = strides_of(pred, target);
   const bool counts64 = counts.scalar_type() == at::kLong;
