@@ -46,35 +46,23 @@ def bind_loss(backend: str = "triton", conditional: bool = False):
 
     Everything that does not depend on the inputs (the backend's module, the CUDA build,
     the op lookup) happens here, once per (backend, variant) and process, so a call is the
-    input checks and the op (for CUDA, the op, which checks in C++): the loss range of a
-    step times only that, and giou_loss does not look for nvcc on every call."""
+    input check and the op: the loss range of a step times only that, and giou_loss does
+    not look for nvcc on every call."""
     check_backend(backend)
     if backend == "triton":
         from kernels.triton_giou import triton_loss as op
+    else:
+        from kernels.cuda_giou import load
+        load()  # builds the extension on first use (about a minute), then loads it
+        op = torch.ops.giou_cuda.loss.default
 
-        def loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-            check_padded(pred, boxes, counts)
-            return op(pred, boxes, counts, conditional)[0]
-        return loss
+    def loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        check_padded(pred, boxes, counts)
+        if backend == "cuda" and not pred.is_cuda:
+            raise UserError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
+        return op(pred, boxes, counts, conditional)[0]
 
-    from kernels.cuda_giou import load
-    load()  # builds the extension on first use (about a minute), then loads it
-    op = torch.ops.giou_cuda.loss.default
-
-    def cuda_loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        # The C++ op checks every input the Python checks do (check_inputs and the dtype
-        # dispatch in csrc/giou.cu), so the call skips them and they run only to explain a
-        # failure: the same one-line UserError as the Triton backend's. In a training step
-        # every line here runs cold; RESULTS.md section 3 has what this saved.
-        try:
-            return op(pred, boxes, counts, conditional)[0]
-        except (RuntimeError, TypeError):
-            check_padded(pred, boxes, counts)
-            if not pred.is_cuda:
-                raise UserError(f"the CUDA kernel backend needs CUDA tensors, got "
-                                f"{pred.device}") from None
-            raise
-    return cuda_loss
+    return loss
 
 
 def giou_loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor,
