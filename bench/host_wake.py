@@ -156,12 +156,13 @@ def time_matmul(a) -> float:
     import torch
     for _ in range(3):
         a @ a
-    torch.cuda.synchronize()
+    torch.cuda.synchronize()  # host-device sync: calibration only
     t0 = time.perf_counter()
     for _ in range(10):
         a @ a
     torch.cuda.synchronize()  # host-device sync: calibration only
     return (time.perf_counter() - t0) / 10
+
 
 if __name__ == "__main__":
     main()

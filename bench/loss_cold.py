@@ -8,8 +8,9 @@ Conditions (what happens just before each timed call):
   warm      nothing: back-to-back calls, as bench/loss_overhead.py
   gpu-wait  a 44 ms GPU kernel and a sync (the forward's wait, without its host work)
   sleep     time.sleep(44 ms): the thread leaves the CPU, as in a blocking sync
-  flush     the host writes a 1 GB buffer (twice the 300 MB L3 of the H100 machine) (the data pipeline's 64 MB images, the pinned
-            copy and the collate pass far more than a last-level cache through the host)
+  flush     the host writes a 1 GB buffer, over three times the H100 machine's 300 MiB L3
+            (the data pipeline's 64 MB images, the pinned copy and the collate pass far
+            more than a last-level cache through the host)
   both      gpu-wait, then flush
 Calls: the kernel/cuda and kernel/triton strategies, the CUDA op alone (no Python input
 checks), the sync alone (the floor of each condition), and a CPU probe (a fixed loop of
@@ -39,7 +40,7 @@ def gpu_cycles_for(seconds: float) -> int:
     """How many cycles torch.cuda._sleep needs to keep the GPU busy for `seconds`."""
     probe = 10_000_000
     torch.cuda._sleep(probe)  # warm
-    torch.cuda.synchronize()
+    torch.cuda.synchronize()  # host-device sync: calibration only
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     torch.cuda._sleep(probe)
@@ -99,7 +100,7 @@ def main() -> None:
     for call in calls.values():
         for _ in range(10):
             call()
-    torch.cuda.synchronize()
+    torch.cuda.synchronize()  # host-device sync: after the warm-up
 
     results = {}
     modes = ("off", "cpu", "cpu+cuda")
@@ -124,6 +125,7 @@ def main() -> None:
         for cname in conditions:
             print(f"| {mode} | {cname} | " +
                   " | ".join(f"{results[mode, cname, n]:.3f}" for n in calls) + " |")
+
 
 if __name__ == "__main__":
     main()

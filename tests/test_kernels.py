@@ -104,7 +104,8 @@ def test_bad_inputs_are_clear_errors(backend, device):
 
 @gpu
 def test_cuda_backend_given_cpu_tensors_says_so():
-    """The CUDA op checks its inputs in C++; its failures are explained in one line."""
+    """CPU or mixed-device inputs to the CUDA backend are one-line UserErrors; what only
+    the C++ op checks (contiguous counts) is its RuntimeError."""
     case = make_case("random", 2, 8, torch.float32)
     with pytest.raises(UserError, match="needs CUDA tensors, got cpu"):
         giou_loss(case.pred, case.boxes, case.counts, backend="cuda")
@@ -120,8 +121,8 @@ def test_cuda_backend_given_cpu_tensors_says_so():
 def test_cuda_op_called_directly_rejects_bad_inputs(requires_grad):
     """torch.ops.giou_cuda.loss without the Python wrapper: every mistake is an error
     raised by the op (its C++ checks, its dtype dispatch or its fake), never a crash and
-    never a result. Formatting a shape into a message once crashed it; meta inputs beside
-    CUDA ones once reached the fake and came back as an uninitialised loss."""
+    never a result. A number streamed into a check's message once crashed it; meta inputs
+    beside CUDA ones once reached the fake and came back as an uninitialised loss."""
     from kernels.cuda_giou import load
     load()
     op = torch.ops.giou_cuda.loss.default
