@@ -5,6 +5,9 @@
 For each of the last --steps occurrences of the range, one line per host event inside it
 (operators, runtime and driver calls, nested ranges): start offset and duration in us.
 The gaps between them are Python and dispatch time, which the trace does not name.
+Events of other threads that fall inside the range's time say which thread they ran on:
+the autograd engine's (the work of a backward range) or another's (the loader's pin-memory
+thread, which is not the range's work at all).
 """
 
 import argparse
@@ -34,8 +37,9 @@ def format_timeline(r: dict, inside: list[dict]) -> str:
     start = float(r["ts"])
     lines = [f"{r['name']}: {float(r.get('dur', 0)):.1f} us"]
     for e in inside:
+        thread = f"  [thread {e.get('tid')}]" if e.get("tid") != r.get("tid") else ""
         lines.append(f"  +{float(e['ts']) - start:8.1f} {float(e.get('dur', 0)):8.1f}  "
-                     f"{e.get('cat')}: {e.get('name', '')[:90]}")
+                     f"{e.get('cat')}: {e.get('name', '')[:90]}{thread}")
     return "\n".join(lines)
 
 

@@ -36,6 +36,16 @@ def test_range_timeline_lists_the_fused_ops_launches_inside_the_loss_range():
         assert text.splitlines()[0].startswith("loss: ") and "giou::triton_loss" in text
 
 
+def test_range_timeline_names_the_thread_of_work_done_off_the_ranges_thread():
+    """The loss_backward range is opened on the main thread; its operators run on the
+    autograd engine's thread, and the timeline says so (the loss range's own do not)."""
+    events = load_trace(FIXTURES / "gpu_kernel_train.pt.trace.json.gz")
+    for name, off_thread in (("loss", False), ("loss_backward", True)):
+        for r, inside in range_events(events, name):
+            body = format_timeline(r, inside).splitlines()[1:]
+            assert body and all(("[thread " in line) == off_thread for line in body), name
+
+
 def test_range_timeline_cli_says_when_the_range_is_missing(capsys):
     trace = str(FIXTURES / "gpu_kernel_train.pt.trace.json.gz")
     assert timeline_main([trace, "--range", "no_such_range"]) == 2
