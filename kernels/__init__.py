@@ -47,7 +47,9 @@ def bind_loss(backend: str = "triton", conditional: bool = False):
     Everything that does not depend on the inputs (the backend's module, the CUDA build,
     the op lookup) happens here, once per (backend, variant) and process, so a call is the
     input check and the op: the loss range of a step times only that, and giou_loss does
-    not look for nvcc on every call."""
+    not look for nvcc on every call. The Triton op checks its inputs itself (check_padded,
+    in the op, so direct calls are checked too); the CUDA op checks in C++, with
+    RuntimeErrors, so its call is preceded by the same Python checks for one-line errors."""
     check_backend(backend)
     if backend == "triton":
         from kernels.triton_giou import triton_loss as op
@@ -57,9 +59,10 @@ def bind_loss(backend: str = "triton", conditional: bool = False):
         op = torch.ops.giou_cuda.loss.default
 
     def loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        check_padded(pred, boxes, counts)
-        if backend == "cuda" and not pred.is_cuda:
-            raise UserError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
+        if backend == "cuda":
+            check_padded(pred, boxes, counts)
+            if not pred.is_cuda:
+                raise UserError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
         return op(pred, boxes, counts, conditional)[0]
 
     return loss

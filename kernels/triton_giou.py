@@ -276,8 +276,11 @@ def _backward(ctx, grad_loss, _grad_denom):
 triton_loss.register_autograd(_backward, setup_context=_setup_context)
 
 if INTERPRETED:
+    # The same checks as the op: inputs on the meta device beside CPU ones are dispatched
+    # here, not to the op, and would otherwise come back as an uninitialised loss.
     @triton_loss.register_fake
     def _(pred, target, counts, conditional):
+        check_padded(pred, target, counts)
         dt = compute_dtype(pred)
         return pred.new_empty((), dtype=dt), pred.new_empty((), dtype=dt)
 

@@ -29,10 +29,10 @@ def main() -> int:
                 pred = case.pred.clone().requires_grad_(True)
                 loss = giou_loss(pred, case.boxes, case.counts, backend, conditional)
                 loss.backward()
-                torch.cuda.synchronize()
+                torch.cuda.synchronize()  # host-device sync: the check reads the results
                 ref, _ = reference_loss(case.pred, case.boxes, case.counts)
                 err = rel_err(loss, ref, 1.0)
-                ok = err < 1e-5 and torch.isfinite(pred.grad).all().item()
+                ok = err < 1e-5 and torch.isfinite(pred.grad).all().item()  # host-device sync
                 failures += not ok
                 print(f"{backend:6} conditional={conditional!s:5} B={B} M={M:4} {dtype}: "
                       f"loss rel err {err:.1e} {'ok' if ok else 'WRONG'}")

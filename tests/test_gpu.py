@@ -60,7 +60,7 @@ def test_no_host_device_sync_in_the_loss(name, kernel):
     targets = (case.boxes, case.counts)
     fn = lambda p: strategy.loss(p, targets)
     _grad_once(fn, case)  # warm-up: compiles and loads kernels outside the check
-    torch.cuda.synchronize()
+    torch.cuda.synchronize()  # host-device sync: before the sync check starts
     torch.cuda.set_sync_debug_mode("error")
     try:
         _grad_once(fn, case)
@@ -94,7 +94,7 @@ def test_gradcheck_float64(backend, conditional):
 def _kernels_launched(fn) -> list[str]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize()  # host-device sync: the kernels are recorded when done
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
