@@ -1,5 +1,5 @@
 # Set-up happens on demand: where python3 already has torch, triton and tensorboard (the
-# GPU machine) nothing is installed; elsewhere a .venv gets the pinned CPU stack once.
+# GPU machine) nothing is installed; elsewhere a .venv gets requirements-cpu.txt once.
 HAVE_DEPS := $(shell python3 -c "import torch, triton, tensorboard" >/dev/null 2>&1 && echo yes)
 ifeq ($(HAVE_DEPS),yes)
 PYTHON := python3
@@ -13,22 +13,25 @@ LOGDIR ?= profiles
 PORT ?= 6006
 LOSS ?= padded
 KERNEL ?= triton
+BACKEND ?= $(KERNEL)
 MODE ?= train
 ARGS ?=
 
 .PHONY: profile compare test test-gpu test-browser tensorboard setup clean-build
 
 profile: $(SETUP)
-	$(PYTHON) train.py --loss $(LOSS) --kernel $(KERNEL) --mode $(MODE) $(ARGS)
+	$(PYTHON) train.py --loss $(LOSS) --backend $(BACKEND) --mode $(MODE) $(ARGS)
 
-# Every strategy, both modes, side by side; RUNS="profiles/a profiles/b" rebuilds the
+# Every strategy, both modes, side by side; RUNS="profiles/a profiles/b" rebuilds a
 # comparison from finished runs without running anything.
 RUNS ?=
 compare: $(SETUP)
 	$(PYTHON) -m profiling.run_comparison $(if $(RUNS),--runs $(RUNS),) $(ARGS)
 
+# The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
+# test-browser's.
 test: $(SETUP)
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -m "not browser" tests
 
 # On the GPU machine: the GPU-marked tests, then compute-sanitizer over both kernels.
 test-gpu: $(SETUP)
@@ -41,15 +44,16 @@ test-browser: $(SETUP)
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } || \
 	  { echo "error: could not install chromium and chromium-driver (apt-get as root)"; exit 2; }
-	SCREENSHOT_DIR=profiles/screenshots $(PYTHON) -m pytest -q -m browser tests
+	REQUIRE_BROWSER=1 SCREENSHOT_DIR=profiles/screenshots $(PYTHON) -m pytest -q -m browser tests
 
 # TensorBoard with the profiler plugin on the runs, on localhost only, fixed for torch 2.x
-# GPU traces (profiling/tb_profiler_compat.py says what it fixes).
+# GPU traces and for browsers without internet (profiling/tb_profiler_compat.py).
 tensorboard: $(SETUP)
 	$(PYTHON) -m profiling.serve_tensorboard --logdir $(LOGDIR) --port $(PORT)
 
 setup: $(SETUP)
 
+# PIP_CONSTRAINT, where set, narrows the versions (CI pins triton: .ci/constraints.txt).
 .venv/.installed: requirements-cpu.txt
 	python3 -m venv .venv
 	.venv/bin/pip install -q -r requirements-cpu.txt

@@ -4,57 +4,59 @@
     python3 train.py --loss loop --mode forward    # the original's measurement
     python3 train.py --help                        # every knob, generated from Config
 
-Each run writes profiles/<run>/: a gzip Chrome trace (TensorBoard's profiler plugin reads
+Each run writes <out-dir>/<run>/: a gzip Chrome trace (TensorBoard's profiler plugin reads
 it), TensorBoard scalars, and summary.json with the step-time table, the full config and
-the environment. Every number in the table comes from that run's trace.
+the environment. Every number in the table comes from that run's trace. What happens
+around the loop (run folder, profiler, summary, early ends) is profiling/harness.py's.
 """
 
-import argparse
-import dataclasses
-import gc
-import json
-import os
-import platform
-import subprocess
+import math
+import signal
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 
-import torch
-
+from core.cli import UsageError, config_parser, option
+from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from errors import UserError, one_line
 
-REPO = Path(__file__).resolve().parent
+try:
+    import torch
+except ImportError:  # --help works without torch; a run says how to get it
+    torch = None
 
 
 @dataclass
 class Config:
     """The single source of defaults: the GPU preset is the workload's full size."""
-    loss: str = "padded"         # loop | concat | padded | compiled | kernel | conditional
-    kernel: str = "triton"       # fused-kernel backend for kernel/conditional: triton | cuda
-    mode: str = "train"          # train: full step; forward: the original's measurement
-                                 #   (forward + loss only, a device sync closing each range)
-    preset: str = "auto"         # auto: gpu on a CUDA machine, cpu otherwise
-    batch_size: int = 1024
-    num_workers: int = 16
-    main_cores: int = 0          # >0: the training process keeps this many CPU cores to
-                                 #   itself and the data workers run on the others
-    image_size: int = 256        # square grayscale images, a multiple of 16, at most 256
-    max_boxes: int = 256         # the model's box capacity (prediction slots per image)
-    hidden: int = 16384          # width of lin1 (1.07 B parameters at the full size)
-    wait: int = 1                # profiler schedule: skipped steps (compile happens here)
-    warmup: int = 2              # traced but discarded steps
-    active: int = 5              # profiled steps: the table's means are over these
-    compile: bool = True         # torch.compile the model
-    amp: bool = True             # bf16 autocast for the forward (CUDA only)
-    pin_memory: bool = True
-    lr: float = 1e-4             # SGD with momentum 0.9
-    seed: int = 0                # same seed, same batches for every strategy
-    dataset_length: int = 1_000_000
-    out_dir: str = "profiles"
-    run_name: str = ""           # default: <loss>[-<kernel>]-<mode>-<UTC time>
+    loss: str = option("padded", "loss strategy", choices=STRATEGIES)
+    backend: str = option("triton", "kernel backend of the fused strategies (kernel, "
+                          "conditional)", choices=BACKENDS, aliases=("--kernel",))
+    mode: str = option("train", "train: the full step; forward: the original's measurement "
+                       "(forward and loss only, a device sync closing each range)",
+                       choices=MODES)
+    preset: str = option("auto", "auto: gpu on a CUDA machine, cpu otherwise",
+                         choices=("auto", "gpu", "cpu"))
+    batch_size: int = option(1024, "samples per step")
+    num_workers: int = option(16, "data loader processes")
+    main_cores: int = option(0, ">0: the training process keeps this many CPU cores to "
+                             "itself and the data workers run on the others (Linux)")
+    image_size: int = option(256, "square grayscale images, a multiple of 16 in 16..256")
+    max_boxes: int = option(256, "the model's box capacity (prediction slots per image)")
+    hidden: int = option(16384, "width of lin1 (1.07 B parameters at the full size)")
+    wait: int = option(1, "profiler schedule: skipped steps (compile happens here)")
+    warmup: int = option(2, "profiler schedule: traced but discarded steps")
+    active: int = option(5, "profiler schedule: profiled steps, the table's means")
+    compile: bool = option(True, "torch.compile the model")
+    amp: bool = option(True, "bf16 autocast for the forward (CUDA only)")
+    pin_memory: bool = option(True, "pinned host memory for the batches (CUDA only)")
+    lr: float = option(1e-4, "SGD learning rate (momentum 0.9)")
+    seed: int = option(0, "same seed, same batches and weights for every strategy")
+    dataset_length: int = option(1_000_000, "samples in the synthetic dataset")
+    out_dir: str = option("profiles", "folder of the run folders, relative to the current "
+                          "folder")
+    run_name: str = option("", "the run folder's name (default <loss>[-<backend>]-<mode>-"
+                           "<UTC time>)")
 
 
 # A preset overrides some defaults; options given on the command line override the preset.
@@ -64,26 +66,20 @@ PRESETS = {
     "cpu": dict(batch_size=32, num_workers=2, image_size=64, hidden=512, wait=1, warmup=1,
                 active=3, compile=False, amp=False, pin_memory=False),
 }
-MODES = ("train", "forward")
 
 
 def parse_config(argv=None) -> Config:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type is bool or f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=f"(default {f.default})")
-        else:
-            parser.add_argument(flag, type=type(f.default), default=argparse.SUPPRESS,
-                                help=f"(default {f.default})")
-    given = vars(parser.parse_args(argv))
+    parser = config_parser(Config, PRESETS, __doc__.split("\n\n")[0])
+    try:
+        given = vars(parser.parse_args(argv))
+    except UsageError as exc:
+        raise UserError(str(exc)) from None
+    if torch is None:
+        raise UserError(f"torch is not installed for {sys.executable}: run `make setup` and "
+                        "use .venv/bin/python, or run `make profile`")
     preset = given.get("preset", Config.preset)
     if preset == "auto":
         preset = "gpu" if torch.cuda.is_available() else "cpu"
-    if preset not in PRESETS:
-        raise UserError(f"unknown preset {preset!r}: choose auto, gpu or cpu")
     if preset == "gpu" and not torch.cuda.is_available():
         raise UserError("the gpu preset needs a CUDA GPU; use --preset cpu (the default "
                         "without a GPU)")
@@ -91,193 +87,57 @@ def parse_config(argv=None) -> Config:
 
 
 def validate(cfg: Config) -> None:
-    """Every mistake found before anything is written."""
-    if cfg.mode not in MODES:
-        raise UserError(f"unknown mode {cfg.mode!r}: choose train or forward")
+    """Every mistake that can be found before anything is written."""
+    from profiling.run_folder import check_out_dir, check_run_name
     if cfg.image_size % 16 or not 16 <= cfg.image_size <= 256:
         raise UserError(f"image size {cfg.image_size} must be a multiple of 16 in 16..256")
-    for name in ("batch_size", "max_boxes", "hidden", "active"):
+    for name in ("batch_size", "max_boxes", "hidden", "active", "dataset_length"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-    if cfg.wait < 0 or cfg.warmup < 0 or cfg.num_workers < 0:
-        raise UserError("--wait, --warmup and --num-workers must not be negative")
-
-
-def environment() -> dict:
-    def git(*args):
-        try:
-            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
-                                  timeout=10)
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    cuda = torch.cuda.is_available()
-    # GIT_COMMIT, where set, names the commit of a copied tree: the device machine's copy
-    # carries a stale .git, whose HEAD and status say nothing about the tree.
-    copied = os.environ.get("GIT_COMMIT")
-    status = None if copied else git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "commit": copied or git("rev-parse", "HEAD"),
-        "dirty": None if status is None else bool(status),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def new_run_dir(cfg: Config, label: str) -> Path:
-    """A fresh folder: a run never overwrites another."""
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    name = cfg.run_name or f"{label.replace('/', '-')}-{cfg.mode}-{stamp}"
-    base = REPO / cfg.out_dir if not Path(cfg.out_dir).is_absolute() else Path(cfg.out_dir)
-    for suffix in [""] + [f"-{i}" for i in range(2, 1000)]:
-        path = base / (name + suffix)
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-            return path
-        except FileExistsError:
-            continue
-    raise UserError(f"could not find a free run folder name under {base}")
-
-
-def phases_of(mode: str) -> tuple[str, ...]:
-    base = ("data", "copy", "forward", "loss")
-    return base + (("loss_backward", "backward", "optimizer") if mode == "train" else ())
-
-
-def _lower_worker_priority(_worker_id: int) -> None:
-    """Data workers yield the CPU to the training process. Measured on the 16-core H100
-    host: with 16 busy workers the main thread was preempted inside the timed ranges (a
-    fused loss of 10 us of GPU work read 1.5-14 ms of CPU time, step times swung 48-105
-    ms). Generation throughput is unchanged; only who waits changes."""
-    os.nice(19)
-
-
-# The cores this process started with: a run with --main-cores narrows the main thread's,
-# and the next run of the same process (make compare) splits, or gets back, these.
-_START_CORES = frozenset(os.sched_getaffinity(0))
-
-
-def split_cores(main_cores: int) -> tuple[set[int], set[int]] | None:
-    """(cores of the training process, cores of the data workers), or None for no split."""
-    cores = sorted(_START_CORES)
-    if main_cores <= 0:
-        return None
-    if main_cores >= len(cores):
-        raise UserError(f"--main-cores {main_cores} leaves no core for the data workers: "
-                        f"this process may use {len(cores)}")
-    return set(cores[:main_cores]), set(cores[main_cores:])
-
-
-def _worker_init(worker_cores: set[int] | None):
-    def init(worker_id: int) -> None:
-        _lower_worker_priority(worker_id)
-        if worker_cores:
-            os.sched_setaffinity(0, worker_cores)
-    return init
-
-
-# One model kept between the runs of a process (make compare): its config key, the model,
-# what runs it (compiled or not), and its initial parameters on the host.
-_kept: dict = {}
-
-
-def build_model(cfg: Config, device: torch.device, reuse: bool):
-    """(model, runner) initialised from cfg.seed; runner is torch.compile(model) or model.
-
-    Built on the device: initialising the 1.07 B parameters of the full model on the host
-    took 15 s on 2 cores (then a 4.3 GB copy), every run. With reuse, a later run with the
-    same shape and seed gets the same model back with its initial parameters restored from
-    pinned host memory (4.3 GB, ~0.2 s), so torch.compile's work (its guards hold for the
-    same module) and CUDA's start-up are paid once per process. The host copy keeps the
-    GPU's peak memory what a fresh process would see."""
-    from model import BoxNet
-    key = (cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile, cfg.seed, str(device))
-    torch.manual_seed(cfg.seed)
-    if reuse and _kept.get("key") == key:
-        model = _kept["model"]
-        with torch.no_grad():
-            for p, p0 in zip(model.parameters(), _kept["initial"]):
-                p.copy_(p0, non_blocking=True)
-                p.grad = None
-        return model, _kept["runner"]
-    _kept.clear()
-    with device:
-        model = BoxNet(cfg.image_size, cfg.max_boxes, cfg.hidden)
-    runner = torch.compile(model) if cfg.compile else model
-    if reuse:
-        pin = device.type == "cuda"
-        initial = [p.detach().to("cpu", copy=True).pin_memory() if pin else
-                   p.detach().clone() for p in model.parameters()]
-        _kept.update(key=key, model=model, runner=runner, initial=initial)
-    return model, runner
-
-
-def make_profiler(cfg: Config, run_dir: Path, cuda: bool) -> torch.profiler.profile:
-    """wait/warmup/active schedule; a gzip Chrome trace into the run folder at the end."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if cuda:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return torch.profiler.profile(
-        activities=activities,
-        schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
-                                         repeat=1),
-        # Plain JSON here, gzipped by gzip_traces afterwards: see profiling/trace_writer.py.
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir), "train"),
-        record_shapes=False, profile_memory=True, with_stack=False)
+    for name in ("wait", "warmup", "num_workers", "main_cores", "seed"):
+        if getattr(cfg, name) < 0:
+            raise UserError(f"--{name.replace('_', '-')} must not be negative")
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise UserError(f"--lr must be a positive number, got {cfg.lr}")
+    steps = cfg.wait + cfg.warmup + cfg.active
+    if steps * cfg.batch_size > cfg.dataset_length:
+        raise UserError(f"{steps} steps of {cfg.batch_size} need more than the "
+                        f"{cfg.dataset_length} samples of --dataset-length")
+    if cfg.backend == "cuda" and cfg.loss in FUSED:
+        from kernels.cuda_giou import unavailable_reason
+        if unavailable_reason():
+            raise UserError(unavailable_reason())
+    if cfg.run_name:
+        check_run_name(cfg.run_name)
+    check_out_dir(cfg.out_dir)
 
 
 def run(cfg: Config, reuse: bool = False) -> dict:
-    """One profiled run. reuse=True (make compare, many runs in one process) keeps the
-    model and its compiled form for the next run: see build_model."""
-    from data import SyntheticFaces
+    """One profiled run; returns its summary. reuse=True (make compare, many runs in one
+    process) keeps the model and its compiled form for the next run (model/build.py)."""
     import losses
-    from profiling.table import format_table
-    from profiling.trace_summary import find_trace, load_trace, summarize
-    from profiling.trace_writer import gzip_traces
+    from data import SyntheticFaces
+    from data.loader import make_loader
+    from model import build_model
+    from profiling.harness import ProfiledRun
+    from profiling.run_folder import check_out_dir, display, utc_stamp
 
     validate(cfg)
-    strategy = losses.get(cfg.loss, kernel=cfg.kernel, capacity=cfg.max_boxes)
+    strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    if strategy.needs_cuda and not cuda:
-        raise UserError(f"--kernel {cfg.kernel} needs a CUDA GPU; use --kernel triton")
-    dataset = SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed)
-    cores = split_cores(cfg.main_cores)
-    worker_cores = cores[1] if cores else None
-    # Set before the loader starts: its threads inherit the main thread's cores, and each
-    # forked worker then moves itself to the workers' cores.
-    os.sched_setaffinity(0, cores[0] if cores else _START_CORES)
-    steps = cfg.wait + cfg.warmup + cfg.active
-    if steps * cfg.batch_size > len(dataset):
-        raise UserError(f"{steps} steps of {cfg.batch_size} need more than the "
-                        f"{len(dataset)} samples of --dataset-length")
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=cfg.batch_size, shuffle=False, drop_last=True,
-        num_workers=cfg.num_workers, collate_fn=strategy.collate,
-        pin_memory=cuda and cfg.pin_memory, worker_init_fn=_worker_init(worker_cores))
-    if cuda:
-        # Earlier runs of this process (make compare) leave cached blocks; each run's peak
-        # memory is its own.
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
+                         cfg.batch_size, cfg.num_workers, strategy.collate,
+                         pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores)
     t_model = time.perf_counter()
-    model, runner = build_model(cfg, device, reuse)
-    params = sum(p.numel() for p in model.parameters())
+    model, runner = build_model(cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile,
+                                cfg.seed, device, reuse)
     t_model = time.perf_counter() - t_model
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)
     forward_only = cfg.mode == "forward"
     one = torch.ones((), device=device)  # d loss / d loss, made once: no fill launch per step
+    phase = torch.profiler.record_function
 
     def close_range():
         # The original's method: a device sync closes each range, so the range's CPU time
@@ -285,96 +145,80 @@ def run(cfg: Config, reuse: bool = False) -> dict:
         if forward_only and cuda:
             torch.cuda.synchronize()  # host-device sync (forward mode, by design)
 
-    label = losses.describe(cfg.loss, cfg.kernel)
-    run_dir = new_run_dir(cfg, label)
-    from torch.utils.tensorboard import SummaryWriter
-    writer = SummaryWriter(str(run_dir))
-    profiler = make_profiler(cfg, run_dir, cuda)
-    print(f"[{label}] {cfg.mode} mode, {cfg.preset} preset, batch {cfg.batch_size}, "
-          f"{steps} steps ({cfg.wait} wait, {cfg.warmup} warmup, {cfg.active} profiled) "
-          f"on {device} -> {run_dir.relative_to(REPO) if run_dir.is_relative_to(REPO) else run_dir}"
-          f"; model of {params / 1e6:.1f} M parameters built in {t_model:.1f} s", flush=True)
-    losses_seen = []
-    batches = iter(loader)
-    with profiler:
-        for step in range(steps):
+    label = describe(cfg.loss, cfg.backend)
+    name = cfg.run_name or f"{label.replace('/', '-')}-{cfg.mode}-{utc_stamp()}"
+    with ProfiledRun(cfg, label, phases_of(cfg.mode), cuda, check_out_dir(cfg.out_dir),
+                     name) as prof:
+        params = sum(p.numel() for p in model.parameters())
+        print(f"[{label}] {cfg.mode} mode, {cfg.preset} preset, batch {cfg.batch_size}, "
+              f"{prof.total} steps ({cfg.wait} wait, {cfg.warmup} warmup, {cfg.active} "
+              f"profiled) on {device} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
+              f"parameters built in {t_model:.1f} s", flush=True)
+        batches = iter(loader)
+        for step in prof.steps():
             t0 = time.perf_counter()
-            with torch.profiler.record_function("data"):
+            with phase("data"):
                 images, targets = next(batches)
-            with torch.profiler.record_function("copy"):
+            with phase("copy"):
                 images = images.to(device, non_blocking=True)
                 targets = strategy.to_device(targets, device)
                 close_range()
-            with torch.profiler.record_function("forward"):
+            with phase("forward"):
                 with autocast:
                     pred = runner(images)
                 close_range()
-            with torch.profiler.record_function("loss"):
+            with phase("loss"):
                 loss = strategy.loss(pred, targets)
                 close_range()
             if not forward_only:
                 # The backward in two ranges, so the loss's own backward shows apart from
                 # the model's: the same work as loss.backward(), in two engine calls.
-                with torch.profiler.record_function("loss_backward"):
+                with phase("loss_backward"):
                     (grad_pred,) = torch.autograd.grad(loss, pred, grad_outputs=one)
-                with torch.profiler.record_function("backward"):
+                with phase("backward"):
                     pred.backward(grad_pred)
-                with torch.profiler.record_function("optimizer"):
+                with phase("optimizer"):
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
             # host-device sync: once per step, outside the phases. It makes the step's wall
             # time its real time and keeps the host from running ahead of the GPU.
             value = loss.item()
-            # Release this step's tensors here, outside every phase. Kept, they would be
-            # freed by the next step's assignments, inside its ranges: in forward mode
-            # `loss` holds, through the predictions, the autograd graph the forward
-            # recorded (the compiled model's saved activations), so the next `loss = ...`
-            # tore that graph down inside the loss range (RESULTS.md section 3 has the
-            # before and after).
+            # Release this step's tensors here, outside every phase: kept, they would be
+            # freed by the next step's assignments inside its ranges (in forward mode
+            # `loss` holds the forward's whole autograd graph through the predictions).
             del images, targets, pred, loss
             if not forward_only:
                 del grad_pred
-            elapsed_ms = (time.perf_counter() - t0) * 1e3
-            losses_seen.append(value)
-            writer.add_scalar("loss", value, step)
-            writer.add_scalar("step_time_ms", elapsed_ms, step)
-            phase = ("wait" if step < cfg.wait else
-                     "warmup" if step < cfg.wait + cfg.warmup else "profiled")
-            print(f"[{label}] step {step + 1}/{steps} ({phase}) loss {value:.4f} "
-                  f"{elapsed_ms:.1f} ms", flush=True)
-            profiler.step()
-        print(f"[{label}] writing the trace...", flush=True)
-    peak_gb = torch.cuda.max_memory_allocated() / 1e9 if cuda else None
+            prof.end_step(step, value, t0)
+    return prof.record
 
-    t0 = time.perf_counter()
-    gzip_traces(run_dir)
-    trace = find_trace(run_dir)
-    summary = summarize(load_trace(trace), phases_of(cfg.mode))
-    print(f"[{label}] trace {trace.name} ({trace.stat().st_size / 1e6:.1f} MB) gzipped and "
-          f"summarized in {time.perf_counter() - t0:.1f} s", flush=True)
-    for name, p in summary["phases"].items():
-        writer.add_scalar(f"phase_cpu_ms/{name}", p["cpu_ms"], 0)
-        writer.add_scalar(f"phase_gpu_ms/{name}", p["gpu_ms"], 0)
-    writer.close()
-    env = environment()
-    title = f"{label}, {cfg.mode} mode, batch {cfg.batch_size}, {env['device']}"
-    table = format_table(summary, title, on_gpu=cuda)
-    record = {"config": dataclasses.asdict(cfg), "environment": env,
-              "trace": trace.name, "table": table, "losses": losses_seen,
-              "peak_gpu_memory_gb": peak_gb, **summary}
-    (run_dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
-    record["run_dir"] = str(run_dir)
-    print(table)
-    print(f"written: {run_dir / 'summary.json'}")
-    return record
+
+def _stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
 
 
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # SIGTERM ends a run as Ctrl-C does
     try:
         run(parse_config(argv))
-    except UserError as exc:
+    except KeyboardInterrupt as exc:  # the harness's RunInterrupted, or before the run
+        print(f"error: {str(exc) or 'interrupted'}", file=sys.stderr)
+        return 130
+    except UserError as exc:  # an option, found before anything was written
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        # User mistakes, a backend this machine lacks, and the harness's RunFailed (whose
+        # message says where the run's files went) are one line; anything else is a bug
+        # and keeps its traceback.
+        from core.checks import InputError
+        from kernels import BackendUnavailable
+        from profiling.harness import RunFailed, USER_ERRORS
+        if not isinstance(exc, (UserError, InputError, BackendUnavailable, RunFailed)):
+            raise
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        user = isinstance(exc, USER_ERRORS) or isinstance(exc.__cause__, USER_ERRORS)
+        return 2 if user else 1
     return 0
 
 

@@ -40,7 +40,7 @@ def main() -> None:
     rows = []
     for name, kernel in (("padded", "triton"), ("kernel", "triton"), ("conditional", "triton"),
                          ("kernel", "cuda"), ("conditional", "cuda")):
-        loss = losses.get(name, kernel=kernel).loss
+        loss = losses.get(name, backend=kernel).loss
         call = lambda: loss(pred, targets)
         for _ in range(20):
             call()

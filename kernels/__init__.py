@@ -6,37 +6,52 @@ Naming ladder (per backend): _giou_fwd_kernel / _giou_bwd_kernel -> launchers in
 custom op (giou::triton_loss, giou_cuda::loss) -> autograd registration -> bind_loss /
 giou_loss -> the `kernel` and `conditional` strategies in losses/fused.py. A new backend
 is one module here with an op `(pred, target, counts, conditional) -> (loss, denom)`, a
-branch in bind_loss and one line in BACKENDS.
+branch in bind_loss and its name in core.names.BACKENDS.
+
+Errors are ordinary exceptions: core.checks.InputError (a ValueError) for tensors the op
+cannot take, ValueError for an unknown backend, BackendUnavailable (a RuntimeError) where
+a backend cannot run. The command line checks its options first and prints one line.
 """
 
 import functools
 import os
+import sys
 
 import torch
 
-from errors import UserError
-from losses.checks import check_padded
+from core.checks import InputError, check_padded
+from core.names import BACKENDS
 
-BACKENDS = ("triton", "cuda")
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run on this machine; the message says what it needs."""
 
 
 # Triton compiles for GPUs only; on a CPU-only machine its interpreter runs the same
-# kernels on CPU tensors. The variable must be set before anything imports triton (torch's
-# profiler and tensorboard writer may), so it is set when this package is first imported:
-# losses.get() of a fused strategy imports it before the run starts.
+# kernels on CPU tensors. The variable must be set before triton is imported (triton
+# reads it as its modules load), so it is set when this package is first imported, and
+# importing losses imports this package.
+_TRITON_BEFORE_INTERPRETER = False
 if not torch.cuda.is_available():
+    _TRITON_BEFORE_INTERPRETER = ("triton" in sys.modules
+                                  and os.environ.get("TRITON_INTERPRET") != "1")
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
-        raise UserError(f"unknown kernel backend {backend!r}: choose one of "
-                        f"{', '.join(BACKENDS)}")
+        raise ValueError(f"unknown kernel backend {backend!r}: choose one of "
+                         f"{', '.join(BACKENDS)}")
     if backend == "cuda":
         from kernels.cuda_giou import unavailable_reason
         reason = unavailable_reason()
         if reason:
-            raise UserError(reason)
+            raise BackendUnavailable(reason)
+    elif _TRITON_BEFORE_INTERPRETER:
+        raise BackendUnavailable(
+            "triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot "
+            "run on this CPU-only machine: import losses or kernels before triton, or set "
+            "TRITON_INTERPRET=1 in the environment")
 
 
 @functools.lru_cache(maxsize=None)
@@ -46,25 +61,26 @@ def bind_loss(backend: str = "triton", conditional: bool = False):
 
     Everything that does not depend on the inputs (the backend's module, the CUDA build,
     the op lookup) happens here, once per (backend, variant) and process, so a call is the
-    input check and the op: the loss range of a step times only that, and giou_loss does
-    not look for nvcc on every call. The Triton op checks its inputs itself (check_padded,
-    in the op, so direct calls are checked too); the CUDA op checks in C++, with
-    RuntimeErrors, so its call is preceded by the same Python checks for one-line errors."""
+    input check and the op. The Triton op checks its inputs itself (check_padded, in the
+    op, so direct calls are checked too); the CUDA op checks in C++, with RuntimeErrors,
+    so its call is preceded by the same Python checks for one-line errors."""
     check_backend(backend)
     if backend == "triton":
-        from kernels.triton_giou import triton_loss as op
-    else:
-        from kernels.cuda_giou import load
-        load()  # builds the extension on first use (about a minute), then loads it
-        op = torch.ops.giou_cuda.loss.default
+        from kernels.triton_giou import triton_loss
 
-    def loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        if backend == "cuda":
-            check_padded(pred, boxes, counts)
-            if not pred.is_cuda:
-                raise UserError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
+        def loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor):
+            return triton_loss(pred, boxes, counts, conditional)[0]
+        return loss
+
+    from kernels.cuda_giou import load
+    load()  # builds the extension on first use (about a minute), then loads it
+    op = torch.ops.giou_cuda.loss.default
+
+    def loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor):
+        check_padded(pred, boxes, counts)
+        if not pred.is_cuda:
+            raise InputError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
         return op(pred, boxes, counts, conditional)[0]
-
     return loss
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 
-from errors import UserError
 
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("giou.cu", "giou_autograd.cpp")]
 BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "giou_cuda"
@@ -19,9 +18,9 @@ _loaded = False
 def unavailable_reason() -> str | None:
     """Why the CUDA backend cannot run here, or None if it can."""
     if not torch.cuda.is_available():
-        return "the CUDA kernel backend needs a CUDA GPU and nvcc; use --kernel triton"
+        return "the CUDA kernel backend needs a CUDA GPU and nvcc; use --backend triton"
     if torch.version.cuda is None or shutil.which("nvcc") is None and not _cuda_home_nvcc():
-        return "the CUDA kernel backend needs nvcc (the CUDA toolkit); use --kernel triton"
+        return "the CUDA kernel backend needs nvcc (the CUDA toolkit); use --backend triton"
     return None
 
 
@@ -37,7 +36,8 @@ def load() -> None:
         return
     reason = unavailable_reason()
     if reason:
-        raise UserError(reason)
+        from kernels import BackendUnavailable
+        raise BackendUnavailable(reason)
     from torch.utils.cpp_extension import load as load_extension
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     load_extension(name="giou_cuda_ext", sources=[str(s) for s in SOURCES],
@@ -51,7 +51,7 @@ def load() -> None:
 def _check_one_device(*tensors) -> None:
     """The fakes' own check. Real inputs on CUDA and on the meta device together are sent
     to the fake (the meta kernel) rather than to the CUDA one, which would say no: without
-    this the op returned an uninitialised loss, no error (RESULTS.md section 6)."""
+    this check the op would return an uninitialised loss, no error."""
     devices = [t.device for t in tensors]
     if len(set(devices)) > 1:
         raise RuntimeError("giou_cuda: predictions, targets and counts must be on one device, "

@@ -1,14 +1,14 @@
-"""The loss strategies for ragged targets, by name.
+"""The loss strategies for ragged targets, by name (core/names.py lists them).
 
     strategy = losses.get("padded")     # or loop, concat, compiled, kernel, conditional
     images, targets = strategy.collate(samples)
     loss = strategy.loss(pred, strategy.to_device(targets, device))
 
-Adding a strategy: write losses/<name>.py with a `make(capacity, kernel) -> Strategy`
-and add one line to _MAKERS.
+Adding a strategy: write losses/<name>.py with a `make(capacity, backend) -> Strategy`,
+add its name to core.names.STRATEGIES and one line to _MAKERS.
 """
 
-from errors import UserError
+from core.names import BACKENDS, FUSED, STRATEGIES
 from losses import compiled, concat, fused, loop, padded
 from losses.strategy import Strategy
 
@@ -20,20 +20,19 @@ _MAKERS = {
     "kernel": fused.make_kernel,
     "conditional": fused.make_conditional,
 }
-
-NAMES = tuple(_MAKERS)
-
-
-def describe(name: str, kernel: str) -> str:
-    """How tables and folders name a strategy: 'padded', or 'kernel/triton' for the fused
-    strategies, whose backend matters."""
-    return f"{name}/{kernel}" if name in fused.FUSED else name
+assert tuple(_MAKERS) == STRATEGIES, "core.names.STRATEGIES and _MAKERS must agree"
 
 
-def get(name: str, kernel: str = "triton", capacity: int = 256) -> Strategy:
+def get(name: str, backend: str = "triton", capacity: int = 256) -> Strategy:
+    """The strategy `name`; `backend` picks the fused strategies' kernels and must be one
+    of core.names.BACKENDS for every strategy (a typo is an error, never ignored)."""
     if name not in _MAKERS:
-        raise UserError(f"unknown loss strategy {name!r}: choose one of {', '.join(NAMES)}")
-    return _MAKERS[name](capacity=capacity, kernel=kernel)
+        raise ValueError(f"unknown loss strategy {name!r}: choose one of "
+                         f"{', '.join(STRATEGIES)}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {backend!r}: choose one of "
+                         f"{', '.join(BACKENDS)}")
+    return _MAKERS[name](capacity=capacity, backend=backend)
 
 
-__all__ = ["get", "describe", "NAMES", "Strategy"]
+__all__ = ["get", "Strategy", "FUSED"]

@@ -4,8 +4,8 @@ from functools import partial
 
 import torch
 
+from core.checks import check_list
 from data import collate_list
-from losses.checks import check_list
 from losses.giou import giou_loss_terms
 from losses.strategy import Strategy, list_to_device
 
@@ -18,6 +18,6 @@ def concat_loss(pred, targets):
     return giou_loss_terms(valid_pred, valid_target).sum() / max(len(valid_target), 1)
 
 
-def make(capacity: int, kernel: str) -> Strategy:
+def make(capacity: int, backend: str) -> Strategy:
     return Strategy("concat", partial(collate_list, capacity=capacity), list_to_device,
                     concat_loss)

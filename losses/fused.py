@@ -8,24 +8,21 @@ are never loaded or computed.
 from functools import partial
 
 from data import collate_padded
+from kernels import bind_loss
 from losses.strategy import Strategy, padded_to_device
 
-FUSED = ("kernel", "conditional")  # the strategies whose kernel backend is chosen
 
-
-def _make(name: str, conditional: bool, capacity: int, kernel: str) -> Strategy:
-    # Imported here, not at module top: importing kernels picks Triton's interpreter on a
-    # CPU machine, which only the fused strategies need. Binding resolves the backend once
-    # (and builds the CUDA extension on first use), so a loss call is the check and the op.
-    from kernels import bind_loss
-    giou = bind_loss(kernel, conditional)
+def _make(name: str, conditional: bool, capacity: int, backend: str) -> Strategy:
+    # Binding resolves the backend once (and builds the CUDA extension on first use), so
+    # a loss call is the input check and the op.
+    giou = bind_loss(backend, conditional)
 
     def fused_loss(pred, targets):
         boxes, counts = targets
         return giou(pred, boxes, counts)
 
     return Strategy(name, partial(collate_padded, capacity=capacity), padded_to_device,
-                    fused_loss, needs_cuda=kernel == "cuda")
+                    fused_loss, needs_cuda=backend == "cuda")
 
 
 make_kernel = partial(_make, "kernel", False)

@@ -3,7 +3,7 @@
 from functools import partial
 
 from data import collate_list
-from losses.checks import check_list
+from core.checks import check_list
 from losses.giou import giou_loss_terms
 from losses.strategy import Strategy, list_to_device
 
@@ -22,6 +22,6 @@ def loop_loss(pred, targets):
     return total / max(count, 1)
 
 
-def make(capacity: int, kernel: str) -> Strategy:
+def make(capacity: int, backend: str) -> Strategy:
     return Strategy("loop", partial(collate_list, capacity=capacity), list_to_device,
                     loop_loss)

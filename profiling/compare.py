@@ -12,6 +12,8 @@ import io
 import json
 from pathlib import Path
 
+from core.names import PHASES, describe
+
 
 def load_summary(path: Path) -> dict:
     path = Path(path)
@@ -19,8 +21,9 @@ def load_summary(path: Path) -> dict:
 
 
 def label(summary: dict) -> str:
-    from losses import describe
-    return describe(summary["config"]["loss"], summary["config"]["kernel"])
+    config = summary["config"]
+    # "kernel" is the backend's name in summaries written before it was called "backend".
+    return describe(config["loss"], config.get("backend", config.get("kernel")))
 
 
 def _loss_time(summary: dict, key: str) -> float:
@@ -28,11 +31,10 @@ def _loss_time(summary: dict, key: str) -> float:
     return p["loss"][key] + p.get("loss_backward", {}).get(key, 0.0)
 
 
-PHASES = ("data", "copy", "forward", "loss", "loss_backward", "backward", "optimizer")
 COLUMNS = (["strategy", "mode", "profiled steps"]
            + [f"{p} {unit} ms" for p in PHASES for unit in ("CPU", "GPU")]
            + ["loss launches", "loss bwd launches", "H2D copies", "syncs", "peak GPU GB",
-              "step CPU ms", "step GPU ms", "loss speed-up vs loop"])
+              "step CPU ms", "step GPU ms", "loss speed-up vs loop", "run folder"])
 
 
 def compare_rows(summaries: list[dict]) -> list[dict]:

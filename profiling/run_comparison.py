@@ -7,32 +7,36 @@ Each run is `train.run` in this process (the model is built and compiled once an
 re-initialised per run), writing into profiles/compare-<UTC time>/<strategy>-<mode>/; the
 comparison (comparison.md, comparison.csv, comparison.png, and a TensorBoard text table
 and scalars under comparison/) is written beside them. Every figure comes from the runs'
-summary.json files. The loop strategy gets 1 warmup and 2 profiled steps (seconds per step
-at batch 1024); the table's 'profiled steps' column says so. Where the CUDA kernel backend cannot
-run (no GPU or no nvcc), its rows say why.
+summary.json files, and every row names the folder it came from. The loop strategy gets 1
+warmup and 2 profiled steps (seconds per step at batch 1024); the table's 'profiled steps'
+column says so. Where the CUDA kernel backend cannot run (no GPU or no nvcc), its rows say
+why. A comparison never overwrites another: each goes into a new folder.
 """
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
-from datetime import datetime, timezone
 from pathlib import Path
 
 import train
+from core.names import MODES, STRATEGIES, BACKENDS, describe, variants
 from errors import UserError, one_line
 from profiling.chart import loss_chart
 from profiling.compare import compare_rows, load_summary, skipped_row, to_csv, to_markdown
+from profiling.run_folder import check_out_dir, display, new_run_dir, utc_stamp
 
-REPO = train.REPO
-STRATEGIES = ("loop", "concat", "padded", "compiled", "kernel:triton", "conditional:triton",
-              "kernel:cuda", "conditional:cuda")
-MODES = ("forward", "train")
 # The loop runs seconds per step at batch 1024 and its trace holds ~10^5 events a step.
 LOOP_STEPS = {"--warmup": 1, "--active": 2}
 SKIPPED = "skipped.json"
+# train.py options that make compare sets per run: given in ARGS they would make every run
+# the same one.
+PER_RUN_OPTIONS = ("--loss", "--backend", "--kernel", "--mode", "--run-name", "--out-dir")
+
+
+class CompareError(Exception):
+    """A mistake in make compare's options; the message is one line for the user."""
 
 
 def loop_steps(train_args: list[str]) -> list[str]:
@@ -45,34 +49,36 @@ def _name(strategy: str, mode: str) -> str:
     return f"{strategy.replace(':', '-')}-{mode}"
 
 
-def run_all(out: Path, train_args: list[str], strategies=STRATEGIES,
+def run_all(out: Path, train_args: list[str], strategies=variants(),
             modes=MODES) -> tuple[list[Path], list[dict]]:
-    """Runs the strategies in the modes; returns the run folders and the skipped rows."""
+    """Runs the strategies in the modes; returns the run folders and the skipped rows
+    (those that could not run here, and those that failed)."""
     from kernels.cuda_giou import unavailable_reason
     cuda_reason = unavailable_reason()
     plan = [(s, m) for m in modes for s in strategies]
     runs, skipped, started = [], [], time.time()
     for i, (strategy, mode) in enumerate(plan, 1):
-        loss, _, kernel = strategy.partition(":")
+        loss, _, backend = strategy.partition(":")
         label = f"[{i}/{len(plan)}] {strategy} {mode}"
-        if kernel == "cuda" and cuda_reason:
+        if backend == "cuda" and cuda_reason:
             print(f"{label}: skipped ({cuda_reason})", flush=True)
-            skipped.append(skipped_row(f"{loss}/cuda", mode, cuda_reason))
+            skipped.append(skipped_row(describe(loss, "cuda"), mode, cuda_reason))
             continue
         extra = loop_steps(train_args) if loss == "loop" else []
-        name = _name(strategy, mode)
-        args = ["--loss", loss, "--kernel", kernel or "triton", "--mode", mode,
-                "--out-dir", str(out), "--run-name", name, *extra, *train_args]
+        args = ["--loss", loss, "--backend", backend or BACKENDS[0], "--mode", mode,
+                "--out-dir", str(out), "--run-name", _name(strategy, mode), *extra,
+                *train_args]
         print(f"{label} ({time.time() - started:.0f} s so far)", flush=True)
         try:
             # In this process: the model, its compiled form and CUDA's start-up are shared
-            # by every run (train.build_model re-initialises the weights for each).
+            # by every run (model/build.py re-initialises the weights for each).
             record = train.run(train.parse_config(args), reuse=True)
         except Exception as exc:  # one run's failure is a row, not the end of the table
-            if not isinstance(exc, UserError):
+            cause = exc.__cause__ or exc
+            if not isinstance(cause, UserError):
                 traceback.print_exc()
             print(f"{label}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
-            skipped.append(skipped_row(strategy.replace(":", "/"), mode,
+            skipped.append(skipped_row(describe(loss, backend or BACKENDS[0]), mode,
                                        f"the run failed: {one_line(exc)}"))
             continue
         runs.append(Path(record["run_dir"]))
@@ -80,12 +86,12 @@ def run_all(out: Path, train_args: list[str], strategies=STRATEGIES,
     return runs, skipped
 
 
-def _load_skipped(out: Path) -> list[dict]:
-    return json.loads((out / SKIPPED).read_text()) if (out / SKIPPED).exists() else []
-
-
 def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
-    rows = compare_rows([load_summary(r) for r in runs]) + skipped
+    summaries = [load_summary(r) for r in runs]
+    rows = compare_rows(summaries)
+    for row, run in zip(rows, runs):
+        row["run folder"] = display(Path(run).absolute())
+    rows += skipped
     rows.sort(key=lambda r: (MODES.index(r["mode"]), r["strategy"]))
     table = to_markdown(rows)
     (out / "comparison.md").write_text(table + "\n")
@@ -103,51 +109,102 @@ def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
     return table
 
 
+def _check_strategies(strategies: list[str]) -> None:
+    for s in strategies:
+        loss, _, backend = s.partition(":")
+        if loss not in STRATEGIES or backend not in ("", *BACKENDS):
+            raise CompareError(f"unknown strategy {s!r} in --strategies: use "
+                               f"<loss>[:{'|:'.join(BACKENDS)}] with a loss from "
+                               f"{', '.join(STRATEGIES)}")
+
+
+def _check_train_args(train_args: list[str]) -> None:
+    for arg in train_args:
+        flag = arg.split("=", 1)[0]
+        if flag in PER_RUN_OPTIONS:
+            raise CompareError(f"{flag} is set per run by make compare (every run would be "
+                               "the same); choose runs with --strategies and --modes, and "
+                               "the folder with --out")
+    try:  # the shared train.py options, checked once before any run starts
+        train.validate(train.parse_config(train_args))
+    except UserError as exc:
+        raise CompareError(one_line(exc)) from None
+
+
+def _fresh_out(out: Path | None) -> Path:
+    """The comparison's folder: a new one, or --out if it holds no comparison yet."""
+    if out is None:
+        return new_run_dir(check_out_dir("profiles"), f"compare-{utc_stamp()}")
+    check_out_dir(str(out))
+    if (out / "comparison.md").exists() or (out / SKIPPED).exists():
+        raise CompareError(f"{out} already holds a comparison; choose a new --out (a "
+                           "comparison is never overwritten)")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _finished_runs(paths: list[Path]) -> tuple[list[Path], list[dict]]:
+    """The runs to rebuild from, each complete, and the skipped rows recorded beside them
+    for the same modes (a run that ended early is refused, never taken for complete)."""
+    modes = set()
+    for path in paths:
+        if not (path / "summary.json").exists():
+            raise CompareError(f"no summary.json in {path}")
+        summary = load_summary(path)
+        if summary.get("status", "complete") != "complete":
+            raise CompareError(f"{path} holds a run that {summary['status']} "
+                               f"({summary.get('reason', '')}); leave it out of --runs")
+        modes.add(summary["config"]["mode"])
+    skipped = []
+    for parent in sorted({p.resolve().parent for p in paths}):
+        if (parent / SKIPPED).exists():
+            skipped += [r for r in json.loads((parent / SKIPPED).read_text())
+                        if r["mode"] in modes]
+    return paths, skipped
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--runs", nargs="+", type=Path,
                         help="rebuild the comparison from these run folders; runs nothing")
-    parser.add_argument("--out", type=Path, help="where the comparison goes (default: a new "
-                        "profiles/compare-<time>/, or the runs' common folder with --runs)")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+    parser.add_argument("--out", type=Path, help="a new folder for the comparison "
+                        "(default: profiles/compare-<time>/)")
+    parser.add_argument("--strategies", default=",".join(variants()),
                         help="comma-separated, <loss>[:<kernel backend>]")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated")
     args, train_args = parser.parse_known_args(argv)
     strategies, modes = args.strategies.split(","), args.modes.split(",")
-    import losses
-    from kernels import BACKENDS
-    for s in strategies:
-        if s.partition(":")[0] not in losses.NAMES or s.partition(":")[2] not in ("", *BACKENDS):
-            print(f"error: unknown strategy {s!r} in --strategies: use <loss>[:triton|:cuda] "
-                  f"with a loss from {', '.join(losses.NAMES)}", file=sys.stderr)
-            return 2
-    if not set(modes) <= set(MODES):
-        print(f"error: --modes takes {', '.join(MODES)}", file=sys.stderr)
+    try:
+        _check_strategies(strategies)
+        if not set(modes) <= set(MODES):
+            raise CompareError(f"--modes takes {', '.join(MODES)}")
+        if args.runs:
+            if train_args:
+                raise CompareError(f"--runs rebuilds from finished runs; "
+                                   f"{' '.join(train_args)} would change nothing")
+            runs, skipped = _finished_runs(args.runs)
+            out = _fresh_out(args.out)
+        else:
+            _check_train_args(train_args)
+            out = _fresh_out(args.out)
+    except (CompareError, UserError) as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
-    if args.runs:
-        missing = [str(r) for r in args.runs if not (r / "summary.json").exists()]
-        if missing:
-            print(f"error: no summary.json in {', '.join(missing)}", file=sys.stderr)
-            return 2
-        out = args.out or Path(os.path.commonpath([r.resolve().parent for r in args.runs]))
-        runs = args.runs
-        skipped = _load_skipped(out)
-    else:
-        try:  # the shared train.py options, checked once before any run starts
-            train.validate(train.parse_config(train_args))
-        except UserError as exc:
-            print(f"error: {one_line(exc)}", file=sys.stderr)
-            return 2
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-        # A named --out may already hold runs (a comparison made in stages); train.py
-        # never overwrites a run folder, it adds a suffix.
-        out = args.out or REPO / "profiles" / f"compare-{stamp}"
-        out.mkdir(parents=True, exist_ok=args.out is not None)
+    if not args.runs:
         runs, skipped = run_all(out, train_args, strategies, modes)
-        # Kept so that a rebuild from the run folders lists the skipped runs too.
-        (out / SKIPPED).write_text(json.dumps(_load_skipped(out) + skipped, indent=1) + "\n")
+        # Kept so that a rebuild from these run folders lists the skipped runs too.
+        (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
     print(write_comparison(out, runs, skipped))
-    print(f"written: {out / 'comparison.md'}, comparison.csv, comparison.png, comparison/")
+    print(f"written: {display(out / 'comparison.md')}, comparison.csv, comparison.png, "
+          "comparison/")
+    failed = [r for r in skipped if "the run failed" in str(r.get("profiled steps"))]
+    if failed:
+        print(f"error: {len(failed)} of {len(failed) + len(runs)} runs failed (their rows "
+              "say why)", file=sys.stderr)
+        return 1
+    if not runs:
+        print("error: no run could be made here (the rows say why)", file=sys.stderr)
+        return 1
     return 0
 
 

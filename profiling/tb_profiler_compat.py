@@ -13,7 +13,12 @@ Two changes in the traces since 0.4.3, each found on a torch 2.11 GPU trace of t
    step with no cost: the Overview then divides by its zero total (ZeroDivisionError).
    Only the host-side ProfilerStep ranges are steps.
 
-`apply()` patches the plugin's parser in this process. The plugin parses each trace in
+3. The plugin's page draws its charts with Google Charts, loaded from the internet. A
+   browser that cannot reach it stopped at "google is not defined" and showed a spinner
+   for ever. The page is now served with a stand-in that lets everything but the charts
+   render, and a banner that says why the charts are missing.
+
+`apply()` patches the plugin's parser and its page in this process. The plugin parses each trace in
 a child process, started with 'spawn' by default, which would re-import the unpatched
 module; `apply()` therefore selects 'fork' through the plugin's own switch
 (TORCH_PROFILER_START_METHOD), so the children inherit the patch. CPU traces have neither
@@ -25,9 +30,76 @@ import os
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 
 
+# Injected right after the page's Google Charts loader: when that did not load, an inert
+# `google` object lets the page's code run (charts stay empty, every table and text is
+# real) and a banner says why.
+OFFLINE_CHARTS_NOTE = ("Charts unavailable: this page draws them with Google Charts, "
+                       "loaded from the internet, which this browser cannot reach. "
+                       "Tables, the trace view and the memory view work without it.")
+OFFLINE_CHARTS_SCRIPT = """<script>
+(() => {
+  if (window.google && window.google.charts) return;
+  const handler = {
+    get(target, prop) {
+      if (prop === Symbol.toPrimitive) return () => 0;
+      if (prop === 'then') return undefined;
+      return inert;
+    },
+    apply() { return inert; },
+    construct() { return inert; },
+  };
+  const inert = new Proxy(function () {}, handler);
+  window.google = {charts: {load() {}, setOnLoadCallback(cb) { setTimeout(cb, 0); }},
+                   visualization: inert};
+  document.addEventListener('DOMContentLoaded', () => {
+    const note = document.createElement('div');
+    note.id = 'offline-charts-note';
+    note.textContent = %s;
+    note.style.cssText = 'padding:6px 12px;background:#fff3cd;color:#664d03;' +
+                         'font:13px sans-serif;border-bottom:1px solid #ffe69c';
+    document.body.prepend(note);
+  });
+})();
+</script>"""
+LOADER_TAG = b'<script src="https://www.gstatic.com/charts/loader.js"></script>'
+
+
+def index_html(original: bytes) -> bytes:
+    """The plugin's page with the offline stand-in after its Charts loader."""
+    import json
+    script = (OFFLINE_CHARTS_SCRIPT % json.dumps(OFFLINE_CHARTS_NOTE)).encode()
+    if LOADER_TAG not in original:
+        return original  # a page this patch does not know: served as it is
+    return original.replace(LOADER_TAG, LOADER_TAG + script, 1)
+
+
+def _patch_page() -> None:
+    from torch_tb_profiler import plugin
+    cls = plugin.TorchProfilerPlugin
+    if getattr(cls.static_file_route, "_ragged_compat", False):
+        return
+    original = cls.static_file_route
+
+    def static_file_route(self, environ, start_response):
+        if environ.get("PATH_INFO", "").endswith("/index.html"):
+            import werkzeug
+            page = os.path.join(os.path.dirname(plugin.__file__), "static", "index.html")
+            with open(page, "rb") as f:
+                body = index_html(f.read())
+            response = werkzeug.Response(body, content_type="text/html",
+                                         headers=plugin.TorchProfilerPlugin.headers)
+            return response(environ, start_response)
+        return original(self, environ, start_response)
+
+    static_file_route._ragged_compat = True
+    cls.static_file_route = static_file_route
+
+
 def apply() -> None:
     os.environ["TORCH_PROFILER_START_METHOD"] = "fork"
     from torch_tb_profiler.profiler import event_parser, trace
+
+    _patch_page()
 
     for category in RUNTIME_CATEGORIES:
         trace.EventTypeMap[category] = trace.EventTypes.RUNTIME

@@ -67,8 +67,9 @@ class _Windows:
         return None
 
 
-def summarize(events: list[dict], phases: tuple[str, ...]) -> dict:
-    """Per-phase means over the profiled steps, and the step time."""
+def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None = None) -> dict:
+    """Per-phase means over the profiled steps, and the step time. max_steps keeps only
+    the first steps (a run that ended early: its last, unfinished step is left out)."""
     phase_ranges, step_ranges = [], []
     for e in events:
         if e.get("ph") != "X" or e.get("cat") != "user_annotation":
@@ -78,6 +79,10 @@ def summarize(events: list[dict], phases: tuple[str, ...]) -> dict:
             phase_ranges.append((start, end, e["name"]))
         elif e["name"].startswith("ProfilerStep#"):
             step_ranges.append((start, end, e["name"]))
+    if max_steps is not None:
+        step_ranges = sorted(step_ranges)[:max_steps]
+        inside = _Windows(step_ranges)
+        phase_ranges = [r for r in phase_ranges if inside.find(r[0]) is not None]
     steps = max(len(step_ranges), 1)
     phase_of, step_of = _Windows(phase_ranges), _Windows(step_ranges)
 

@@ -10,6 +10,7 @@ in 1 MiB chunks at level 6 took 1.1 s and came out 10 % larger. The name stays t
 """
 
 import gzip
+import os
 import shutil
 from pathlib import Path
 
@@ -22,9 +23,20 @@ def gzip_traces(run_dir: Path) -> list[Path]:
     written = []
     for plain in sorted(Path(run_dir).glob("*.pt.trace.json")):
         packed = plain.with_name(plain.name + ".gz")
-        with open(plain, "rb") as fin, \
-                gzip.open(packed, "wb", compresslevel=COMPRESS_LEVEL) as fout:
-            shutil.copyfileobj(fin, fout, CHUNK)
+        partial = plain.with_name(plain.name + ".gz.partial")  # never a half-written .gz
+        try:
+            with open(plain, "rb") as fin, \
+                    gzip.open(partial, "wb", compresslevel=COMPRESS_LEVEL) as fout:
+                shutil.copyfileobj(fin, fout, CHUNK)
+            os.replace(partial, packed)
+        finally:
+            partial.unlink(missing_ok=True)
         plain.unlink()
         written.append(packed)
     return written
+
+
+def remove_plain_traces(run_dir: Path) -> None:
+    """Drops plain traces (a run that ended before its trace was gzipped)."""
+    for plain in Path(run_dir).glob("*.pt.trace.json"):
+        plain.unlink()

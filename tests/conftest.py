@@ -16,3 +16,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def no_plain_trace_is_left(request):
+    """Every test: no run folder it made may be left with a plain (not gzipped) trace."""
+    tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if tmp is not None:
+        plain = sorted(str(p) for p in tmp.rglob("*.pt.trace.json"))
+        assert not plain, f"plain traces left behind: {plain}"

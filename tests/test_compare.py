@@ -35,14 +35,60 @@ def test_compare_runs_then_rebuilds_the_same_table(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert "| kernel/cuda | forward | skipped: the CUDA kernel backend needs" in table
 
-    (out / "comparison.md").unlink()
-    assert run_comparison.main(["--runs", str(out / "loop-forward"),
-                                str(out / "padded-forward")]) == 0
+    # A rebuild goes into a new folder and never touches the comparison it came from.
+    rebuilt = tmp_path / "rebuilt"
+    assert run_comparison.main(["--runs", str(out / "loop-forward"), str(out / "padded-forward"),
+                                "--out", str(rebuilt)]) == 0
+    assert (rebuilt / "comparison.md").read_text() == table
     assert (out / "comparison.md").read_text() == table
-    # One run: the comparison still goes beside it, never inside the run's folder.
-    assert run_comparison.main(["--runs", str(out / "padded-forward")]) == 0
-    assert not (out / "padded-forward" / "comparison.md").exists()
-    assert "| padded | forward |" in (out / "comparison.md").read_text()
+    # Only the given runs, and skipped rows of their modes only.
+    single = tmp_path / "single"
+    assert run_comparison.main(["--runs", str(out / "padded-forward"), "--out", str(single)]) == 0
+    rows = (single / "comparison.md").read_text()
+    assert "| padded | forward |" in rows and "| loop |" not in rows
+    # An existing comparison is never overwritten.
+    assert run_comparison.main(["--runs", str(out / "padded-forward"), "--out", str(single)]) == 2
+    assert "already holds a comparison" in capsys.readouterr().err
+
+
+def test_every_row_names_its_run_folder(tmp_path):
+    out = tmp_path / "cmp"
+    assert run_comparison.main(["--out", str(out), "--strategies", "padded", "--modes",
+                                "train", *TINY]) == 0
+    assert str(out / "padded-train") in (out / "comparison.csv").read_text()
+
+
+def test_two_comparisons_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_comparison, "utc_stamp", lambda: "20260101-000000")
+    first, second = run_comparison._fresh_out(None), run_comparison._fresh_out(None)
+    assert first != second and first.parent == second.parent == tmp_path / "profiles"
+
+
+@pytest.mark.parametrize("option", ["--loss", "--backend", "--kernel", "--mode", "--run-name",
+                                    "--out-dir"])
+def test_options_that_would_make_every_run_the_same_are_refused(tmp_path, capsys, option):
+    assert run_comparison.main(["--out", str(tmp_path / "x"), option, "padded", *TINY]) == 2
+    assert f"{option} is set per run by make compare" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_failed_runs_make_a_non_zero_exit(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    code = run_comparison.main(["--out", str(out), "--strategies", "padded", "--modes",
+                                "forward", *TINY, "--max-boxes", "1", "--batch-size", "16"])
+    assert code == 1
+    assert "1 of 1 runs failed" in capsys.readouterr().err
+    assert "the run failed: sample" in (out / "comparison.md").read_text()
+
+
+def test_a_run_that_ended_early_is_refused(tmp_path, capsys):
+    early = tmp_path / "x-interrupted"
+    early.mkdir()
+    (early / "summary.json").write_text(json.dumps(
+        {"status": "interrupted", "reason": "interrupted (Ctrl-C)", "config": {"mode": "train"}}))
+    assert run_comparison.main(["--runs", str(early), "--out", str(tmp_path / "c")]) == 2
+    assert "holds a run that interrupted" in capsys.readouterr().err
 
 
 def test_unknown_strategy_is_refused(tmp_path, capsys):

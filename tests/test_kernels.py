@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import losses
-from errors import UserError
+from core.checks import InputError
+from kernels import BackendUnavailable
 from kernels import giou_loss
 from tests.cases import make_case
 from tests.reference import DTYPES, check_against_reference, reference_loss, rel_err
@@ -25,7 +26,7 @@ VARIANTS = ("kernel", "conditional")
 @pytest.mark.parametrize("M", (1, 7, 256, 1000))
 @pytest.mark.parametrize("B", (1, 3))
 def test_kernel_matches_reference(backend, device, variant, dtype, M, B):
-    strategy = losses.get(variant, kernel=backend)
+    strategy = losses.get(variant, backend=backend)
     check_against_reference(strategy, make_case("mixed", B, M, dtype), device)
 
 
@@ -34,7 +35,7 @@ def test_kernel_matches_reference(backend, device, variant, dtype, M, B):
 @pytest.mark.parametrize("counts", ("empty", "full"))
 def test_kernel_counts_zero_and_full(backend, device, variant, counts):
     case = make_case("mixed", 4, 256, torch.bfloat16, counts=counts)
-    check_against_reference(losses.get(variant, kernel=backend), case, device)
+    check_against_reference(losses.get(variant, backend=backend), case, device)
 
 
 @pytest.mark.parametrize("backend,device", TARGETS)
@@ -43,7 +44,7 @@ def test_kernel_counts_zero_and_full(backend, device, variant, counts):
 def test_any_target_dtype_and_int64_counts(backend, device, target_dtype):
     case = make_case("random", 3, 33, torch.float32, target_dtype=target_dtype)
     case.counts = case.counts.long()
-    check_against_reference(losses.get("conditional", kernel=backend), case, device)
+    check_against_reference(losses.get("conditional", backend=backend), case, device)
 
 
 @pytest.mark.parametrize("backend,device", TARGETS)
@@ -53,7 +54,7 @@ def test_strided_predictions_are_read_in_place(backend, device, variant):
     # [M, B, 4] transposed to [B, M, 4]: same values, non-contiguous strides.
     case.pred = case.pred.transpose(0, 1).contiguous().transpose(0, 1)
     assert not case.pred.is_contiguous()
-    check_against_reference(losses.get(variant, kernel=backend), case, device)
+    check_against_reference(losses.get(variant, backend=backend), case, device)
 
 
 @pytest.mark.parametrize("backend,device", TARGETS)
@@ -98,18 +99,18 @@ def test_bad_inputs_are_clear_errors(backend, device):
         "integer or float": (p, t.bool(), n),
     }
     for message, args in bad.items():
-        with pytest.raises(UserError, match=message):
+        with pytest.raises(InputError, match=message):
             giou_loss(*args, backend=backend)
 
 
 @gpu
 def test_cuda_backend_given_cpu_tensors_says_so():
-    """CPU or mixed-device inputs to the CUDA backend are one-line UserErrors; what only
+    """CPU or mixed-device inputs to the CUDA backend are InputErrors; what only
     the C++ op checks (contiguous counts) is its RuntimeError."""
     case = make_case("random", 2, 8, torch.float32)
-    with pytest.raises(UserError, match="needs CUDA tensors, got cpu"):
+    with pytest.raises(InputError, match="needs CUDA tensors, got cpu"):
         giou_loss(case.pred, case.boxes, case.counts, backend="cuda")
-    with pytest.raises(UserError, match="must be on one device"):
+    with pytest.raises(InputError, match="must be on one device"):
         giou_loss(case.pred.cuda(), case.boxes, case.counts, backend="cuda")
     with pytest.raises(RuntimeError, match="counts must be contiguous"):  # C++ only
         giou_loss(case.pred.cuda(), case.boxes.cuda(),
@@ -155,10 +156,10 @@ def test_cuda_op_called_directly_rejects_bad_inputs(requires_grad):
 def test_cuda_backend_without_gpu_says_what_it_needs():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    with pytest.raises(UserError, match="needs a CUDA GPU and nvcc"):
-        losses.get("kernel", kernel="cuda")
-    with pytest.raises(UserError, match="unknown kernel backend"):
-        losses.get("kernel", kernel="opencl")
+    with pytest.raises(BackendUnavailable, match="needs a CUDA GPU and nvcc"):
+        losses.get("kernel", backend="cuda")
+    with pytest.raises(ValueError, match="unknown kernel backend 'opencl'"):
+        losses.get("kernel", backend="opencl")
 
 
 @pytest.mark.parametrize("backend,device", TARGETS)
@@ -173,8 +174,9 @@ def test_opcheck(backend, device):
         load()
         op = torch.ops.giou_cuda.loss.default
     for conditional in (False, True):
-        torch.library.opcheck(op, (case.pred.clone().requires_grad_(True), case.boxes,
-                                   case.counts, conditional))
+        for requires_grad in (False, True):
+            torch.library.opcheck(op, (case.pred.clone().requires_grad_(requires_grad),
+                                       case.boxes, case.counts, conditional))
 
 
 @pytest.mark.parametrize("backend,device", TARGETS)

@@ -4,10 +4,12 @@ import pytest
 import torch
 
 import losses
+from core.names import RAGGED, STRATEGIES as ALL_STRATEGIES
 from tests.cases import KINDS, make_case
 from tests.reference import DTYPES, check_against_reference, targets_for
 
-STRATEGIES = ("loop", "concat", "padded", "kernel", "conditional")
+# compiled has its own test (a compile per dtype is slow on CPU).
+STRATEGIES = tuple(s for s in ALL_STRATEGIES if s != "compiled")
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
@@ -50,17 +52,24 @@ def test_compiled_padded_loss_matches_reference(dtype):
     check_against_reference(losses.get("compiled"), make_case("mixed", B=5, M=16, dtype=dtype))
 
 
-def test_unknown_strategy_lists_the_known_ones():
-    with pytest.raises(Exception, match="loop, concat, padded, compiled, kernel, conditional"):
+def test_unknown_strategy_or_backend_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown loss strategy 'nope': choose one of loop, "
+                       "concat, padded, compiled, kernel, conditional"):
         losses.get("nope")
+    # A backend typo is an error for every strategy, not only the fused ones.
+    with pytest.raises(ValueError, match="unknown kernel backend 'bogus': choose one of "
+                       "triton, cuda"):
+        losses.get("padded", backend="bogus")
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize("name", ALL_STRATEGIES)
 def test_bad_shapes_are_clear_errors(name):
-    from errors import UserError
+    from core.checks import InputError
     case = make_case("random", B=2, M=8, dtype=torch.float32)
     strategy = losses.get(name)
-    with pytest.raises(UserError, match="predictions must be"):
+    with pytest.raises(InputError, match="predictions must be a \\[batch, slots, 4\\] tensor"):
         strategy.loss(case.pred[..., :3], targets_for(name, case))
-    with pytest.raises(UserError):
+    one_sample = ("predictions hold 1 samples but the targets hold 2" if name in RAGGED else
+                  "padded targets \\(2, 8, 4\\) must have the predictions' shape \\(1, 8, 4\\)")
+    with pytest.raises(InputError, match=one_sample):
         strategy.loss(case.pred[:1], targets_for(name, case))

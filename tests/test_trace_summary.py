@@ -56,8 +56,7 @@ def test_each_steps_time_is_kept_in_order_and_averages_to_the_mean():
 
 def _fixture(name):
     trace = FIXTURES / f"{name}.pt.trace.json.gz"
-    if not trace.exists():
-        pytest.skip(f"{trace} not recorded yet")
+    assert trace.exists(), f"{trace} is missing: bench/record_fixtures.sh records it on a GPU"
     recorded = json.loads((FIXTURES / f"{name}.summary.json").read_text())
     return load_trace(trace), recorded
 

@@ -1,8 +1,10 @@
 """train.py on CPU: a short profiled run writes a gzip trace and a complete summary; runs
-never overwrite each other; user mistakes stop with one line and a non-zero exit."""
+never overwrite each other; every user mistake stops with one line, a non-zero exit and
+nothing written."""
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +32,7 @@ def test_profile_run_writes_trace_and_summary(tmp_path, loss, mode):
         assert json.load(f)["traceEvents"]
     assert list(run_dir.glob("events.out.tfevents.*")), "no TensorBoard scalars"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 2
+    assert summary["status"] == "complete" and summary["steps"] == 2
     expected = {"data", "copy", "forward", "loss"} | (
         {"loss_backward", "backward", "optimizer"} if mode == "train" else set())
     assert set(summary["phases"]) == expected
@@ -58,46 +60,99 @@ def test_same_seed_same_losses_across_strategies(tmp_path):
     assert a["losses"] == pytest.approx(b["losses"], rel=1e-5)
 
 
-def _our_lines(stderr: str) -> list[str]:
+def our_lines(stderr: str) -> list[str]:
     """stderr without libkineto's 'USDT:' markers (torch 2.13's CPU build prints them on
     every profiled run; no setting turns them off)."""
     return [line for line in stderr.strip().splitlines() if not line.startswith("USDT:")]
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "train.py", *TINY, *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+def cli(*args, cwd=REPO, timeout=300):
+    return subprocess.run([sys.executable, str(REPO / "train.py"), *TINY, *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line_and_nothing_written(result, out: Path, message: str, code: int = 2):
+    lines = our_lines(result.stderr)
+    assert result.returncode == code, result.stderr[-2000:]
+    assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
+    assert not out.exists() or not list(out.iterdir()), sorted(out.rglob("*"))
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--loss", "nope"], "unknown loss strategy 'nope': choose one of loop, concat"),
-    (["--mode", "backward"], "unknown mode"),
+    (["--loss", "nope"], "argument --loss: invalid choice: 'nope' (choose from 'loop', "
+                         "'concat'"),
+    (["--mode", "backward"], "argument --mode: invalid choice: 'backward'"),
+    (["--kernel", "bogus"], "argument --backend/--kernel: invalid choice: 'bogus'"),
+    (["--seed", "-1"], "--seed must not be negative"),
+    (["--dataset-length", "-5"], "--dataset-length must be at least 1"),
+    (["--dataset-length", "5"], "3 steps of 4 need more than the 5 samples"),
+    (["--lr", "nan"], "--lr must be a positive number, got nan"),
+    (["--lr", "-1"], "--lr must be a positive number, got -1.0"),
+    (["--image-size", "40"], "image size 40 must be a multiple of 16"),
+    (["--run-name", "../escaped"], "--run-name '../escaped' must be a plain folder name"),
+    (["--run-name", "x-failed"], "ends like a run that ended early"),
+    # Found in the first batch, after the run folder was made: the folder goes again.
     (["--max-boxes", "1", "--num-workers", "1", "--batch-size", "16"],
      "boxes but the model predicts only 1: raise --max-boxes"),
 ])
 def test_user_mistakes_stop_with_one_line(tmp_path, args, message):
-    result = _cli("--out-dir", str(tmp_path), *args)
-    assert result.returncode == 2, result.stderr
-    lines = _our_lines(result.stderr)
-    assert len(lines) == 1 and message in lines[0], result.stderr
+    out = tmp_path / "out"
+    _one_line_and_nothing_written(cli("--out-dir", str(out), *args), out, message)
+    assert not (tmp_path.parent / "escaped").exists()
+
+
+def test_out_dir_that_is_a_file_or_not_writable(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    result = cli("--out-dir", str(a_file / "runs"))
+    _one_line_and_nothing_written(result, tmp_path / "none", "is a file, not a folder")
+    assert a_file.read_text() == "x"
+    # /proc refuses new folders even to root (CI runs as root, so chmod would not do).
+    result = cli("--out-dir", "/proc/ragged-targets-test")
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = our_lines(result.stderr)
+    assert len(lines) == 1 and "cannot make the run folder /proc/ragged-targets-test/" in \
+        lines[0], lines
+
+
+def test_a_relative_out_dir_is_relative_to_the_current_folder(tmp_path):
+    result = cli("--out-dir", "rel", "--run-name", "here", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "rel" / "here" / "summary.json").exists()
+    assert not (REPO / "rel").exists()
+
+
+def test_help_without_torch_shows_choices_and_both_presets():
+    """--help needs no torch (the stack may live in .venv); a run without it says how to
+    get it, in one line."""
+    hide_torch = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
+                  "runpy.run_path(sys.argv[0], run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", hide_torch, "train.py", "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "{loop,concat,padded,compiled,kernel,conditional}" in done.stdout
+    assert "{triton,cuda}" in done.stdout and "{train,forward}" in done.stdout
+    assert "(default 1024; cpu preset 32)" in " ".join(done.stdout.split())
+    done = subprocess.run([sys.executable, "-c", hide_torch, "train.py"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert our_lines(done.stderr) == [next(line for line in our_lines(done.stderr))]
+    assert "torch is not installed" in done.stderr and "make setup" in done.stderr
 
 
 def test_gpu_only_options_without_gpu(tmp_path):
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    for args, message in ((["--loss", "kernel", "--kernel", "cuda"], "needs a CUDA GPU"),
+    for args, message in ((["--loss", "kernel", "--backend", "cuda"], "needs a CUDA GPU"),
                           (["--preset", "gpu"], "the gpu preset needs a CUDA GPU")):
-        result = _cli("--out-dir", str(tmp_path), *args)
-        assert result.returncode == 2 and message in result.stderr, result.stderr
-        assert len(_our_lines(result.stderr)) == 1
-    assert not list(tmp_path.iterdir()), "an error before the run must write nothing"
+        _one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path,
+                                      message)
 
 
 def test_fused_strategy_from_the_command_line_without_gpu(tmp_path):
     """train.py must choose Triton's interpreter itself on a CPU machine (the test suite's
     conftest sets it too, so the subprocess runs without it)."""
-    import os
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -110,39 +165,46 @@ def test_fused_strategy_from_the_command_line_without_gpu(tmp_path):
 
 
 def test_main_cores_split_the_cores_between_training_and_workers(tmp_path):
-    import os
-    cores = sorted(os.sched_getaffinity(0))
-    assert train.split_cores(0) is None
+    from data.loader import split_cores, start_cores
+    cores = sorted(start_cores())
+    assert split_cores(0) is None
     if len(cores) < 2:
         pytest.skip("needs two cores")
-    main, workers = train.split_cores(1)
+    main, workers = split_cores(1)
     assert main == {cores[0]} and workers == set(cores[1:])
-    result = _cli("--out-dir", str(tmp_path), "--main-cores", str(len(cores)))
+    result = cli("--out-dir", str(tmp_path), "--main-cores", str(len(cores)))
     assert result.returncode == 2 and "leaves no core for the data workers" in result.stderr
     # A run with the split, then one without, in this process (as make compare runs them):
     # the first narrows the main thread to one core, the second gets every core back.
-    _run(tmp_path, "--main-cores", "1", "--num-workers", "1")
-    assert os.sched_getaffinity(0) == {cores[0]}
-    _run(tmp_path, "--num-workers", "1")
-    assert sorted(os.sched_getaffinity(0)) == cores
+    try:
+        _run(tmp_path, "--main-cores", "1", "--num-workers", "1")
+        assert os.sched_getaffinity(0) == {cores[0]}
+        _run(tmp_path, "--num-workers", "1")
+        assert sorted(os.sched_getaffinity(0)) == cores
+    finally:
+        os.sched_setaffinity(0, cores)
 
 
 def test_a_kept_model_starts_each_run_from_the_same_weights(tmp_path):
     """make compare keeps one model per process; every run must start as a fresh one."""
+    from model import forget_kept_model, kept_model
     fresh = _run(tmp_path, "--mode", "train")["losses"]
     args = TINY + ["--out-dir", str(tmp_path), "--mode", "train"]
-    first = train.run(train.parse_config(args), reuse=True)["losses"]
-    kept_model = train._kept["model"]
-    second = train.run(train.parse_config(args), reuse=True)
-    assert train._kept["model"] is kept_model  # the same module, so no recompile
-    assert first == fresh and second["losses"] == fresh  # training moved the weights; restored
-    assert Path(second["run_dir"]).parent == tmp_path
-    train._kept.clear()
+    try:
+        first = train.run(train.parse_config(args), reuse=True)["losses"]
+        kept = kept_model()
+        second = train.run(train.parse_config(args), reuse=True)
+        assert kept_model() is kept  # the same module, so no recompile
+        assert first == fresh and second["losses"] == fresh  # trained, then restored
+        assert Path(second["run_dir"]).parent == tmp_path
+    finally:
+        forget_kept_model()
 
 
 def test_git_commit_names_a_copied_tree(monkeypatch):
+    from profiling.environment import environment
     monkeypatch.setenv("GIT_COMMIT", "0123abc")
-    env = train.environment()
+    env = environment()
     assert env["commit"] == "0123abc" and env["dirty"] is None
 
 

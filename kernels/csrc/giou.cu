@@ -36,6 +36,19 @@ __device__ __forceinline__ int64_t load_count(const void* counts, bool counts64,
                   : static_cast<const int32_t*>(counts)[b];
 }
 
+// A sample's count clamped to [0, M], and whether it was outside (the sample's loss and
+// gradients are then NaN: a bad count is never read out of bounds, never a silent answer).
+struct SampleCount {
+  int64_t n;
+  bool bad;
+};
+
+__device__ __forceinline__ SampleCount sample_count(const void* counts, bool counts64,
+                                                    int64_t b, int64_t M) {
+  const int64_t raw = load_count(counts, counts64, b);
+  return {raw < 0 ? 0 : (raw > M ? M : raw), raw < 0 || raw > M};
+}
+
 struct Strides {
   int64_t pb, pm, pc, tb, tm, tc;
 };
@@ -95,9 +108,9 @@ __global__ void giou_fwd_kernel(const scalar_t* __restrict__ pred,
                                 Strides s, bool conditional) {
   const int64_t b = blockIdx.x;
   const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x;
-  const int64_t n_raw = load_count(counts, counts64, b);
-  const bool bad = n_raw < 0 || n_raw > M;
-  const int64_t n = n_raw < 0 ? 0 : (n_raw > M ? M : n_raw);
+  const SampleCount count = sample_count(counts, counts64, b, M);
+  const int64_t n = count.n;
+  const bool bad = count.bad;
   acc_t* out = partial + b * gridDim.y + blockIdx.y;
   if (conditional && first >= n) {  // a whole block of empty slots: no load, no maths
     if (threadIdx.x == 0) *out = bad ? acc_t(NAN) : acc_t(0);
@@ -145,9 +158,9 @@ __global__ void giou_bwd_kernel(const acc_t* __restrict__ grad_loss,
   const int64_t b = blockIdx.x;
   const int64_t slot = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (slot >= M) return;
-  const int64_t n_raw = load_count(counts, counts64, b);
-  const bool bad = n_raw < 0 || n_raw > M;
-  const int64_t n = n_raw < 0 ? 0 : (n_raw > M ? M : n_raw);
+  const SampleCount count = sample_count(counts, counts64, b, M);
+  const int64_t n = count.n;
+  const bool bad = count.bad;
   const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x;
   acc_t g[4] = {0, 0, 0, 0};
   const bool active = conditional ? first < n : true;

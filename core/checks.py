@@ -1,0 +1,61 @@
+"""Input checks shared by every strategy and kernel: one clear error per mistake.
+
+They read only shapes, dtypes and devices (host metadata), so they cost no sync and work
+on the fake tensors torch.compile traces with. They raise InputError, an ordinary
+ValueError: the command line prints it as one line, a library caller catches it as such.
+"""
+
+import torch
+
+from core.giou_rules import FLOAT_DTYPES
+
+
+class InputError(ValueError):
+    """Tensors a loss or kernel cannot take; the message says what it needs."""
+
+
+def _check_target_dtype(dtype: torch.dtype, what: str) -> None:
+    if dtype == torch.bool or dtype.is_complex:
+        raise InputError(f"{what} must be an integer or float tensor, got {dtype}")
+
+
+def check_pred(pred: torch.Tensor, batch: int | None = None) -> None:
+    if not isinstance(pred, torch.Tensor) or pred.dim() != 3 or pred.shape[-1] != 4:
+        shape = tuple(pred.shape) if isinstance(pred, torch.Tensor) else type(pred).__name__
+        raise InputError(f"predictions must be a [batch, slots, 4] tensor, got {shape}")
+    if pred.dtype not in FLOAT_DTYPES:
+        raise InputError(f"predictions must be fp16, bf16, fp32 or fp64, got {pred.dtype}")
+    if batch is not None and pred.shape[0] != batch:
+        raise InputError(f"predictions hold {pred.shape[0]} samples but the targets "
+                         f"hold {batch}")
+
+
+def check_padded(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor) -> None:
+    """Padded targets [B, M, 4] with per-sample counts [B] beside predictions [B, M, 4]."""
+    check_pred(pred)
+    if boxes.shape != pred.shape:
+        raise InputError(f"padded targets {tuple(boxes.shape)} must have the predictions' "
+                         f"shape {tuple(pred.shape)}")
+    _check_target_dtype(boxes.dtype, "targets")
+    if counts.dim() != 1 or counts.shape[0] != pred.shape[0]:
+        raise InputError(f"counts must be a [{pred.shape[0]}] tensor (one per sample), "
+                         f"got {tuple(counts.shape)}")
+    if counts.dtype not in (torch.int32, torch.int64):
+        raise InputError(f"counts must be int32 or int64, got {counts.dtype}")
+    if not pred.device == boxes.device == counts.device:
+        raise InputError(f"predictions, targets and counts must be on one device, got "
+                         f"{pred.device}, {boxes.device} and {counts.device}")
+
+
+def check_list(pred: torch.Tensor, targets) -> None:
+    """A list of per-sample [n_i, 4] targets beside predictions [B, M, 4]."""
+    check_pred(pred, batch=len(targets))
+    for i, t in enumerate(targets):
+        if t.dim() != 2 or t.shape[-1] != 4:
+            raise InputError(f"target {i} must be [n, 4], got {tuple(t.shape)}")
+        _check_target_dtype(t.dtype, f"target {i}")
+        if t.shape[0] > pred.shape[1]:
+            raise InputError(f"target {i} has {t.shape[0]} boxes but the model predicts "
+                             f"only {pred.shape[1]}")
+        if t.device != pred.device:
+            raise InputError(f"target {i} is on {t.device}, predictions on {pred.device}")

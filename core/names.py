@@ -1,0 +1,34 @@
+"""One home for every list of names: strategies, kernel backends, modes, profiler phases.
+Everything else (the registry, the command line, make compare, the tests) imports them."""
+
+# The loss strategies, in the order tables list them.
+STRATEGIES = ("loop", "concat", "padded", "compiled", "kernel", "conditional")
+RAGGED = ("loop", "concat")              # targets stay a list of per-sample tensors
+FUSED = ("kernel", "conditional")        # the strategies whose kernel backend is chosen
+BACKENDS = ("triton", "cuda")            # the fused kernels' implementations
+
+# train: the full step; forward: the original's measurement (forward and loss only, a
+# device sync closing each range).
+MODES = ("train", "forward")
+
+# The profiler ranges of one step, in the order they run.
+FORWARD_PHASES = ("data", "copy", "forward", "loss")
+TRAIN_PHASES = FORWARD_PHASES + ("loss_backward", "backward", "optimizer")
+PHASES = TRAIN_PHASES
+
+
+def phases_of(mode: str) -> tuple[str, ...]:
+    return TRAIN_PHASES if mode == "train" else FORWARD_PHASES
+
+
+def describe(strategy: str, backend: str) -> str:
+    """How tables and folders name a strategy: 'padded', or 'kernel/triton' for the fused
+    strategies, whose backend matters."""
+    return f"{strategy}/{backend}" if strategy in FUSED else strategy
+
+
+def variants() -> tuple[str, ...]:
+    """Every strategy once, the fused ones once per backend: what make compare runs, as
+    'padded' or 'kernel:triton'."""
+    plain = [s for s in STRATEGIES if s not in FUSED]
+    return tuple(plain + [f"{s}:{b}" for b in BACKENDS for s in FUSED])

@@ -1,0 +1,210 @@
+"""Everything around a training loop that makes it a profiled run: the run folder, the
+profiler and its schedule, TensorBoard scalars, a progress line per step, and at the end
+the gzipped trace and summary.json. train.py's loop runs inside it:
+
+    with ProfiledRun(cfg, label, phases, cuda) as run:
+        for step in run.steps():
+            ...                                  # the phases, each a record_function
+            run.end_step(step, loss.item(), t0)
+    run.record                                   # what summary.json holds
+
+A run that ends early (Ctrl-C, SIGTERM, an error in a data worker or in the loop, a failed
+trace write) never leaves a folder that looks complete: the profiled steps that completed
+are gzipped and summarized into <name>-interrupted or <name>-failed, a bug's traceback
+goes beside them, and a folder with nothing worth keeping is removed. The exception then
+goes on as RunInterrupted or RunFailed, whose message is the one line to print.
+"""
+
+import dataclasses
+import json
+import math
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from core.checks import InputError
+from errors import UserError, one_line
+from profiling import run_folder
+from profiling.environment import environment
+from profiling.table import format_table
+from profiling.trace_summary import find_trace, load_trace, summarize
+from profiling.trace_writer import gzip_traces, remove_plain_traces
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM ended the run; str() is the line to print."""
+
+
+class RunFailed(Exception):
+    """The run ended on an error; str() is the line to print, __cause__ the error."""
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or inf: the steps after it would measure nothing useful."""
+
+
+# Errors the user can fix: their message is the line, and no traceback is kept.
+USER_ERRORS = (UserError, InputError)
+
+
+def make_profiler(cfg, run_dir: Path, cuda: bool) -> torch.profiler.profile:
+    """wait/warmup/active schedule; the Chrome trace goes into the run folder when the
+    active steps end (plain JSON, gzipped afterwards: profiling/trace_writer.py)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
+                                         repeat=1),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir), "train"),
+        record_shapes=False, profile_memory=True, with_stack=False)
+
+
+class ProfiledRun:
+    def __init__(self, cfg, label: str, phases: tuple[str, ...], cuda: bool,
+                 out_dir: Path, run_name: str):
+        self.cfg, self.label, self.phases, self.cuda = cfg, label, phases, cuda
+        self.out_dir, self.run_name = out_dir, run_name
+        self.total = cfg.wait + cfg.warmup + cfg.active
+        self.done = 0          # steps completed
+        self.losses: list[float] = []
+        self.record: dict | None = None
+        self.dir: Path | None = None
+
+    # -- the loop's side -------------------------------------------------------------
+    def __enter__(self):
+        from torch.utils.tensorboard import SummaryWriter
+        self.dir = run_folder.new_run_dir(self.out_dir, self.run_name)
+        self.writer = SummaryWriter(str(self.dir))
+        self.profiler = make_profiler(self.cfg, self.dir, self.cuda)
+        self.profiler.__enter__()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        return self
+
+    def steps(self) -> range:
+        return range(self.total)
+
+    def schedule_of(self, step: int) -> str:
+        """Where a step falls in the profiler's schedule: wait, warmup or profiled."""
+        cfg = self.cfg
+        return ("wait" if step < cfg.wait else
+                "warmup" if step < cfg.wait + cfg.warmup else "profiled")
+
+    def end_step(self, step: int, loss: float, started: float) -> None:
+        """Progress line and scalars of a finished step; the profiler moves on."""
+        elapsed_ms = (time.perf_counter() - started) * 1e3
+        if not math.isfinite(loss):
+            raise NonFiniteLoss(f"the loss is {loss} at step {step + 1}: check --lr and the "
+                                "data")
+        self.losses.append(loss)
+        self.writer.add_scalar("loss", loss, step)
+        self.writer.add_scalar("step_time_ms", elapsed_ms, step)
+        print(f"[{self.label}] step {step + 1}/{self.total} ({self.schedule_of(step)}) "
+              f"loss {loss:.4f} {elapsed_ms:.1f} ms", flush=True)
+        self.done = step + 1
+        self.profiler.step()
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.profiler.__exit__(exc_type, exc, tb)  # writes the trace if steps were active
+        except BaseException as trace_exc:  # noqa: BLE001 (a failed write is an early end)
+            exc = exc or trace_exc
+        if exc is None:
+            try:
+                self._finish()
+                return False
+            except BaseException as finish_exc:  # noqa: BLE001
+                exc = finish_exc
+        self._end_early(exc)
+        return False  # not reached: _end_early raises
+
+    # -- the end of a complete run -----------------------------------------------------
+    def _summary(self, status: str, profiled: int | None = None, **extra) -> dict:
+        trace = find_trace(self.dir)
+        summary = summarize(load_trace(trace), self.phases, max_steps=profiled)
+        env = environment()
+        title = f"{self.label}, {self.cfg.mode} mode, batch {self.cfg.batch_size}, {env['device']}"
+        if status != "complete":
+            title += f" ({status} after {summary['steps']} profiled steps)"
+        return {"status": status, **extra,
+                "config": dataclasses.asdict(self.cfg), "environment": env,
+                "trace": trace.name, "table": format_table(summary, title, on_gpu=self.cuda),
+                "losses": self.losses,
+                "peak_gpu_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if self.cuda else None,
+                **summary}
+
+    def _finish(self) -> None:
+        print(f"[{self.label}] writing the trace...", flush=True)
+        t0 = time.perf_counter()
+        gzip_traces(self.dir)
+        record = self._summary("complete")
+        trace = self.dir / record["trace"]
+        print(f"[{self.label}] trace {trace.name} ({trace.stat().st_size / 1e6:.1f} MB) "
+              f"gzipped and summarized in {time.perf_counter() - t0:.1f} s", flush=True)
+        for name, p in record["phases"].items():
+            self.writer.add_scalar(f"phase_cpu_ms/{name}", p["cpu_ms"], 0)
+            self.writer.add_scalar(f"phase_gpu_ms/{name}", p["gpu_ms"], 0)
+        self.writer.close()
+        (self.dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
+        print(record["table"])
+        print(f"written: {run_folder.display(self.dir / 'summary.json')}")
+        record["run_dir"] = str(self.dir)
+        self.record = record
+
+    # -- an early end --------------------------------------------------------------------
+    def _end_early(self, exc: BaseException):
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        status = "interrupted" if interrupted else "failed"
+        user_error = isinstance(exc, USER_ERRORS)
+        at = (f"after step {self.done} of {self.total}" if self.done == self.total else
+              f"at step {self.done + 1} of {self.total}")
+        reason = f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else one_line(exc)
+        self.writer.close()
+        profiled = max(0, self.done - self.cfg.wait - self.cfg.warmup)
+        kept = None
+        if profiled:
+            kept = self._keep_completed_steps(status, reason, profiled, exc)
+        elif status == "failed" and not user_error:
+            kept = self._keep_error_only(reason, exc)
+        if kept is None:
+            run_folder.remove(self.dir)
+            where = "nothing kept"
+        else:
+            where = kept
+        if interrupted:
+            raise RunInterrupted(f"{reason} {at}; {where}") from exc
+        if user_error and kept is None:
+            raise RunFailed(reason) from exc
+        raise RunFailed(f"run failed {at}: {reason}; {where}") from exc
+
+    def _keep_completed_steps(self, status, reason, profiled, exc) -> str | None:
+        """Gzips and summarizes the profiled steps that completed; None if that fails."""
+        try:
+            gzip_traces(self.dir)
+            record = self._summary(status, profiled, reason=reason,
+                                   completed_steps=self.done, planned_steps=self.total)
+            (self.dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
+            if status == "failed" and not isinstance(exc, USER_ERRORS):
+                (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+            marked = run_folder.mark(self.dir, status)
+        except BaseException:  # noqa: BLE001 (nothing half-written is kept)
+            return None
+        return f"{run_folder.display(marked)} holds the {profiled} profiled steps that completed"
+
+    def _keep_error_only(self, reason, exc) -> str | None:
+        """A bug before any profiled step: its traceback, in a folder marked failed."""
+        try:
+            remove_plain_traces(self.dir)
+            (self.dir / "summary.json").write_text(json.dumps(
+                {"status": "failed", "reason": reason, "completed_steps": self.done,
+                 "planned_steps": self.total, "config": dataclasses.asdict(self.cfg)},
+                indent=2) + "\n")
+            (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+            marked = run_folder.mark(self.dir, "failed")
+        except BaseException:  # noqa: BLE001
+            return None
+        return f"traceback in {run_folder.display(marked / 'error.txt')}"

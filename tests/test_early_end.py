@@ -1,0 +1,137 @@
+"""Every way a run can end early ends with one line, a non-zero exit, and a run folder
+that says what it holds: the profiled steps that completed, gzipped and summarized, in
+<name>-interrupted or <name>-failed; or no folder when nothing was worth keeping."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import train
+from profiling.harness import RunFailed
+from tests.test_train import REPO, TINY, our_lines
+
+LONG = [a if a != "2" else "400" for a in TINY]  # 400 profiled steps: time to interrupt
+
+
+def _start(out: Path, *args):
+    return subprocess.Popen([sys.executable, "-u", str(REPO / "train.py"), *LONG,
+                             "--out-dir", str(out), "--run-name", "run", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _signal_after(proc, line_part: str, signum, timeout=300):
+    """Sends signum once stdout shows line_part; returns (exit code, stderr lines)."""
+    deadline = time.time() + timeout
+    for line in proc.stdout:
+        if line_part in line:
+            proc.send_signal(signum)
+            break
+        assert time.time() < deadline, f"no {line_part!r} in {timeout} s"
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, our_lines(err)
+
+
+@pytest.mark.parametrize("signum,name", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
+def test_a_signal_in_the_profiled_steps_keeps_the_completed_ones(tmp_path, signum, name):
+    code, lines = _signal_after(_start(tmp_path), "step 5/401 (profiled)", signum)
+    assert code == 130, lines
+    assert len(lines) == 1 and lines[0].startswith(f"error: interrupted ({name}) at step "), lines
+    assert [p.name for p in tmp_path.iterdir()] == ["run-interrupted"], lines
+    kept = tmp_path / "run-interrupted"
+    summary = json.loads((kept / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["planned_steps"] == 401
+    done = summary["completed_steps"]
+    assert summary["steps"] == done - 1  # the warmup step is not a profiled one
+    assert f"holds the {done - 1} profiled steps that completed" in lines[0]
+    assert len(summary["phases"]["loss"]["cpu_ms_each"]) == done - 1
+    assert "interrupted after" in summary["table"]
+    assert len(list(kept.glob("*.pt.trace.json.gz"))) == 1
+
+
+def test_a_signal_before_any_profiled_step_leaves_nothing(tmp_path):
+    args = ["--wait", "400", "--warmup", "1", "--active", "1"]
+    code, lines = _signal_after(_start(tmp_path, *args), "step 2/402 (wait)", signal.SIGINT)
+    assert code == 130 and len(lines) == 1, lines
+    assert lines[0].startswith("error: interrupted (Ctrl-C) at step ") and \
+        lines[0].endswith("; nothing kept"), lines
+    assert not list(tmp_path.iterdir())
+
+
+class _Broken(Exception):
+    pass
+
+
+def _break_dataset_at(monkeypatch, index):
+    import data.synthetic
+    real = data.synthetic.SyntheticFaces.__getitem__
+
+    def getitem(self, i):
+        if i >= index:
+            raise _Broken(f"sample {i} could not be made")
+        return real(self, i)
+    monkeypatch.setattr(data.synthetic.SyntheticFaces, "__getitem__", getitem)
+
+
+@pytest.mark.parametrize("workers", ("0", "1"))
+def test_an_error_in_the_data_keeps_the_profiled_steps_and_the_traceback(
+        tmp_path, monkeypatch, workers):
+    _break_dataset_at(monkeypatch, 12)  # batches of 4: steps 1-3 complete, step 4 fails
+    args = TINY + ["--out-dir", str(tmp_path), "--run-name", "run", "--num-workers", workers,
+                   "--active", "5"]
+    with pytest.raises(RunFailed) as failed:
+        train.run(train.parse_config(args))
+    message = str(failed.value)
+    assert message.startswith("run failed at step 4 of 6: ") and "sample 12 could not be made" \
+        in message, message
+    assert message.endswith("run-failed holds the 2 profiled steps that completed"), message
+    kept = tmp_path / "run-failed"
+    summary = json.loads((kept / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["steps"] == 2
+    assert "sample 12 could not be made" in summary["reason"]
+    assert "_Broken" in (kept / "error.txt").read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["run-failed"]
+
+
+def test_a_bug_before_any_profiled_step_keeps_only_its_traceback(tmp_path, monkeypatch):
+    _break_dataset_at(monkeypatch, 0)
+    with pytest.raises(RunFailed) as failed:
+        train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--run-name", "run"]))
+    assert str(failed.value).endswith("traceback in " + str(tmp_path / "run-failed" / "error.txt"))
+    kept = tmp_path / "run-failed"
+    assert sorted(p.name for p in kept.iterdir() if not p.name.startswith("events")) == \
+        ["error.txt", "summary.json"]
+    assert json.loads((kept / "summary.json").read_text())["status"] == "failed"
+
+
+def test_a_failed_trace_write_leaves_nothing_half_written(tmp_path, monkeypatch):
+    import profiling.harness
+
+    def disk_full(run_dir):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(profiling.harness, "gzip_traces", disk_full)
+    with pytest.raises(RunFailed) as failed:
+        train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--run-name", "run"]))
+    assert str(failed.value) == ("run failed after step 3 of 3: [Errno 28] No space left on "
+                                 "device; nothing kept")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_non_finite_loss_stops_the_run(tmp_path, monkeypatch):
+    import dataclasses
+
+    import losses
+    real_get = losses.get
+
+    def get(*args, **kwargs):
+        strategy = real_get(*args, **kwargs)
+        return dataclasses.replace(strategy, loss=lambda p, t: strategy.loss(p, t) * float("nan"))
+    monkeypatch.setattr(losses, "get", get)
+    with pytest.raises(RunFailed, match="run failed at step 1 of 3: the loss is nan at step 1"):
+        train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
+    (kept,) = tmp_path.iterdir()
+    assert kept.name.endswith("-failed")  # a bug's traceback is kept, marked failed
