@@ -1,8 +1,9 @@
 """The workload's synthetic dataset, deterministic per (seed, index).
 
 Image: 1×S×S uint8, uniform noise. Boxes per image: n = clip(floor(|N(0, sigma)|), 0, 255),
-about 2.4 on average for sigma = 3. Each box: top-left uniform in [0, S-2], size uniform in
-[1, S-1], bottom-right = min(top-left + size, S-1); stored as uint8 (x1, y1, x2, y2).
+1.915 on average for sigma = 3 (tests/test_data.py checks the distribution). Each box:
+top-left uniform in [0, S-2], size uniform in [1, S-1], bottom-right = min(top-left + size,
+S-1); stored as uint8 (x1, y1, x2, y2).
 
 The original drew from global NumPy state inside worker processes, so no two runs saw the
 same data. Here every sample has its own generator seeded by (seed, index): any two

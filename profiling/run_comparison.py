@@ -209,4 +209,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as exc:  # the run in progress already marked its own folder
+        print(f"error: {str(exc) or 'interrupted'}; the comparison was not written",
+              file=sys.stderr)
+        sys.exit(130)
