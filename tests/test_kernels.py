@@ -189,3 +189,22 @@ def test_float64_predictions_compute_in_float64(backend, device):
     assert loss.dtype == torch.float64
     assert rel_err(loss, ref_loss, 1.0) < 1e-12
     assert rel_err(pred.grad, ref_grad) < 1e-10
+
+
+def test_triton_imported_before_the_interpreter_is_a_clear_error():
+    """On a CPU-only machine TRITON_INTERPRET=1 must be set before triton is imported;
+    a program that imported triton first gets one clear error, not an InterpreterError
+    from inside a kernel."""
+    import os
+    import subprocess
+    import sys
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code = ("import triton, losses\n"
+            "try:\n    losses.get('kernel')\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert done.stdout.startswith("BackendUnavailable triton was imported before "
+                                  "TRITON_INTERPRET=1 was set"), done.stdout + done.stderr
