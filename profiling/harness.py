@@ -15,8 +15,10 @@ goes beside them, and a folder with nothing worth keeping is removed. The except
 goes on as RunInterrupted or RunFailed, whose message is the one line to print.
 """
 
+import contextlib
 import dataclasses
 import json
+import signal
 import math
 import time
 import traceback
@@ -47,6 +49,19 @@ class NonFiniteLoss(RuntimeError):
 
 # Errors the user can fix: their message is the line, and no traceback is kept.
 USER_ERRORS = (UserError, InputError)
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    signals = {signal.SIGINT, signal.SIGTERM}
+    blocked = hasattr(signal, "pthread_sigmask")
+    if blocked:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
 def make_profiler(cfg, run_dir: Path, cuda: bool) -> torch.profiler.profile:
@@ -106,7 +121,10 @@ class ProfiledRun:
         print(f"[{self.label}] step {step + 1}/{self.total} ({self.schedule_of(step)}) "
               f"loss {loss:.4f} {elapsed_ms:.1f} ms", flush=True)
         self.done = step + 1
-        self.profiler.step()
+        # Ctrl-C or SIGTERM inside the profiler's step transition could leave it unable to
+        # write the trace of the steps already done: the signal waits until it is over.
+        with _signals_deferred():
+            self.profiler.step()
 
     def __exit__(self, exc_type, exc, tb):
         try:
