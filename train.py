@@ -89,6 +89,11 @@ def parse_config(argv=None) -> Config:
 def validate(cfg: Config) -> None:
     """Every mistake that can be found before anything is written."""
     from profiling.run_folder import check_out_dir, check_run_name
+    # The command line refuses these already; a Config made in Python is checked here.
+    for name, allowed in (("loss", STRATEGIES), ("backend", BACKENDS), ("mode", MODES)):
+        if getattr(cfg, name) not in allowed:
+            raise UserError(f"unknown --{name} {getattr(cfg, name)!r}: choose one of "
+                            f"{', '.join(allowed)}")
     if cfg.image_size % 16 or not 16 <= cfg.image_size <= 256:
         raise UserError(f"image size {cfg.image_size} must be a multiple of 16 in 16..256")
     for name in ("batch_size", "max_boxes", "hidden", "active", "dataset_length"):

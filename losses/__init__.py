@@ -8,7 +8,7 @@ Adding a strategy: write losses/<name>.py with a `make(capacity, backend) -> Str
 add its name to core.names.STRATEGIES and one line to _MAKERS.
 """
 
-from core.names import BACKENDS, FUSED, STRATEGIES
+from core.names import BACKENDS, STRATEGIES
 from losses import compiled, concat, fused, loop, padded
 from losses.strategy import Strategy
 
@@ -35,4 +35,4 @@ def get(name: str, backend: str = "triton", capacity: int = 256) -> Strategy:
     return _MAKERS[name](capacity=capacity, backend=backend)
 
 
-__all__ = ["get", "Strategy", "FUSED"]
+__all__ = ["get", "Strategy"]

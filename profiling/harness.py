@@ -18,8 +18,8 @@ goes on as RunInterrupted or RunFailed, whose message is the one line to print.
 import contextlib
 import dataclasses
 import json
-import signal
 import math
+import signal
 import time
 import traceback
 from pathlib import Path
@@ -140,6 +140,12 @@ class ProfiledRun:
         self._end_early(exc)
         return False  # not reached: _end_early raises
 
+    def _write(self, summary: dict, exc: BaseException | None = None) -> None:
+        """summary.json, and error.txt with the traceback of a bug (not of a user error)."""
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if exc is not None and not isinstance(exc, USER_ERRORS):
+            (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+
     # -- the end of a complete run -----------------------------------------------------
     def _summary(self, status: str, profiled: int | None = None, **extra) -> dict:
         trace = find_trace(self.dir)
@@ -167,7 +173,7 @@ class ProfiledRun:
             self.writer.add_scalar(f"phase_cpu_ms/{name}", p["cpu_ms"], 0)
             self.writer.add_scalar(f"phase_gpu_ms/{name}", p["gpu_ms"], 0)
         self.writer.close()
-        (self.dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
+        self._write(record)
         print(record["table"])
         print(f"written: {run_folder.display(self.dir / 'summary.json')}")
         record["run_dir"] = str(self.dir)
@@ -205,9 +211,7 @@ class ProfiledRun:
             gzip_traces(self.dir)
             record = self._summary(status, profiled, reason=reason,
                                    completed_steps=self.done, planned_steps=self.total)
-            (self.dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
-            if status == "failed" and not isinstance(exc, USER_ERRORS):
-                (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+            self._write(record, exc if status == "failed" else None)
             marked = run_folder.mark(self.dir, status)
         except BaseException:  # noqa: BLE001 (nothing half-written is kept)
             return None
@@ -217,11 +221,9 @@ class ProfiledRun:
         """A bug before any profiled step: its traceback, in a folder marked failed."""
         try:
             remove_plain_traces(self.dir)
-            (self.dir / "summary.json").write_text(json.dumps(
-                {"status": "failed", "reason": reason, "completed_steps": self.done,
-                 "planned_steps": self.total, "config": dataclasses.asdict(self.cfg)},
-                indent=2) + "\n")
-            (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+            self._write({"status": "failed", "reason": reason, "completed_steps": self.done,
+                         "planned_steps": self.total, "config": dataclasses.asdict(self.cfg)},
+                        exc)
             marked = run_folder.mark(self.dir, "failed")
         except BaseException:  # noqa: BLE001
             return None

@@ -21,10 +21,11 @@ import traceback
 from pathlib import Path
 
 import train
-from core.names import MODES, STRATEGIES, BACKENDS, describe, variants
+from core.names import BACKENDS, MODES, STRATEGIES, describe, variants
 from errors import UserError, one_line
 from profiling.chart import loss_chart
 from profiling.compare import compare_rows, load_summary, skipped_row, to_csv, to_markdown
+from profiling.harness import USER_ERRORS
 from profiling.run_folder import check_out_dir, display, new_run_dir, utc_stamp
 
 # The loop runs seconds per step at batch 1024 and its trace holds ~10^5 events a step.
@@ -74,8 +75,7 @@ def run_all(out: Path, train_args: list[str], strategies=variants(),
             # by every run (model/build.py re-initialises the weights for each).
             record = train.run(train.parse_config(args), reuse=True)
         except Exception as exc:  # one run's failure is a row, not the end of the table
-            cause = exc.__cause__ or exc
-            if not isinstance(cause, UserError):
+            if not isinstance(exc.__cause__ or exc, USER_ERRORS):
                 traceback.print_exc()
             print(f"{label}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
             skipped.append(skipped_row(describe(loss, backend or BACKENDS[0]), mode,

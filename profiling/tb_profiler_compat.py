@@ -25,6 +25,7 @@ module; `apply()` therefore selects 'fork' through the plugin's own switch
 category nor twins and parse as before.
 """
 
+import json
 import os
 
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
@@ -66,7 +67,6 @@ LOADER_TAG = b'<script src="https://www.gstatic.com/charts/loader.js"></script>'
 
 def index_html(original: bytes) -> bytes:
     """The plugin's page with the offline stand-in after its Charts loader."""
-    import json
     script = (OFFLINE_CHARTS_SCRIPT % json.dumps(OFFLINE_CHARTS_NOTE)).encode()
     if LOADER_TAG not in original:
         return original  # a page this patch does not know: served as it is

@@ -101,6 +101,17 @@ def test_user_mistakes_stop_with_one_line(tmp_path, args, message):
     assert not (tmp_path.parent / "escaped").exists()
 
 
+@pytest.mark.parametrize("field,value", [("mode", "backward"), ("loss", "nope"),
+                                         ("backend", "bogus")])
+def test_a_config_made_in_python_is_checked_too(tmp_path, field, value):
+    import dataclasses
+    cfg = dataclasses.replace(train.parse_config(TINY + ["--out-dir", str(tmp_path)]),
+                              **{field: value})
+    with pytest.raises(train.UserError, match=f"unknown --{field} '{value}': choose one of"):
+        train.run(cfg)
+    assert not list(tmp_path.iterdir())
+
+
 def test_out_dir_that_is_a_file_or_not_writable(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
