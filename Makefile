@@ -17,7 +17,7 @@ BACKEND ?= $(KERNEL)
 MODE ?= train
 ARGS ?=
 
-.PHONY: profile compare test test-gpu test-browser tensorboard setup clean-build
+.PHONY: profile compare ladder test test-gpu test-browser tensorboard setup clean-build
 
 profile: $(SETUP)
 	$(PYTHON) train.py --loss $(LOSS) --backend $(BACKEND) --mode $(MODE) $(ARGS)
@@ -27,6 +27,11 @@ profile: $(SETUP)
 RUNS ?=
 compare: $(SETUP)
 	$(PYTHON) -m profiling.run_comparison $(if $(RUNS),--runs $(RUNS),) $(ARGS)
+
+# The step's speed-ups added one at a time from --baseline (profiling/run_ladder.py).
+LADDER ?= padded,kernel:cuda
+ladder: $(SETUP)
+	$(PYTHON) -m profiling.run_ladder --strategies $(LADDER) $(ARGS)
 
 # The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
 # test-browser's.

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from core.cli import UsageError, config_parser, option
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from errors import UserError, one_line
+from training.speedups import HELP as SPEEDUP_HELP, baseline_values
 
 try:
     import torch
@@ -44,13 +45,22 @@ class Config:
     image_size: int = option(256, "square grayscale images, a multiple of 16 in 16..256")
     max_boxes: int = option(256, "the model's box capacity (prediction slots per image)")
     hidden: int = option(16384, "width of lin1 (1.07 B parameters at the full size)")
-    wait: int = option(1, "profiler schedule: skipped steps (compile happens here)")
+    wait: int = option(2, "profiler schedule: skipped steps (compile, cuDNN tuning and a "
+                       "CUDA graph's capture happen here)")
     warmup: int = option(2, "profiler schedule: traced but discarded steps")
     active: int = option(5, "profiler schedule: profiled steps, the table's means")
     compile: bool = option(True, "torch.compile the model")
     amp: bool = option(True, "bf16 autocast for the forward (CUDA only)")
     pin_memory: bool = option(True, "pinned host memory for the batches (CUDA only)")
     lr: float = option(1e-4, "SGD learning rate (momentum 0.9)")
+    # The step's speed-ups (training/speedups.py): on by default, all off with --baseline.
+    baseline: bool = option(False, "every speed-up below off, as the original ran the step "
+                            "(a speed-up given as well stays on)")
+    cudnn_benchmark: bool = option(True, SPEEDUP_HELP["cudnn_benchmark"])
+    fused_sgd: bool = option(True, SPEEDUP_HELP["fused_sgd"])
+    channels_last: bool = option(True, SPEEDUP_HELP["channels_last"])
+    pad_input: bool = option(True, SPEEDUP_HELP["pad_input"])
+    cuda_graph: str = option("auto", SPEEDUP_HELP["cuda_graph"], choices=("auto", "on", "off"))
     seed: int = option(0, "same seed, same batches and weights for every strategy")
     dataset_length: int = option(1_000_000, "samples in the synthetic dataset")
     out_dir: str = option("profiles", "folder of the run folders, relative to the current "
@@ -64,7 +74,8 @@ PRESETS = {
     "gpu": {},
     # Finishes in about a minute on 2 CPU cores.
     "cpu": dict(batch_size=32, num_workers=2, image_size=64, hidden=512, wait=1, warmup=1,
-                active=3, compile=False, amp=False, pin_memory=False),
+                active=3, compile=False, amp=False, pin_memory=False,
+                cudnn_benchmark=False),
 }
 
 
@@ -83,7 +94,9 @@ def parse_config(argv=None) -> Config:
     if preset == "gpu" and not torch.cuda.is_available():
         raise UserError("the gpu preset needs a CUDA GPU; use --preset cpu (the default "
                         "without a GPU)")
-    return Config(**{**PRESETS[preset], **given, "preset": preset})
+    # Precedence: the dataclass, the preset, --baseline, then each option given.
+    off = baseline_values() if given.get("baseline") else {}
+    return Config(**{**PRESETS[preset], **off, **given, "preset": preset})
 
 
 def validate(cfg: Config) -> None:
@@ -115,6 +128,8 @@ def validate(cfg: Config) -> None:
     if cfg.run_name:
         check_run_name(cfg.run_name)
     check_out_dir(cfg.out_dir)
+    from training import speedups
+    speedups.check(cfg, torch.cuda.is_available())
 
 
 def run(cfg: Config, reuse: bool = False) -> dict:
@@ -126,19 +141,25 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     from model import build_model
     from profiling.harness import ProfiledRun
     from profiling.run_folder import check_out_dir, display, utc_stamp
+    from training import speedups
+    from training.cuda_graph import GraphedStep
 
     validate(cfg)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
+    speed = speedups.resolve(cfg, cuda)
+    used = speed["on"]
+    speedups.apply_backend_flags(used)
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
                          cfg.batch_size, cfg.num_workers, strategy.collate,
                          pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores)
     t_model = time.perf_counter()
     model, runner = build_model(cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile,
-                                cfg.seed, device, reuse)
+                                cfg.seed, device, reuse, pad_input=used["pad_input"],
+                                channels_last=used["channels_last"])
     t_model = time.perf_counter() - t_model
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    optimizer = speedups.make_optimizer(model.parameters(), cfg.lr, used)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)
     forward_only = cfg.mode == "forward"
     one = torch.ones((), device=device)  # d loss / d loss, made once: no fill launch per step
@@ -150,50 +171,69 @@ def run(cfg: Config, reuse: bool = False) -> dict:
         if forward_only and cuda:
             torch.cuda.synchronize()  # host-device sync (forward mode, by design)
 
+    def to_device(batch):
+        images, targets = batch
+        images = images.to(device, non_blocking=True)
+        targets = strategy.to_device(targets, device)
+        close_range()
+        return images, targets
+
+    def train_step(images, targets):
+        """Forward, loss, backward, optimizer: no host sync, so a CUDA graph can hold it."""
+        with phase("forward"):
+            with autocast:
+                pred = runner(images)
+            close_range()
+        with phase("loss"):
+            loss = strategy.loss(pred, targets)
+            close_range()
+        if not forward_only:
+            # The backward in two ranges, so the loss's own backward shows apart from
+            # the model's: the same work as loss.backward(), in two engine calls.
+            with phase("loss_backward"):
+                (grad_pred,) = torch.autograd.grad(loss, pred, grad_outputs=one)
+            with phase("backward"):
+                pred.backward(grad_pred)
+            with phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        # In forward mode `loss` holds the forward's autograd graph through pred until the
+        # caller drops it (outside every phase).
+        return loss
+
+    graphed = None
+    if used["cuda_graph"]:
+        # Eager steps during the profiler's wait, the capture at its last wait step.
+        graphed = GraphedStep(train_step, to_device, capture_at=cfg.wait - 1)
+
     label = describe(cfg.loss, cfg.backend)
     name = cfg.run_name or f"{label.replace('/', '-')}-{cfg.mode}-{utc_stamp()}"
-    with ProfiledRun(cfg, label, phases_of(cfg.mode), cuda, check_out_dir(cfg.out_dir),
-                     name) as prof:
+    with ProfiledRun(cfg, label, phases_of(cfg.mode, graphed is not None), cuda,
+                     check_out_dir(cfg.out_dir), name, speedups=speed) as prof:
         params = sum(p.numel() for p in model.parameters())
         print(f"[{label}] {cfg.mode} mode, {cfg.preset} preset, batch {cfg.batch_size}, "
               f"{prof.total} steps ({cfg.wait} wait, {cfg.warmup} warmup, {cfg.active} "
               f"profiled) on {device} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
               f"parameters built in {t_model:.1f} s", flush=True)
+        print(f"[{label}] speed-ups: {speedups.describe_used(speed)}", flush=True)
         batches = iter(loader)
         for step in prof.steps():
             t0 = time.perf_counter()
             with phase("data"):
                 images, targets = next(batches)
-            with phase("copy"):
-                images = images.to(device, non_blocking=True)
-                targets = strategy.to_device(targets, device)
-                close_range()
-            with phase("forward"):
-                with autocast:
-                    pred = runner(images)
-                close_range()
-            with phase("loss"):
-                loss = strategy.loss(pred, targets)
-                close_range()
-            if not forward_only:
-                # The backward in two ranges, so the loss's own backward shows apart from
-                # the model's: the same work as loss.backward(), in two engine calls.
-                with phase("loss_backward"):
-                    (grad_pred,) = torch.autograd.grad(loss, pred, grad_outputs=one)
-                with phase("backward"):
-                    pred.backward(grad_pred)
-                with phase("optimizer"):
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+            if graphed is not None:
+                loss = graphed.step(step, images, targets)
+            else:
+                with phase("copy"):
+                    batch = to_device((images, targets))
+                loss = train_step(*batch)
+                del batch
             # host-device sync: once per step, outside the phases. It makes the step's wall
             # time its real time and keeps the host from running ahead of the GPU.
             value = loss.item()
             # Release this step's tensors here, outside every phase: kept, they would be
-            # freed by the next step's assignments inside its ranges (in forward mode
-            # `loss` holds the forward's whole autograd graph through the predictions).
-            del images, targets, pred, loss
-            if not forward_only:
-                del grad_pred
+            # freed by the next step's assignments inside its ranges.
+            del images, targets, loss
             prof.end_step(step, value, t0)
     return prof.record
 

@@ -6,6 +6,8 @@
 #     tests     make test-gpu (pytest -m gpu, then compute-sanitizer over both kernels)
 #     overhead  bench/loss_overhead.py: the host cost of one loss call, layer by layer
 #     compare   make compare (every strategy, both modes) into profiles/compare-device/
+#     ladder    make ladder (the step's speed-ups one at a time; LADDER= strategies) into
+#               profiles/ladder-device/
 #     timeline  what the host does inside the loss range of compare's forward-mode runs
 #               of the padded-layout strategies
 # DEADLINE (seconds from the start, default 570) stops a stage that would run past it, so
@@ -38,6 +40,14 @@ for stage in "$@"; do
       tar czf "$out/compare.tgz" "$cmp"/*.md "$cmp"/*.csv "$cmp"/*.png "$cmp"/*.json \
         "$cmp"/*/summary.json 2>/dev/null
       grep -E "^\[[0-9]+/[0-9]+\]|all runs done|^real" "$out/compare.log" ;;
+    ladder)
+      lad=profiles/ladder-device
+      ( time timeout "$(left)" make ladder ARGS="--out $lad" ) 2>&1 \
+        | grep -vE "^\[.*\] step [0-9]|USDT" > "$out/ladder.log"
+      tar czf "$out/ladder.tgz" "$lad"/*.md "$lad"/*.csv "$lad"/*.png "$lad"/*.json \
+        "$lad"/*/summary.json 2>/dev/null
+      grep -E "^\[[0-9]+/[0-9]+\]|all rungs done|^real|Error|error" "$out/ladder.log"
+      cat "$lad/ladder.md" ;;
     timeline)
       for run in "$cmp"/{padded,compiled,kernel-*,conditional-*}-forward; do  # not the
         # loop's or concat's: thousands of operators per range
@@ -45,7 +55,7 @@ for stage in "$@"; do
         timeout "$(left)" python3 -m profiling.range_timeline "$run" --range loss --steps 2
       done > "$out/timeline.txt" 2>&1
       head -c 3000 "$out/timeline.txt" ;;
-    *) echo "unknown stage $stage: tests, overhead, compare or timeline" >&2; exit 2 ;;
+    *) echo "unknown stage $stage: tests, overhead, compare, ladder or timeline" >&2; exit 2 ;;
   esac
 done
 stamp "done"

@@ -14,10 +14,23 @@ MODES = ("train", "forward")
 # The profiler ranges of one step, in the order they run.
 FORWARD_PHASES = ("data", "copy", "forward", "loss")
 TRAIN_PHASES = FORWARD_PHASES + ("loss_backward", "backward", "optimizer")
-PHASES = TRAIN_PHASES
+# A step replayed from a CUDA graph: forward, loss, backward and optimizer are one replay
+# (the host code that records their ranges does not run), so they are one range, "graph".
+GRAPH_PHASES = ("data", "copy", "graph")
+PHASES = TRAIN_PHASES + ("graph",)
+
+# The training step's speed-ups (training/speedups.py), in the order make ladder adds them.
+# Each is a Config switch; --baseline turns them all off.
+SPEEDUPS = ("cudnn_benchmark", "fused_sgd", "channels_last", "pad_input", "cuda_graph")
+GPU_ONLY_SPEEDUPS = ("cudnn_benchmark", "cuda_graph")
+# The strategies whose tensors keep their shapes from step to step: a CUDA graph can
+# replay their step. The ragged ones (RAGGED) cannot be captured.
+STATIC_SHAPE = tuple(s for s in STRATEGIES if s not in RAGGED)
 
 
-def phases_of(mode: str) -> tuple[str, ...]:
+def phases_of(mode: str, graphed: bool = False) -> tuple[str, ...]:
+    if graphed:
+        return GRAPH_PHASES
     return TRAIN_PHASES if mode == "train" else FORWARD_PHASES
 
 

@@ -26,15 +26,19 @@ def label(summary: dict) -> str:
     return describe(config["loss"], config.get("backend", config.get("kernel")))
 
 
-def _loss_time(summary: dict, key: str) -> float:
+def _loss_time(summary: dict, key: str) -> float | None:
+    """The loss ranges' time; None for a CUDA-graph run, whose loss is inside the replay."""
     p = summary["phases"]
+    if "loss" not in p:
+        return None
     return p["loss"][key] + p.get("loss_backward", {}).get(key, 0.0)
 
 
 COLUMNS = (["strategy", "mode", "profiled steps"]
            + [f"{p} {unit} ms" for p in PHASES for unit in ("CPU", "GPU")]
            + ["loss launches", "loss bwd launches", "H2D copies", "syncs", "peak GPU GB",
-              "step CPU ms", "step GPU ms", "loss speed-up vs loop", "run folder"])
+              "step CPU ms", "step GPU ms", "loss speed-up vs loop", "CUDA graph",
+              "run folder"])
 
 
 def compare_rows(summaries: list[dict]) -> list[dict]:
@@ -47,13 +51,14 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
         p, mode = s["phases"], s["config"]["mode"]
         on_gpu = s.get("peak_gpu_memory_gb") is not None
         loop = loops.get(mode)
+        own_loss = _loss_time(s, "cpu_ms")
         row = {"strategy": label(s), "mode": mode, "profiled steps": s["steps"]}
         for name in PHASES:
             if name in p:
                 row[f"{name} CPU ms"] = p[name]["cpu_ms"]
                 row[f"{name} GPU ms"] = p[name]["gpu_ms"] if on_gpu else None
         row.update({
-            "loss launches": p["loss"]["launches"] if on_gpu else None,
+            "loss launches": p["loss"]["launches"] if on_gpu and "loss" in p else None,
             "loss bwd launches": p["loss_backward"]["launches"]
             if on_gpu and "loss_backward" in p else None,
             "H2D copies": sum(x["h2d_copies"] for x in p.values()) if on_gpu else None,
@@ -61,8 +66,11 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
             "peak GPU GB": s.get("peak_gpu_memory_gb"),
             "step CPU ms": s["step"]["cpu_ms"],
             "step GPU ms": s["step"]["gpu_ms"] if on_gpu else None,
-            "loss speed-up vs loop": (_loss_time(loop, "cpu_ms") / _loss_time(s, "cpu_ms")
-                                      if loop else None),
+            # Summaries from before the speed-ups have no "speedups": no graph there.
+            "CUDA graph": "yes" if (s.get("speedups") or {}).get("on", {}).get("cuda_graph")
+            else "no",
+            "loss speed-up vs loop": (_loss_time(loop, "cpu_ms") / own_loss
+                                      if loop and own_loss else None),
         })
         rows.append(row)
     return rows

@@ -80,8 +80,9 @@ def make_profiler(cfg, run_dir: Path, cuda: bool) -> torch.profiler.profile:
 
 class ProfiledRun:
     def __init__(self, cfg, label: str, phases: tuple[str, ...], cuda: bool,
-                 out_dir: Path, run_name: str):
+                 out_dir: Path, run_name: str, speedups: dict | None = None):
         self.cfg, self.label, self.phases, self.cuda = cfg, label, phases, cuda
+        self.speedups = speedups  # what training/speedups.resolve says this run uses
         self.out_dir, self.run_name = out_dir, run_name
         self.total = cfg.wait + cfg.warmup + cfg.active
         self.done = 0          # steps completed
@@ -155,8 +156,9 @@ class ProfiledRun:
         if status != "complete":
             title += f" ({status} after {summary['steps']} profiled steps)"
         return {"status": status, **extra,
-                "config": dataclasses.asdict(self.cfg), "environment": env,
-                "trace": trace.name, "table": format_table(summary, title, on_gpu=self.cuda),
+                "config": dataclasses.asdict(self.cfg), "speedups": self.speedups,
+                "environment": env, "trace": trace.name,
+                "table": format_table(summary, title, on_gpu=self.cuda),
                 "losses": self.losses,
                 "peak_gpu_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if self.cuda else None,
                 **summary}

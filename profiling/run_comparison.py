@@ -50,6 +50,20 @@ def _name(strategy: str, mode: str) -> str:
     return f"{strategy.replace(':', '-')}-{mode}"
 
 
+def attempt(args: list[str], label: str) -> tuple[dict | None, str | None]:
+    """One train.run in this process: (its summary, None), or (None, why it failed). One
+    run's failure is a row of the table, not the end of it."""
+    try:
+        # In this process: the model, its compiled form and CUDA's start-up are shared
+        # by every run (model/build.py re-initialises the weights for each).
+        return train.run(train.parse_config(args), reuse=True), None
+    except Exception as exc:
+        if not isinstance(exc.__cause__ or exc, USER_ERRORS):
+            traceback.print_exc()
+        print(f"{label}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
+        return None, f"the run failed: {one_line(exc)}"
+
+
 def run_all(out: Path, train_args: list[str], strategies=variants(),
             modes=MODES) -> tuple[list[Path], list[dict]]:
     """Runs the strategies in the modes; returns the run folders and the skipped rows
@@ -70,16 +84,9 @@ def run_all(out: Path, train_args: list[str], strategies=variants(),
                 "--out-dir", str(out), "--run-name", _name(strategy, mode), *extra,
                 *train_args]
         print(f"{label} ({time.time() - started:.0f} s so far)", flush=True)
-        try:
-            # In this process: the model, its compiled form and CUDA's start-up are shared
-            # by every run (model/build.py re-initialises the weights for each).
-            record = train.run(train.parse_config(args), reuse=True)
-        except Exception as exc:  # one run's failure is a row, not the end of the table
-            if not isinstance(exc.__cause__ or exc, USER_ERRORS):
-                traceback.print_exc()
-            print(f"{label}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
-            skipped.append(skipped_row(describe(loss, backend or BACKENDS[0]), mode,
-                                       f"the run failed: {one_line(exc)}"))
+        record, reason = attempt(args, label)
+        if record is None:
+            skipped.append(skipped_row(describe(loss, backend or BACKENDS[0]), mode, reason))
             continue
         runs.append(Path(record["run_dir"]))
     print(f"all runs done in {time.time() - started:.0f} s", flush=True)
@@ -131,14 +138,14 @@ def _check_train_args(train_args: list[str]) -> None:
         raise CompareError(one_line(exc)) from None
 
 
-def _fresh_out(out: Path | None) -> Path:
-    """The comparison's folder: a new one, or --out if it holds no comparison yet."""
+def _fresh_out(out: Path | None, kind: str = "comparison", prefix: str = "compare") -> Path:
+    """The output folder: a new one, or --out if it holds no <kind> yet."""
     if out is None:
-        return new_run_dir(check_out_dir("profiles"), f"compare-{utc_stamp()}")
+        return new_run_dir(check_out_dir("profiles"), f"{prefix}-{utc_stamp()}")
     check_out_dir(str(out))
-    if (out / "comparison.md").exists() or (out / SKIPPED).exists():
-        raise CompareError(f"{out} already holds a comparison; choose a new --out (a "
-                           "comparison is never overwritten)")
+    if (out / f"{kind}.md").exists() or (out / SKIPPED).exists():
+        raise CompareError(f"{out} already holds a {kind}; choose a new --out (a "
+                           f"{kind} is never overwritten)")
     out.mkdir(parents=True, exist_ok=True)
     return out
 

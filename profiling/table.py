@@ -1,6 +1,12 @@
 """The step-time table a run prints: per phase, CPU and GPU time per step, and counts."""
 
 
+GRAPH_NOTE = ("CUDA graph: forward, loss, backward and optimizer are one replay, the 'graph' "
+              "row; their own ranges are host code that a replay does not run, so they are "
+              "not in the trace (summary.json's top kernels say where the graph's GPU time "
+              "goes)")
+
+
 def _ms(value: float, on_gpu: bool) -> str:
     return f"{value:10.3f}" if on_gpu or value else f"{'-':>10}"
 
@@ -18,4 +24,6 @@ def format_table(summary: dict, title: str, on_gpu: bool) -> str:
                  f"|          |            |       |")
     lines.append("")
     lines.append(f"mean over {summary['steps']} profiled steps")
+    if "graph" in summary["phases"]:
+        lines.append(GRAPH_NOTE)
     return "\n".join(lines)

@@ -12,7 +12,9 @@ category, so each number here is defined once:
 - launches: runtime/driver launch calls in the window (cudaLaunchKernel, cuLaunchKernel...);
 - H2D copies: host-to-device memcpy activities launched in the window;
 - syncs: runtime calls that block the host on the device (…Synchronize, blocking memcpy);
-- step time: the `ProfilerStep#N` range's wall duration; GPU busy time of a step likewise.
+- step time: the `ProfilerStep#N` range's wall duration; GPU busy time of a step likewise;
+- top kernels: the GPU activities of the profiled steps by name, their time and count per
+  step (what a CUDA graph's replay spends, whose phases are not separate ranges).
 All per-step numbers are means over the profiled (active) steps; cpu_ms_each lists each
 step's CPU time of a phase (and of the step), so that one slow step is visible.
 """
@@ -26,6 +28,8 @@ from pathlib import Path
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "Runtime", "driver"}
 GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 SYNC_NAMES = ("Synchronize",)
+TOP_KERNELS = 15        # kernels listed in a summary, by GPU time
+TOP_NAME_CHARS = 160    # long template names cut here
 BLOCKING_COPIES = {"cudaMemcpy", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2", "cuMemcpy"}
 
 
@@ -89,6 +93,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
     stats = {p: defaultdict(float) for p in phases}
     cpu_per_step = {p: [] for p in phases}  # each occurrence, in order: outliers show here
     step_gpu = defaultdict(float)
+    by_name = defaultdict(lambda: [0.0, 0])  # kernel name -> [microseconds, calls]
     for start, end, name in sorted(phase_ranges):
         stats[name]["cpu_us"] += end - start
         cpu_per_step[name].append(round((end - start) / 1e3, 4))
@@ -116,6 +121,9 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         dur = float(e.get("dur", 0))
         if launcher_step.get(corr) is not None:
             step_gpu[launcher_step[corr]] += dur
+            kernel = by_name[e.get("name", "?")[:TOP_NAME_CHARS]]
+            kernel[0] += dur
+            kernel[1] += 1
         phase = launcher_phase.get(corr)
         if phase is None:
             continue
@@ -139,6 +147,9 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         "cpu_ms_each": [round((e - s) / 1e3, 4) for s, e, _ in sorted(step_ranges)],
         "gpu_ms": sum(step_gpu.values()) / steps / 1e3,
     }
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
+    result["top_kernels"] = [{"name": n, "gpu_ms": us / steps / 1e3, "calls": calls / steps}
+                             for n, (us, calls) in top]
     return result
 
 

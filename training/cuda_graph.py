@@ -1,0 +1,85 @@
+"""The whole train step as one CUDA graph (--cuda-graph), for static-shape strategies.
+
+A graph replays the kernels that one step launched, at the same addresses, with no host
+code in between: one launch a step. What that takes, in the order it happens:
+
+1. eager steps first, on a side stream (torch's rule for whole-network capture): they
+   compile the model, let cuDNN tune, and create the optimizer's momentum buffers, so that
+   nothing is created or tuned during capture. They are real steps: the weights move as
+   in an eager run, so the losses match step for step.
+2. the capture step: the batch is copied into static device tensors, and one call of the
+   eager step function (forward, loss, backward, optimizer) is captured, then replayed.
+   capture_error_mode="thread_local": the data loader's pin-memory thread keeps
+   allocating pinned memory while we capture, which "global" mode would refuse.
+3. every later step: copy the batch into the static tensors, replay.
+
+The profiler sees the copies, and the replay as one range ("graph"): the forward, loss,
+backward and optimizer ranges are host code that does not run on replay. The GPU time of
+the graph's kernels is still there, attributed to the "graph" range by the replay's launch.
+"""
+
+import torch
+
+from core.checks import InputError
+
+
+def copy_into(static, fresh):
+    """Copies a batch's host tensors into the static device tensors (H2D, asynchronous from
+    pinned memory); the structure (a tensor or a tuple of tensors) must match."""
+    if isinstance(static, torch.Tensor):
+        if static.shape != fresh.shape:
+            raise InputError(f"a CUDA graph replays fixed shapes: got {tuple(fresh.shape)}, "
+                             f"captured {tuple(static.shape)}")
+        static.copy_(fresh, non_blocking=True)
+        return
+    for s, f in zip(static, fresh, strict=True):
+        copy_into(s, f)
+
+
+class GraphedStep:
+    """step(i, host_images, host_targets) -> loss tensor (on the device).
+
+    step_fn(images, targets) is the eager step (forward, loss, backward, optimizer; no
+    host sync) and to_device moves a batch to the GPU; capture_at is the step captured
+    (the eager steps are those before it)."""
+
+    def __init__(self, step_fn, to_device, capture_at: int, phase=torch.profiler.record_function):
+        if capture_at < 1:
+            raise ValueError("a CUDA graph needs at least one eager step before its capture")
+        self.step_fn, self.to_device, self.capture_at, self.phase = (
+            step_fn, to_device, capture_at, phase)
+        self.side = torch.cuda.Stream()
+        self.graph = None
+        self.static = None  # (images, targets) on the device, at the captured addresses
+        self.loss = None    # the captured loss tensor, refreshed by each replay
+
+    def step(self, i: int, images, targets) -> torch.Tensor:
+        if i < self.capture_at:
+            return self._eager(images, targets)
+        if self.graph is None:
+            return self._capture(images, targets)
+        with self.phase("copy"):
+            copy_into(self.static, (images, targets))
+        with self.phase("graph"):
+            self.graph.replay()
+        return self.loss
+
+    def _eager(self, images, targets) -> torch.Tensor:
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            with self.phase("copy"):
+                batch = self.to_device((images, targets))
+            loss = self.step_fn(*batch)
+        torch.cuda.current_stream().wait_stream(self.side)
+        return loss
+
+    def _capture(self, images, targets) -> torch.Tensor:
+        with self.phase("copy"):
+            self.static = self.to_device((images, targets))
+        torch.cuda.synchronize()  # host-device sync: once, before the capture
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            self.loss = self.step_fn(*self.static)
+        with self.phase("graph"):
+            self.graph.replay()  # the capture ran nothing: this is the step's work
+        return self.loss

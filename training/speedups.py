@@ -1,0 +1,110 @@
+"""The training step's speed-ups: each a Config switch, each off under --baseline.
+
+    cudnn_benchmark  cuDNN times its convolution algorithms on the first call of each shape
+                     and keeps the fastest (its heuristics pick slow kernels for the small-
+                     channel convolutions). The tuning runs in the profiler's unprofiled
+                     first step. GPU only.
+    fused_sgd        SGD with momentum as one fused kernel per parameter group instead of
+                     the default foreach kernels: each byte of parameter, gradient and
+                     momentum read and written once.
+    channels_last    the convolutions' weights and activations in NHWC, the layout cuDNN's
+                     bf16 tensor-core kernels use (NCHW costs transposes or slower kernels).
+    pad_input        the one-channel input (and conv1's weight) padded with zero channels
+                     to 8, so conv1 can run on tensor cores; the same sums.
+    cuda_graph       the whole step (forward, loss, backward, optimizer) captured once and
+                     replayed: one launch a step instead of hundreds. Static-shape
+                     strategies in train mode only (training/cuda_graph.py).
+
+Nothing here imports torch at import time (train.py --help works without it).
+What each changes, and by how much, is make ladder's table (RESULTS.md). The names and
+their order are core.names.SPEEDUPS; adding one is a Config field, a line here, and its
+use where the step is built.
+"""
+
+from core.names import GPU_ONLY_SPEEDUPS, RAGGED, SPEEDUPS
+from errors import UserError
+
+HELP = {
+    "cudnn_benchmark": "cuDNN autotunes each convolution in the first (unprofiled) step "
+                       "(GPU only)",
+    "fused_sgd": "one fused SGD-with-momentum kernel instead of foreach kernels",
+    "channels_last": "NHWC convolutions (cuDNN's tensor-core layout)",
+    "pad_input": "pad the 1-channel input and conv1's weight to 8 zero channels "
+                 "(tensor-core conv1; same sums)",
+    "cuda_graph": "replay the whole train step as one CUDA graph: auto (where it can: a "
+                  "static-shape strategy in train mode on a GPU), on, off",
+}
+assert tuple(HELP) == SPEEDUPS, "core.names.SPEEDUPS and HELP must agree"
+
+
+def baseline_values() -> dict:
+    """Every speed-up off: the step as the original ran it."""
+    return {name: ("off" if name == "cuda_graph" else False) for name in SPEEDUPS}
+
+
+def graph_refusal(cfg, cuda: bool) -> str | None:
+    """Why this run's step cannot be a CUDA graph, or None if it can."""
+    loss, mode = cfg.loss, cfg.mode
+    if not cuda:
+        return "CUDA graphs need a CUDA GPU"
+    if loss in RAGGED:
+        return (f"the {loss} strategy's targets are ragged (their shapes change every "
+                "batch), so its step cannot be captured as a CUDA graph")
+    if mode != "train":
+        return ("forward mode closes each phase with a device sync, which a CUDA graph "
+                "cannot hold")
+    if cfg.wait < 2:
+        return ("a CUDA graph needs --wait 2 or more: one eager step to compile and tune, "
+                "one to capture, before the profiler records")
+    return None
+
+
+def check(cfg, cuda: bool) -> None:
+    """A GPU-only speed-up asked for without a GPU, or a CUDA graph asked for where none
+    can be made: one line, before anything is written."""
+    for name in GPU_ONLY_SPEEDUPS:
+        value = getattr(cfg, name)
+        if name == "cuda_graph":
+            if value not in ("auto", "on", "off"):
+                raise UserError(f"--cuda-graph takes auto, on or off, not {value!r}")
+            reason = graph_refusal(cfg, cuda) if value == "on" else None
+            if reason:
+                raise UserError(f"--cuda-graph on: {reason}; use --cuda-graph off or auto")
+        elif value and not cuda:
+            flag = "--" + name.replace("_", "-")
+            raise UserError(f"{flag} needs a CUDA GPU; leave it out (or --no-"
+                            f"{flag[2:]}) on this machine")
+
+
+def resolve(cfg, cuda: bool) -> dict:
+    """What this run actually uses: each switch on or off, and for cuda_graph under auto
+    the reason it is off. Recorded in summary.json."""
+    used = {name: bool(getattr(cfg, name)) for name in SPEEDUPS if name != "cuda_graph"}
+    reason = graph_refusal(cfg, cuda)
+    used["cuda_graph"] = cfg.cuda_graph != "off" and reason is None
+    if cfg.cuda_graph == "off":
+        reason = "turned off"
+    return {"on": used, "cuda_graph_off_because": None if used["cuda_graph"] else reason}
+
+
+def apply_backend_flags(used: dict) -> None:
+    """Process-wide flags, set for every run (make compare runs many in one process)."""
+    import torch
+    torch.backends.cudnn.benchmark = used["cudnn_benchmark"]
+
+
+def make_optimizer(params, lr: float, used: dict):
+    """SGD with momentum 0.9: fused, or torch's default (foreach on CUDA)."""
+    import torch
+    if used["fused_sgd"]:
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, fused=True)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
+def describe_used(speed: dict) -> str:
+    """One line for the run's start: which speed-ups are on, and why a graph is not."""
+    on = [name for name, value in speed["on"].items() if value]
+    text = ", ".join(on) if on else "none (baseline)"
+    if speed["cuda_graph_off_because"] and speed["cuda_graph_off_because"] != "turned off":
+        text += f"; no CUDA graph: {speed['cuda_graph_off_because']}"
+    return text
