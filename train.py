@@ -150,7 +150,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     speed = speedups.resolve(cfg, cuda)
     used = speed["on"]
-    speedups.apply_backend_flags(used)
+    speedups.apply_backend_flags(used, cuda, many_runs=reuse)
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
                          cfg.batch_size, cfg.num_workers, strategy.collate,
                          pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores)

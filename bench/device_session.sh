@@ -47,7 +47,11 @@ for stage in "$@"; do
       tar czf "$out/ladder.tgz" "$lad"/*.md "$lad"/*.csv "$lad"/*.png "$lad"/*.json \
         "$lad"/*/summary.json 2>/dev/null
       grep -E "^\[[0-9]+/[0-9]+\]|all rungs done|^real|Error|error" "$out/ladder.log"
-      cat "$lad/ladder.md" ;;
+      cat "$lad/ladder.md"
+      for run in "$lad"/*-pad_input "$lad"/*-cuda_graph; do  # is the GPU ever idle?
+        echo "## $run"; python3 bench/step_gaps.py "$run" --gaps 4
+      done > "$out/step_gaps.txt" 2>&1
+      head -c 2500 "$out/step_gaps.txt" ;;
     timeline)
       for run in "$cmp"/{padded,compiled,kernel-*,conditional-*}-forward; do  # not the
         # loop's or concat's: thousands of operators per range

@@ -19,7 +19,9 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import signal
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -53,15 +55,28 @@ USER_ERRORS = (UserError, InputError)
 
 @contextlib.contextmanager
 def _signals_deferred():
-    signals = {signal.SIGINT, signal.SIGTERM}
-    blocked = hasattr(signal, "pthread_sigmask")
-    if blocked:
-        signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    """Ctrl-C and SIGTERM that arrive inside are held and acted on at the end.
+
+    Python-level handlers that only take note, not pthread_sigmask: a signal blocked in
+    the main thread is delivered to another thread, and its KeyboardInterrupt could still
+    be raised (and swallowed) inside the profiler; under load a test saw a Ctrl-C lost."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    held = []
+    previous = {signum: signal.signal(signum, lambda n, _frame: held.append(n))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        if blocked:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            handler = previous[held[0]]
+            if callable(handler):
+                handler(held[0], None)  # Ctrl-C's KeyboardInterrupt, train.py's SIGTERM
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), held[0])
 
 
 def make_profiler(cfg, run_dir: Path, cuda: bool) -> torch.profiler.profile:

@@ -16,6 +16,7 @@ import argparse
 import csv
 import io
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,22 +56,32 @@ def why_not_here(speedup: str, loss: str, cuda: bool, train_args: list[str]) -> 
     return None
 
 
-def run_ladder(out: Path, train_args: list[str], strategies: list[str]):
-    """Runs every rung of every strategy; returns (run folders by (strategy, rung), rows of
-    rungs that could not run)."""
+# cuDNN keeps, per process, the algorithm it first chose for a convolution's shapes and
+# layout, whatever torch.backends.cudnn.benchmark says later: a benchmarked rung after a
+# baseline in one process would measure the baseline's choices. So the rungs run in two
+# processes: the baselines (heuristics) in one, every rung with cudnn_benchmark in another.
+GROUPS = {"heuristics": ("baseline",), "tuned": SPEEDUPS}
+
+
+def run_ladder(out: Path, train_args: list[str], strategies: list[str],
+               rungs=("baseline", *SPEEDUPS)):
+    """Runs the given rungs of every strategy, each rung adding its speed-up to every
+    speed-up before it; returns (run folders by (strategy, rung), rows of rungs that could
+    not run)."""
     import torch
     from kernels.cuda_giou import unavailable_reason
     cuda = torch.cuda.is_available()
     runs, skipped, started = {}, [], time.time()
-    total = len(strategies) * (len(SPEEDUPS) + 1)
-    done = 0
     for strategy in strategies:
         loss, _, backend = strategy.partition(":")
-        name = describe(loss, backend or BACKENDS[0])
+        name = _label(strategy)
         flags = ["--baseline"]
-        for rung in ("baseline", *SPEEDUPS):
-            done += 1
-            label = f"[{done}/{total}] {name} {rung}"
+        for number, rung in enumerate(("baseline", *SPEEDUPS)):
+            if rung not in rungs:
+                if rung != "baseline" and not why_not_here(rung, loss, cuda, train_args):
+                    flags += rung_flags(rung)  # the rungs below this one stay on
+                continue
+            label = f"[{name} {number}/{len(SPEEDUPS)}] {rung}"
             reason = unavailable_reason() if backend == "cuda" else None
             if reason is None and rung != "baseline":
                 reason = why_not_here(rung, loss, cuda, train_args)
@@ -83,7 +94,7 @@ def run_ladder(out: Path, train_args: list[str], strategies: list[str]):
                 flags += rung_flags(rung)
             args = ["--loss", loss, "--backend", backend or BACKENDS[0], "--mode", "train",
                     "--out-dir", str(out), "--run-name",
-                    f"{strategy.replace(':', '-')}-{done:02d}-{rung}", *flags, *train_args]
+                    f"{strategy.replace(':', '-')}-{number}-{rung}", *flags, *train_args]
             print(f"{label} ({time.time() - started:.0f} s so far)", flush=True)
             record, reason = attempt(args, label)
             if record is None:
@@ -91,8 +102,40 @@ def run_ladder(out: Path, train_args: list[str], strategies: list[str]):
                                 "step GPU ms": reason})
                 continue
             runs[(name, _rung_name(rung))] = Path(record["run_dir"])
-    print(f"all rungs done in {time.time() - started:.0f} s", flush=True)
     return runs, skipped
+
+
+def run_groups(out: Path, train_args: list[str], strategies: list[str]):
+    """Every rung, each group of GROUPS in a process of its own (this module's --group);
+    returns what run_ladder returns, over all groups, in ladder order."""
+    started = time.time()
+    runs, skipped = {}, []
+    for group in GROUPS:
+        code = subprocess.call([sys.executable, "-m", "profiling.run_ladder", "--group", group,
+                                "--strategies", ",".join(strategies), "--out", str(out),
+                                *train_args])
+        if code == 130:
+            raise KeyboardInterrupt("interrupted")
+        done = out / f"rungs-{group}.json"
+        if code != 0 or not done.exists():
+            skipped += [{"strategy": _label(s), "rung": _rung_name(r),
+                         "step GPU ms": f"the run failed: its process ended with exit {code}"}
+                        for s in strategies for r in GROUPS[group]]
+            continue
+        record = json.loads(done.read_text())
+        runs.update({(s, r): Path(p) for s, r, p in record["runs"]})
+        skipped += record["skipped"]
+    print(f"all rungs done in {time.time() - started:.0f} s", flush=True)
+    order = ["baseline", *(_rung_name(r) for r in SPEEDUPS)]
+    names = [_label(s) for s in strategies]
+    return dict(sorted(runs.items(), key=lambda kv: (names.index(kv[0][0]),
+                                                      order.index(kv[0][1])))), skipped
+
+
+def _label(strategy: str) -> str:
+    """'kernel:cuda' -> 'kernel/cuda', 'padded' -> 'padded': how the tables name it."""
+    loss, _, backend = strategy.partition(":")
+    return describe(loss, backend or BACKENDS[0])
 
 
 def _rung_name(rung: str) -> str:
@@ -128,6 +171,14 @@ def ladder_rows(runs: dict, skipped: list[dict]) -> list[dict]:
     return rows
 
 
+def short_kernel_name(name: str, width: int = 150) -> str:
+    """A kernel's name without the namespaces that every ATen kernel shares, cut to width:
+    the template arguments that tell two multi_tensor_apply kernels apart stay."""
+    for noise in ("void ", "at::native::", "(anonymous namespace)::", "at::"):
+        name = name.replace(noise, "")
+    return name if len(name) <= width else name[:width - 1] + "…"
+
+
 def kernel_changes(runs: dict, limit: int = 6) -> str:
     """Per rung, the kernels whose GPU time per step changed most against the rung before
     (from each run's top kernels): which kernels a speed-up removed, shortened or added."""
@@ -148,7 +199,7 @@ def kernel_changes(runs: dict, limit: int = 6) -> str:
                   "|---:|---:|---:|---|"]
         for delta, n in deltas[:limit]:
             lines.append(f"| {delta:+.3f} | {before.get(n, 0.0):.3f} | "
-                         f"{kernels.get(n, 0.0):.3f} | `{n[:100]}` |")
+                         f"{kernels.get(n, 0.0):.3f} | `{short_kernel_name(n)}` |")
         lines.append("")
     return "\n".join(lines)
 
@@ -211,8 +262,14 @@ def main(argv=None) -> int:
                         help="comma-separated, <loss>[:<kernel backend>]")
     parser.add_argument("--out", type=Path, help="a new folder for the ladder "
                         "(default: profiles/ladder-<time>/)")
+    parser.add_argument("--group", choices=tuple(GROUPS), help=argparse.SUPPRESS)
     args, train_args = parser.parse_known_args(argv)
     strategies = args.strategies.split(",")
+    if args.group:  # a worker of run_groups: its rungs, into the ladder's folder
+        runs, skipped = run_ladder(args.out, train_args, strategies, GROUPS[args.group])
+        (args.out / f"rungs-{args.group}.json").write_text(json.dumps(
+            {"runs": [[s, r, str(p)] for (s, r), p in runs.items()], "skipped": skipped}))
+        return 0
     try:
         _check_strategies(strategies)
         for arg in train_args:
@@ -225,7 +282,7 @@ def main(argv=None) -> int:
     except (CompareError, UserError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
-    runs, skipped = run_ladder(out, train_args, strategies)
+    runs, skipped = run_groups(out, train_args, strategies)
     (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
     print(write_ladder(out, runs, skipped))
     print(f"written: {display(out / 'ladder.md')}, ladder.csv, ladder-kernels.md, ladder.png")

@@ -29,7 +29,7 @@ RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "Runtime", "driver"}
 GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 SYNC_NAMES = ("Synchronize",)
 TOP_KERNELS = 15        # kernels listed in a summary, by GPU time
-TOP_NAME_CHARS = 160    # long template names cut here
+TOP_NAME_CHARS = 1000   # template names of kernels can be longer; cut there
 BLOCKING_COPIES = {"cudaMemcpy", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2", "cuMemcpy"}
 
 

@@ -45,14 +45,14 @@ def baseline_values() -> dict:
 def graph_refusal(cfg, cuda: bool) -> str | None:
     """Why this run's step cannot be a CUDA graph, or None if it can."""
     loss, mode = cfg.loss, cfg.mode
-    if not cuda:
-        return "CUDA graphs need a CUDA GPU"
     if loss in RAGGED:
         return (f"the {loss} strategy's targets are ragged (their shapes change every "
                 "batch), so its step cannot be captured as a CUDA graph")
     if mode != "train":
         return ("forward mode closes each phase with a device sync, which a CUDA graph "
                 "cannot hold")
+    if not cuda:
+        return "CUDA graphs need a CUDA GPU"
     if cfg.wait < 2:
         return ("a CUDA graph needs --wait 2 or more: one eager step to compile and tune, "
                 "one to capture, before the profiler records")
@@ -87,9 +87,27 @@ def resolve(cfg, cuda: bool) -> dict:
     return {"on": used, "cuda_graph_off_because": None if used["cuda_graph"] else reason}
 
 
-def apply_backend_flags(used: dict) -> None:
-    """Process-wide flags, set for every run (make compare runs many in one process)."""
+# The cudnn_benchmark value of the first CUDA run of this process (see below).
+_cudnn_choice: list[bool] = []
+
+
+def apply_backend_flags(used: dict, cuda: bool, many_runs: bool) -> None:
+    """Process-wide flags, set for every run. many_runs: this process measures several
+    runs side by side (make compare, make ladder), where the rule below holds.
+
+    cuDNN keeps the algorithm it first chose for a convolution (shapes, layout, dtype) for
+    the life of the process, and its cache does not look at the benchmark flag: after a run
+    with heuristics, a run with autotuning would get the heuristics' choices (measured: no
+    change at all, where a fresh process saves tens of ms). So one process keeps one
+    value; a run asking for the other one is refused."""
     import torch
+    if cuda and many_runs:
+        if _cudnn_choice and _cudnn_choice[0] != used["cudnn_benchmark"]:
+            raise UserError(
+                f"this process already ran with cudnn_benchmark={_cudnn_choice[0]}, and cuDNN "
+                "keeps the algorithms it chose then: a run with "
+                f"cudnn_benchmark={used['cudnn_benchmark']} must start in a new process")
+        _cudnn_choice[:] = [used["cudnn_benchmark"]]
     torch.backends.cudnn.benchmark = used["cudnn_benchmark"]
 
 

@@ -1,0 +1,63 @@
+"""make ladder: the baseline, then each speed-up added, each rung a run on the same batches;
+a rung that cannot run here is a row that says why."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.names import SPEEDUPS
+from profiling import run_ladder
+from tests.test_compare import TINY
+
+
+def test_a_tiny_ladder_writes_every_rung_and_says_which_could_not_run(tmp_path, capsys):
+    out = tmp_path / "ladder"
+    assert run_ladder.main(["--out", str(out), "--strategies", "padded,kernel:triton",
+                            *TINY]) == 0
+    for name in ("ladder.md", "ladder.csv", "ladder.png", "ladder-kernels.md", "skipped.json"):
+        assert (out / name).exists(), name
+    rows = list(csv.DictReader((out / "ladder.csv").open()))
+    assert [(r["strategy"], r["rung"]) for r in rows] == [
+        (s, rung) for s in ("padded", "kernel/triton")
+        for rung in ("baseline", *(f"+ {n}" for n in SPEEDUPS))]
+    ran = [r for r in rows if r["run folder"]]
+    # Same seed, same batches: every rung's first losses agree (printed to 4 places).
+    assert len({r["first losses"] for r in ran}) == 1
+    if not torch.cuda.is_available():
+        skipped = {(r["strategy"], r["rung"]): r["step GPU ms"] for r in rows
+                   if not r["run folder"]}
+        assert set(skipped) == {(s, f"+ {n}") for s in ("padded", "kernel/triton")
+                                for n in ("cudnn_benchmark", "cuda_graph")}
+        assert all(v == "skipped: needs a CUDA GPU" for v in skipped.values())
+        assert len(ran) == 8
+    for r in ran:
+        assert (out / Path(r["run folder"]).name / "summary.json").exists(), r["run folder"]
+    # Each rung's run holds every speed-up of the rungs before it.
+    last = json.loads((out / "padded-4-pad_input" / "summary.json").read_text())
+    assert last["speedups"]["on"]["fused_sgd"] and last["speedups"]["on"]["channels_last"]
+    assert last["config"]["baseline"] is True
+
+
+@pytest.mark.parametrize("option", ["--loss", "--baseline", "--fused-sgd", "--no-pad-input",
+                                    "--cuda-graph"])
+def test_options_set_per_rung_are_refused(tmp_path, capsys, option):
+    assert run_ladder.main(["--out", str(tmp_path / "x"), option, *TINY]) == 2
+    assert "is set per rung by make ladder" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_ladder_is_never_overwritten(tmp_path, capsys):
+    (tmp_path / "ladder.md").write_text("x")
+    assert run_ladder.main(["--out", str(tmp_path), *TINY]) == 2
+    assert "already holds a ladder" in capsys.readouterr().err
+
+
+def test_kernel_names_keep_what_tells_them_apart():
+    a = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
+         "(anonymous namespace)::TensorListMetadata<3>, at::native::(anonymous namespace)::"
+         "FusedSgdMathFunctor<float, 3>>(...)")
+    short = run_ladder.short_kernel_name(a)
+    assert short.startswith("multi_tensor_apply_kernel<TensorListMetadata<3>, FusedSgd")
