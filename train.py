@@ -59,7 +59,7 @@ class Config:
     cudnn_benchmark: bool = option(True, SPEEDUP_HELP["cudnn_benchmark"])
     fused_sgd: bool = option(True, SPEEDUP_HELP["fused_sgd"])
     channels_last: bool = option(True, SPEEDUP_HELP["channels_last"])
-    pad_input: bool = option(True, SPEEDUP_HELP["pad_input"])
+    triton_first_block: bool = option(True, SPEEDUP_HELP["triton_first_block"])
     cuda_graph: str = option("auto", SPEEDUP_HELP["cuda_graph"], choices=("auto", "on", "off"))
     seed: int = option(0, "same seed, same batches and weights for every strategy")
     dataset_length: int = option(1_000_000, "samples in the synthetic dataset")
@@ -75,7 +75,7 @@ PRESETS = {
     # Finishes in about a minute on 2 CPU cores.
     "cpu": dict(batch_size=32, num_workers=2, image_size=64, hidden=512, wait=1, warmup=1,
                 active=3, compile=False, amp=False, pin_memory=False,
-                cudnn_benchmark=False),
+                cudnn_benchmark=False, triton_first_block=False),
 }
 
 
@@ -156,8 +156,10 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                          pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores)
     t_model = time.perf_counter()
     model, runner = build_model(cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile,
-                                cfg.seed, device, reuse, pad_input=used["pad_input"],
-                                channels_last=used["channels_last"])
+                                cfg.seed, device, reuse,
+                                triton_first_block=used["triton_first_block"],
+                                channels_last=used["channels_last"],
+                                block_dtype=torch.bfloat16 if cfg.amp and cuda else torch.float32)
     t_model = time.perf_counter() - t_model
     optimizer = speedups.make_optimizer(model.parameters(), cfg.lr, used)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)

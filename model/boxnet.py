@@ -11,17 +11,14 @@ each sigmoid-scaled to the image, so x2 >= x1 and y2 >= y1 always.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-# --pad-input: the one-channel input and conv1's weight padded with zero channels to this
-# many, the channel multiple that bf16 tensor-core convolutions want (16 bytes).
-PADDED_INPUT_CHANNELS = 8
 
 
 class BoxNet(nn.Module):
     def __init__(self, image_size: int = 256, capacity: int = 256, hidden: int = 16384,
-                 pad_input: bool = False, channels_last: bool = False):
+                 triton_first_block: bool = False, channels_last: bool = False,
+                 block_dtype: torch.dtype = torch.float32):
         super().__init__()
         if image_size % 16:
             raise ValueError(f"image size {image_size} must be a multiple of 16 "
@@ -36,33 +33,27 @@ class BoxNet(nn.Module):
         self.lin2 = nn.Linear(hidden, capacity * 4)
         self.image_size = image_size
         self.capacity = capacity
-        self.pad_input = pad_input
+        # --triton-first-block: blocks[0:3] run as one Triton kernel, whose output dtype
+        # is the one autocast would give the conv (block_dtype), chosen at build time.
+        self.triton_first_block = triton_first_block
+        self.block_dtype = block_dtype
         self.channels_last = channels_last
         if channels_last:
             self.to(memory_format=torch.channels_last)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, 1, S, S] -> boxes [B, capacity, 4] as (x1, y1, x2, y2) pixels."""
-        x = images.float() * (1.0 / 255.0)
-        if self.pad_input:
-            x = self._first_conv_padded(x)
-            x = self.features[1:](x)
+        if self.triton_first_block:
+            from kernels.triton_first_block import first_block
+            conv = self.features[0]
+            x = first_block(images, conv.weight, conv.bias, self.block_dtype,
+                            self.channels_last)
+            x = self.features[3:](x)
         else:
-            x = self.features(x)
+            x = self.features(images.float() * (1.0 / 255.0))
         x = x.flatten(1)
         raw = self.lin2(torch.relu(self.lin1(x))).view(-1, self.capacity, 4)
         return boxes_from_raw(raw, self.image_size)
-
-    def _first_conv_padded(self, x: torch.Tensor) -> torch.Tensor:
-        """conv1 on the input padded with zero channels, by its weight padded likewise: the
-        same sums (the added channels contribute 0, and the weight's real channel gets the
-        same gradient), in a shape that tensor-core kernels take. Parameters unchanged."""
-        extra = PADDED_INPUT_CHANNELS - x.shape[1]
-        x = F.pad(x, (0, 0, 0, 0, 0, extra))
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        conv = self.features[0]
-        return F.conv2d(x, F.pad(conv.weight, (0, 0, 0, 0, 0, extra)), conv.bias, padding=1)
 
 
 def boxes_from_raw(raw: torch.Tensor, image_size: int) -> torch.Tensor:

@@ -21,12 +21,13 @@ _kept: dict = {}
 
 def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool,
                 seed: int, device: torch.device, reuse: bool = False,
-                pad_input: bool = False, channels_last: bool = False):
+                triton_first_block: bool = False, channels_last: bool = False,
+                block_dtype: torch.dtype = torch.float32):
     """(model, runner) initialised from seed; runner is torch.compile(model) or model.
-    pad_input and channels_last (training/speedups.py) change the layout, not the
-    parameters' values: the same seed gives the same initial weights with either."""
-    key = (image_size, capacity, hidden, compile_model, seed, str(device), pad_input,
-           channels_last)
+    triton_first_block and channels_last (training/speedups.py) change how the model
+    runs, not its parameters: the same seed gives the same initial weights with either."""
+    key = (image_size, capacity, hidden, compile_model, seed, str(device), triton_first_block,
+           channels_last, block_dtype)
     if device.type == "cuda":
         # What earlier runs of this process (make compare) left is freed and uncached
         # first: each run's peak memory is its own.
@@ -42,7 +43,8 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
         return model, _kept["runner"]
     forget_kept_model()
     with device:
-        model = BoxNet(image_size, capacity, hidden, pad_input, channels_last)
+        model = BoxNet(image_size, capacity, hidden, triton_first_block, channels_last,
+                       block_dtype)
     runner = torch.compile(model) if compile_model else model
     if reuse:
         pin = device.type == "cuda"

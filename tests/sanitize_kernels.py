@@ -1,4 +1,5 @@
-"""Runs both kernel backends, both variants, forward and backward, over odd shapes, for
+"""Runs both GIoU kernel backends, both variants, and the Triton first block, forward and
+backward, over odd shapes, for
 compute-sanitizer (make test-gpu). Exits non-zero on a wrong answer; the sanitizer itself
 reports out-of-bounds or misaligned accesses. The caching allocator is off so every
 tensor is its own allocation and an overrun is visible."""
@@ -36,7 +37,32 @@ def main() -> int:
                 failures += not ok
                 print(f"{backend:6} conditional={conditional!s:5} B={B} M={M:4} {dtype}: "
                       f"loss rel err {err:.1e} {'ok' if ok else 'WRONG'}")
+    failures += first_block_cases()
     return 1 if failures else 0
+
+
+def first_block_cases() -> int:
+    """The Triton first block over odd sizes, both layouts, fp32 and bf16 outputs."""
+    from kernels.triton_first_block import first_block
+    from tests.test_first_block import reference, rel
+    failures = 0
+    for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
+                                          (3, 6, 10, torch.bfloat16, True),
+                                          (2, 66, 34, torch.float32, True),
+                                          (5, 256, 256, torch.bfloat16, False)):
+        images = torch.randint(0, 256, (B, 1, H, W), dtype=torch.uint8, device="cuda")
+        weight = torch.randn(4, 1, 3, 3, device="cuda", requires_grad=True)
+        bias = torch.randn(4, device="cuda", requires_grad=True)
+        out = first_block(images, weight, bias, dtype, channels_last)
+        out.float().sum().backward()
+        torch.cuda.synchronize()  # host-device sync: the check reads the results
+        err = rel(out.cpu(), reference(images.cpu(), weight.detach().cpu(), bias.detach().cpu()))
+        ok = err < (1e-6 if dtype == torch.float32 else 1e-2) and \
+            torch.isfinite(weight.grad).all().item()  # host-device sync
+        failures += not ok
+        print(f"first_block B={B} {H}x{W} {dtype} channels_last={channels_last}: rel err "
+              f"{err:.1e} {'ok' if ok else 'WRONG'}")
+    return failures
 
 
 if __name__ == "__main__":

@@ -89,7 +89,8 @@ def test_a_graph_replay_never_syncs_and_matches_the_eager_step():
     assert replayed == pytest.approx(eager, rel=1e-4)
 
 
-@pytest.mark.parametrize("switch", ["--fused-sgd", "--channels-last", "--pad-input"])
+@pytest.mark.parametrize("switch", ["--fused-sgd", "--channels-last",
+                                    "--triton-first-block"])
 def test_each_speedup_keeps_the_baselines_losses_on_the_gpu(tmp_path, switch):
     base = _losses(tmp_path, "--baseline", "--active", "4")
     fast = _losses(tmp_path, "--baseline", switch, "--active", "4")

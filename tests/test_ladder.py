@@ -36,12 +36,12 @@ def test_a_tiny_ladder_writes_every_rung_and_says_which_could_not_run(tmp_path, 
     for r in ran:
         assert (out / Path(r["run folder"]).name / "summary.json").exists(), r["run folder"]
     # Each rung's run holds every speed-up of the rungs before it.
-    last = json.loads((out / "padded-4-pad_input" / "summary.json").read_text())
+    last = json.loads((out / "padded-4-triton_first_block" / "summary.json").read_text())
     assert last["speedups"]["on"]["fused_sgd"] and last["speedups"]["on"]["channels_last"]
     assert last["config"]["baseline"] is True
 
 
-@pytest.mark.parametrize("option", ["--loss", "--baseline", "--fused-sgd", "--no-pad-input",
+@pytest.mark.parametrize("option", ["--loss", "--baseline", "--fused-sgd", "--no-triton-first-block",
                                     "--cuda-graph"])
 def test_options_set_per_rung_are_refused(tmp_path, capsys, option):
     assert run_ladder.main(["--out", str(tmp_path / "x"), option, *TINY]) == 2

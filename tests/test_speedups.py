@@ -22,12 +22,14 @@ CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CPU m
 
 
 def test_baseline_turns_every_speedup_off_and_a_given_one_stays_on():
-    cfg = train.parse_config(["--preset", "cpu", "--baseline", "--pad-input"])
-    assert cfg.pad_input and not cfg.fused_sgd and not cfg.channels_last
+    cfg = train.parse_config(["--preset", "cpu", "--baseline", "--channels-last"])
+    assert cfg.channels_last and not cfg.fused_sgd and not cfg.triton_first_block
     assert cfg.cuda_graph == "off" and not cfg.cudnn_benchmark
     default = train.parse_config(["--preset", "cpu"])
-    assert default.fused_sgd and default.channels_last and default.pad_input
+    assert default.fused_sgd and default.channels_last
     assert not default.cudnn_benchmark  # GPU only: the CPU preset leaves it off
+    # Slow in Triton's interpreter: off in the CPU preset, on in the GPU preset.
+    assert not default.triton_first_block and train.Config().triton_first_block
     assert default.cuda_graph == "auto"
 
 
@@ -36,7 +38,8 @@ def _grads_after_one_step(seed: int, **switches):
     padded loss on the workload's data at a small size (fp32 on the CPU)."""
     used = {**{name: False for name in SPEEDUPS}, **switches}
     model, _ = build_model(32, 16, 32, False, seed, torch.device("cpu"),
-                           pad_input=used["pad_input"], channels_last=used["channels_last"])
+                           triton_first_block=used["triton_first_block"],
+                           channels_last=used["channels_last"])
     strategy = losses.get("padded", capacity=16)
     dataset = SyntheticFaces(100, 32, seed)
     images, targets = strategy.collate([dataset[i] for i in range(5)])
@@ -47,15 +50,18 @@ def _grads_after_one_step(seed: int, **switches):
     return loss.detach(), grads, [p.detach().clone() for p in model.parameters()]
 
 
-@pytest.mark.parametrize("switch", ["fused_sgd", "channels_last", "pad_input"])
+@pytest.mark.parametrize("switch", ["fused_sgd", "channels_last", "triton_first_block"])
 def test_each_cpu_speedup_gives_the_baselines_loss_gradients_and_update(switch):
     seed = torch.randint(0, 2**31, ()).item()
     loss0, grads0, after0 = _grads_after_one_step(seed)
     loss1, grads1, after1 = _grads_after_one_step(seed, **{switch: True})
     torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6)
     for g1, g0 in zip(grads1, grads0, strict=True):
-        assert g1.shape == g0.shape  # the parameters are the same (pad_input pads a copy)
-        torch.testing.assert_close(g1, g0, rtol=1e-4, atol=1e-6)
+        assert g1.shape == g0.shape
+        # Relative to the tensor's norm, not per element: another summation order can
+        # flip a near-tie of a max-pool window and send one element's gradient elsewhere
+        # (seen with channels_last: 5e-6 absolute on elements of 1e-3).
+        assert ((g1 - g0).norm() / g0.norm()).item() < 5e-3  # worst in 80 seeds: 9.7e-4
     for p1, p0 in zip(after1, after0, strict=True):
         torch.testing.assert_close(p1, p0, rtol=1e-5, atol=1e-6)
 
@@ -64,11 +70,11 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
     base = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--baseline",
                                                 "--run-name", "base"]))
     fast = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path),
-                                                "--run-name", "fast"]))
+                                                "--triton-first-block", "--run-name", "fast"]))
     assert fast["losses"] == pytest.approx(base["losses"], rel=1e-4)
     written = json.loads((tmp_path / "fast" / "summary.json").read_text())["speedups"]
     assert written["on"] == {"cudnn_benchmark": False, "fused_sgd": True, "channels_last": True,
-                             "pad_input": True, "cuda_graph": False}
+                             "triton_first_block": True, "cuda_graph": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()
     assert json.loads((tmp_path / "base" / "summary.json").read_text())["speedups"]["on"] == \

@@ -9,8 +9,11 @@
                      momentum read and written once.
     channels_last    the convolutions' weights and activations in NHWC, the layout cuDNN's
                      bf16 tensor-core kernels use (NCHW costs transposes or slower kernels).
-    pad_input        the one-channel input (and conv1's weight) padded with zero channels
-                     to 8, so conv1 can run on tensor cores; the same sums.
+    triton_first_block
+                     the first block (uint8 -> /255 -> conv 1->4 -> max-pool -> ReLU) as
+                     one Triton kernel forward and one backward (kernels/
+                     triton_first_block.py): cuDNN has no good kernel for one input
+                     channel. Off in the CPU preset (Triton's interpreter is slow there).
     cuda_graph       the whole step (forward, loss, backward, optimizer) captured once and
                      replayed: one launch a step instead of hundreds. Static-shape
                      strategies in train mode only (training/cuda_graph.py).
@@ -29,8 +32,8 @@ HELP = {
                        "(GPU only)",
     "fused_sgd": "one fused SGD-with-momentum kernel instead of foreach kernels",
     "channels_last": "NHWC convolutions (cuDNN's tensor-core layout)",
-    "pad_input": "pad the 1-channel input and conv1's weight to 8 zero channels "
-                 "(tensor-core conv1; same sums)",
+    "triton_first_block": "the first conv -> max-pool -> ReLU block as one Triton kernel "
+                          "forward and one backward",
     "cuda_graph": "replay the whole train step as one CUDA graph: auto (where it can: a "
                   "static-shape strategy in train mode on a GPU), on, off",
 }

@@ -1,0 +1,265 @@
+"""BoxNet's first block in Triton: uint8 image -> /255 -> Conv2d(1->4, 3x3, padding 1) + bias
+-> MaxPool2d(2) -> ReLU, forward and backward, each one kernel (`--triton-first-block`).
+
+Why: cuDNN has no good kernel for a convolution with one input and four output channels.
+On the H100 at batch 1024 its best choices took ~7 ms forward and ~5 ms for the weight
+gradient (plus channel-padding kernels), for work whose bytes move in ~0.1 ms. A fused
+kernel also never writes the full-resolution conv output: the pool and ReLU happen in
+registers.
+
+Naming ladder: _first_block_fwd_kernel / _first_block_bwd_kernel -> the custom ops
+boxnet::first_block and boxnet::first_block_backward -> autograd -> first_block().
+
+Maths. x = img / 255; for output channel c and pooled pixel (i, j), the four conv values
+of its 2x2 window are v[c, dy, dx] = sum_{ky, kx} w[c, ky, kx] * x[2i+dy+ky-1, 2j+dx+kx-1]
+(zero outside the image); y[c, i, j] = relu(max_{dy,dx} v + bias[c]).
+Gradient: with (dy*, dx*) the first maximum in PyTorch's scan order ((0,0), (0,1), (1,0),
+(1,1); strictly greater wins, as max_pool2d's kernel), and g = dL/dy * [y > 0] (ReLU's
+backward, as threshold_backward),
+    dL/dw[c, ky, kx] = sum_{b,i,j} g[b, c, i, j] * x[b, 2i+dy*+ky-1, 2j+dx*+kx-1]
+    dL/dbias[c]      = sum_{b,i,j} g[b, c, i, j].
+The image gets no gradient (uint8). The backward recomputes v from the image rather than
+saving argmax indices (1 byte per output read again instead of 1 written and read).
+Computed in fp32 from fp32 weights (fp64 from fp64 ones, for gradcheck); the output is
+stored in out_dtype (bf16 under the model's autocast).
+
+Byte ledger at B=1024, S=256, bf16 output:
+  forward:  reads B*S^2 = 67 MB of image, writes B*4*(S/2)^2*2 = 134 MB;
+  backward: reads the image (67 MB) and dL/dy (134 MB), writes 40 fp32 partial sums per
+            program (2.6 MB at BLOCK 1024), summed by one torch reduction.
+About 0.07 ms each at ~3 TB/s; the compute (144 FMAs per pooled output per pass) is
+~2.4 GFMA, ~0.1 ms on the CUDA cores.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+from core.checks import InputError
+from kernels.triton_giou import INTERPRETED
+
+CHANNELS = 4            # conv1's output channels: the kernels are written for this block
+BLOCK = 1024            # pooled pixels per program
+NUM_WARPS = 4
+PARTIALS = CHANNELS * 10  # per program: 9 weight sums and 1 bias sum per channel
+
+
+@triton.jit
+def _px(img, r, c, H, W, mask, COMPUTE: tl.constexpr):
+    """Image pixel (r, c) in [0, 1], 0 outside the image (the conv's padding)."""
+    inside = mask & (r >= 0) & (r < H) & (c >= 0) & (c < W)
+    return tl.load(img + r * W + c, mask=inside, other=0).to(COMPUTE) / 255.0
+
+
+@triton.jit
+def _conv9(w_ptr, c: tl.constexpr, a0, a1, a2, b0, b1, b2, d0, d1, d2):
+    """sum_{ky,kx} w[c, ky, kx] * patch[ky][kx], the patch given row by row."""
+    w = w_ptr + c * 9
+    return (tl.load(w) * a0 + tl.load(w + 1) * a1 + tl.load(w + 2) * a2
+            + tl.load(w + 3) * b0 + tl.load(w + 4) * b1 + tl.load(w + 5) * b2
+            + tl.load(w + 6) * d0 + tl.load(w + 7) * d1 + tl.load(w + 8) * d2)
+
+
+@triton.jit
+def _patch(img_ptr, b, pid, H, W, W2, n_pooled, BLOCK_: tl.constexpr, COMPUTE: tl.constexpr):
+    """The 4x4 pixels around each pooled output of the block: rows 2i-1..2i+2, columns
+    2j-1..2j+2, as 16 vectors (row-major), plus the block's positions and mask."""
+    offs = pid * BLOCK_ + tl.arange(0, BLOCK_)
+    mask = offs < n_pooled
+    i = offs // W2
+    j = offs % W2
+    img = img_ptr + b.to(tl.int64) * H * W
+    r = 2 * i - 1
+    c = 2 * j - 1
+    return (offs, mask, i, j,
+            _px(img, r, c, H, W, mask, COMPUTE),
+            _px(img, r, c + 1, H, W, mask, COMPUTE),
+            _px(img, r, c + 2, H, W, mask, COMPUTE),
+            _px(img, r, c + 3, H, W, mask, COMPUTE),
+            _px(img, r + 1, c, H, W, mask, COMPUTE),
+            _px(img, r + 1, c + 1, H, W, mask, COMPUTE),
+            _px(img, r + 1, c + 2, H, W, mask, COMPUTE),
+            _px(img, r + 1, c + 3, H, W, mask, COMPUTE),
+            _px(img, r + 2, c, H, W, mask, COMPUTE),
+            _px(img, r + 2, c + 1, H, W, mask, COMPUTE),
+            _px(img, r + 2, c + 2, H, W, mask, COMPUTE),
+            _px(img, r + 2, c + 3, H, W, mask, COMPUTE),
+            _px(img, r + 3, c, H, W, mask, COMPUTE),
+            _px(img, r + 3, c + 1, H, W, mask, COMPUTE),
+            _px(img, r + 3, c + 2, H, W, mask, COMPUTE),
+            _px(img, r + 3, c + 3, H, W, mask, COMPUTE))
+
+
+@triton.jit
+def _window(w_ptr, c: tl.constexpr, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22,
+            x23, x30, x31, x32, x33):
+    """The four conv values of channel c in the 2x2 pooling window: (0,0) (0,1) (1,0) (1,1)."""
+    v00 = _conv9(w_ptr, c, x00, x01, x02, x10, x11, x12, x20, x21, x22)
+    v01 = _conv9(w_ptr, c, x01, x02, x03, x11, x12, x13, x21, x22, x23)
+    v10 = _conv9(w_ptr, c, x10, x11, x12, x20, x21, x22, x30, x31, x32)
+    v11 = _conv9(w_ptr, c, x11, x12, x13, x21, x22, x23, x31, x32, x33)
+    return v00, v01, v10, v11
+
+
+@triton.jit
+def _first_block_fwd_kernel(img_ptr, w_ptr, bias_ptr, out_ptr, H, W, W2, n_pooled,
+                            sob, soc, soh, sow, BLOCK_: tl.constexpr, COMPUTE: tl.constexpr):
+    b = tl.program_id(0)
+    pid = tl.program_id(1)
+    (offs, mask, i, j, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
+     x30, x31, x32, x33) = _patch(img_ptr, b, pid, H, W, W2, n_pooled, BLOCK_, COMPUTE)
+    out = out_ptr + b.to(tl.int64) * sob + i * soh + j * sow
+    for c in tl.static_range(4):
+        v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
+                                     x20, x21, x22, x23, x30, x31, x32, x33)
+        m = tl.maximum(tl.maximum(v00, v01), tl.maximum(v10, v11)) + tl.load(bias_ptr + c)
+        y = tl.maximum(m, 0.0)
+        tl.store(out + c * soc, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _pick(sel, p0, p1, p2, p3):
+    return tl.where(sel == 0, p0, tl.where(sel == 1, p1, tl.where(sel == 2, p2, p3)))
+
+
+@triton.jit
+def _first_block_bwd_kernel(img_ptr, w_ptr, bias_ptr, grad_ptr, part_ptr, H, W, W2,
+                            n_pooled, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
+                            COMPUTE: tl.constexpr):
+    b = tl.program_id(0)
+    pid = tl.program_id(1)
+    (offs, mask, i, j, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
+     x30, x31, x32, x33) = _patch(img_ptr, b, pid, H, W, W2, n_pooled, BLOCK_, COMPUTE)
+    grad = grad_ptr + b.to(tl.int64) * sgb + i * sgh + j * sgw
+    part = part_ptr + (b.to(tl.int64) * tl.num_programs(1) + pid) * 40
+    for c in tl.static_range(4):
+        v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
+                                     x20, x21, x22, x23, x30, x31, x32, x33)
+        # The first maximum in scan order, as max_pool2d: strictly greater replaces.
+        m = v00
+        sel = tl.zeros_like(offs)
+        sel = tl.where(v01 > m, 1, sel)
+        m = tl.maximum(m, v01)
+        sel = tl.where(v10 > m, 2, sel)
+        m = tl.maximum(m, v10)
+        sel = tl.where(v11 > m, 3, sel)
+        m = tl.maximum(m, v11)
+        active = (m + tl.load(bias_ptr + c)) > 0.0
+        g = tl.load(grad + c * sgc, mask=mask, other=0).to(COMPUTE)
+        g = tl.where(active & mask, g, 0.0)
+        # Weight (ky, kx) saw pixel (dy*+ky, dx*+kx) of the 4x4 patch.
+        tl.store(part + c * 10 + 0, tl.sum(g * _pick(sel, x00, x01, x10, x11), axis=0))
+        tl.store(part + c * 10 + 1, tl.sum(g * _pick(sel, x01, x02, x11, x12), axis=0))
+        tl.store(part + c * 10 + 2, tl.sum(g * _pick(sel, x02, x03, x12, x13), axis=0))
+        tl.store(part + c * 10 + 3, tl.sum(g * _pick(sel, x10, x11, x20, x21), axis=0))
+        tl.store(part + c * 10 + 4, tl.sum(g * _pick(sel, x11, x12, x21, x22), axis=0))
+        tl.store(part + c * 10 + 5, tl.sum(g * _pick(sel, x12, x13, x22, x23), axis=0))
+        tl.store(part + c * 10 + 6, tl.sum(g * _pick(sel, x20, x21, x30, x31), axis=0))
+        tl.store(part + c * 10 + 7, tl.sum(g * _pick(sel, x21, x22, x31, x32), axis=0))
+        tl.store(part + c * 10 + 8, tl.sum(g * _pick(sel, x22, x23, x32, x33), axis=0))
+        tl.store(part + c * 10 + 9, tl.sum(g, axis=0))
+
+
+_define_op = torch.library.custom_op if INTERPRETED else triton_op
+
+
+def _launch(kernel, grid, *args, **meta) -> None:
+    if INTERPRETED:
+        kernel[grid](*args, **meta)
+    else:
+        wrap_triton(kernel)[grid](*args, **meta)
+
+
+def _check(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
+    if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 1:
+        raise InputError(f"first_block takes uint8 images [B, 1, H, W], got "
+                         f"{images.dtype} {tuple(images.shape)}")
+    if images.shape[2] % 2 or images.shape[3] % 2:
+        raise InputError(f"first_block pools 2x2: H and W must be even, got "
+                         f"{tuple(images.shape[2:])}")
+    if tuple(weight.shape) != (CHANNELS, 1, 3, 3) or tuple(bias.shape) != (CHANNELS,):
+        raise InputError(f"first_block is Conv2d(1, {CHANNELS}, 3): weight "
+                         f"{tuple(weight.shape)}, bias {tuple(bias.shape)}")
+    if weight.dtype not in (torch.float32, torch.float64) or bias.dtype != weight.dtype:
+        raise InputError(f"first_block takes fp32 (or fp64) weight and bias of one dtype, got "
+                         f"{weight.dtype} and {bias.dtype}")
+    if not (images.device == weight.device == bias.device):
+        raise InputError("first_block's tensors must be on one device")
+
+
+def _tl_compute(weight):
+    """fp32 maths for fp32 weights (the model's master weights), fp64 for fp64 (gradcheck)."""
+    return tl.float64 if weight.dtype == torch.float64 else tl.float32
+
+
+def _empty_out(images, out_dtype, channels_last):
+    B, _, H, W = images.shape
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty((B, CHANNELS, H // 2, W // 2), dtype=out_dtype, device=images.device,
+                       memory_format=fmt)
+
+
+def _grid(images):
+    B, _, H, W = images.shape
+    return (B, triton.cdiv((H // 2) * (W // 2), BLOCK))
+
+
+@_define_op("boxnet::first_block", mutates_args=())
+def first_block_op(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                   out_dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
+    """relu(maxpool2(conv3x3(images / 255) + bias)) [B, 4, H/2, W/2]: one launch."""
+    _check(images, weight, bias)
+    images = images.contiguous()
+    out = _empty_out(images, out_dtype, channels_last)
+    H, W = images.shape[2], images.shape[3]
+    _launch(_first_block_fwd_kernel, _grid(images), images, weight.contiguous(),
+            bias.contiguous(), out, H, W, W // 2, (H // 2) * (W // 2), *out.stride(),
+            BLOCK_=BLOCK, COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
+    return out
+
+
+@_define_op("boxnet::first_block_backward", mutates_args=())
+def first_block_backward(grad: torch.Tensor, images: torch.Tensor, weight: torch.Tensor,
+                         bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dL/dweight [4, 1, 3, 3], dL/dbias [4]) in the weight's dtype: one launch and one
+    reduction."""
+    images = images.contiguous()
+    grid = _grid(images)
+    parts = torch.empty((grid[0] * grid[1], PARTIALS), dtype=weight.dtype,
+                        device=images.device)
+    H, W = images.shape[2], images.shape[3]
+    _launch(_first_block_bwd_kernel, grid, images, weight.contiguous(), bias.contiguous(),
+            grad, parts, H, W, W // 2, (H // 2) * (W // 2), *grad.stride(), BLOCK_=BLOCK,
+            COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
+    sums = parts.sum(0).view(CHANNELS, 10)
+    return sums[:, :9].reshape(CHANNELS, 1, 3, 3).contiguous(), sums[:, 9].contiguous()
+
+
+def _setup_context(ctx, inputs, output):
+    images, weight, bias, _, _ = inputs
+    ctx.save_for_backward(images, weight, bias)
+
+
+def _backward(ctx, grad):
+    images, weight, bias = ctx.saved_tensors
+    d_weight, d_bias = first_block_backward(grad, images, weight, bias)
+    return None, d_weight, d_bias, None, None
+
+
+first_block_op.register_autograd(_backward, setup_context=_setup_context)
+
+if INTERPRETED:
+    @first_block_op.register_fake
+    def _(images, weight, bias, out_dtype, channels_last):
+        _check(images, weight, bias)
+        return _empty_out(images, out_dtype, channels_last)
+
+    @first_block_backward.register_fake
+    def _(grad, images, weight, bias):
+        return weight.new_empty(weight.shape), bias.new_empty(bias.shape)
+
+
+def first_block(images, weight, bias, out_dtype=torch.float32, channels_last=False):
+    """The block as BoxNet runs it (model/boxnet.py, --triton-first-block)."""
+    return first_block_op(images, weight, bias, out_dtype, channels_last)
