@@ -18,7 +18,7 @@ from torch import nn
 class BoxNet(nn.Module):
     def __init__(self, image_size: int = 256, capacity: int = 256, hidden: int = 16384,
                  triton_first_block: bool = False, channels_last: bool = False,
-                 block_dtype: torch.dtype = torch.float32):
+                 block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False):
         super().__init__()
         if image_size % 16:
             raise ValueError(f"image size {image_size} must be a multiple of 16 "
@@ -40,6 +40,16 @@ class BoxNet(nn.Module):
         self.channels_last = channels_last
         if channels_last:
             self.to(memory_format=torch.channels_last)
+        # --bf16-shadow: lin1.weight a bf16 parameter, its fp32 master a buffer that the
+        # optimizer updates (training/bf16_shadow.py).
+        self.bf16_shadow = bf16_shadow
+        if bf16_shadow:
+            from training.bf16_shadow import make_shadow
+            self.register_buffer("lin1_master", make_shadow(self.lin1))
+
+    def shadowed(self) -> list:
+        """[(bf16 parameter, fp32 master)] for the optimizer; empty without --bf16-shadow."""
+        return [(self.lin1.weight, self.lin1_master)] if self.bf16_shadow else []
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, 1, S, S] -> boxes [B, capacity, 4] as (x1, y1, x2, y2) pixels."""

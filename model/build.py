@@ -22,12 +22,12 @@ _kept: dict = {}
 def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool,
                 seed: int, device: torch.device, reuse: bool = False,
                 triton_first_block: bool = False, channels_last: bool = False,
-                block_dtype: torch.dtype = torch.float32):
+                block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False):
     """(model, runner) initialised from seed; runner is torch.compile(model) or model.
     triton_first_block and channels_last (training/speedups.py) change how the model
     runs, not its parameters: the same seed gives the same initial weights with either."""
     key = (image_size, capacity, hidden, compile_model, seed, str(device), triton_first_block,
-           channels_last, block_dtype)
+           channels_last, block_dtype, bf16_shadow)
     if device.type == "cuda":
         # What earlier runs of this process (make compare) left is freed and uncached
         # first: each run's peak memory is its own.
@@ -37,21 +37,26 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
     if reuse and _kept.get("key") == key:
         model = _kept["model"]
         with torch.no_grad():
-            for p, p0 in zip(model.parameters(), _kept["initial"]):
+            for p, p0 in zip(_state(model), _kept["initial"]):
                 p.copy_(p0, non_blocking=True)
                 p.grad = None
         return model, _kept["runner"]
     forget_kept_model()
     with device:
         model = BoxNet(image_size, capacity, hidden, triton_first_block, channels_last,
-                       block_dtype)
+                       block_dtype, bf16_shadow)
     runner = torch.compile(model) if compile_model else model
     if reuse:
         pin = device.type == "cuda"
         initial = [p.detach().to("cpu", copy=True).pin_memory() if pin else
-                   p.detach().clone() for p in model.parameters()]
+                   p.detach().clone() for p in _state(model)]
         _kept.update(key=key, model=model, runner=runner, initial=initial)
     return model, runner
+
+
+def _state(model) -> list:
+    """What a run changes: the parameters, and the buffers (--bf16-shadow's fp32 master)."""
+    return list(model.parameters()) + list(model.buffers())
 
 
 def kept_model():

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from core.names import BACKENDS, PHASES, SPEEDUPS, describe
+from core.names import BACKENDS, GPU_ONLY_SPEEDUPS, PHASES, SPEEDUPS, describe
 from errors import UserError, one_line
 from profiling.compare import load_summary, to_markdown
 from profiling.run_comparison import (CompareError, SKIPPED, _check_strategies, _fresh_out,
@@ -47,7 +47,7 @@ def rung_flags(speedup: str) -> list[str]:
 
 def why_not_here(speedup: str, loss: str, cuda: bool, train_args: list[str]) -> str | None:
     """Why a speed-up cannot be added for this strategy on this machine, or None."""
-    if speedup in ("cudnn_benchmark", "cuda_graph") and not cuda:
+    if speedup in GPU_ONLY_SPEEDUPS and not cuda:
         return "needs a CUDA GPU"
     if speedup == "cuda_graph":
         import train

@@ -86,11 +86,12 @@ def test_a_graph_replay_never_syncs_and_matches_the_eager_step():
         finally:
             torch.cuda.set_sync_debug_mode("default")
         replayed.append(loss.item())  # host-device sync: outside the check, as in train.py
+        del loss  # as train.py: an eager step's graph must not outlive its step
     assert replayed == pytest.approx(eager, rel=1e-4)
 
 
 @pytest.mark.parametrize("switch", ["--fused-sgd", "--channels-last",
-                                    "--triton-first-block"])
+                                    "--triton-first-block", "--bf16-shadow"])
 def test_each_speedup_keeps_the_baselines_losses_on_the_gpu(tmp_path, switch):
     base = _losses(tmp_path, "--baseline", "--active", "4")
     fast = _losses(tmp_path, "--baseline", switch, "--active", "4")

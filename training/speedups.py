@@ -14,6 +14,10 @@
                      one Triton kernel forward and one backward (kernels/
                      triton_first_block.py): cuDNN has no good kernel for one input
                      channel. Off in the CPU preset (Triton's interpreter is slow there).
+    bf16_shadow      lin1's weight kept as a bf16 parameter with fp32 master weights that
+                     one Triton kernel updates together with the momentum, reading the bf16
+                     gradient (kernels/triton_shadow_sgd.py): two 1.07 B-element casts a
+                     step fewer. Needs bf16 autocast on a GPU.
     cuda_graph       the whole step (forward, loss, backward, optimizer) captured once and
                      replayed: one launch a step instead of hundreds. Static-shape
                      strategies in train mode only (training/cuda_graph.py).
@@ -34,6 +38,8 @@ HELP = {
     "channels_last": "NHWC convolutions (cuDNN's tensor-core layout)",
     "triton_first_block": "the first conv -> max-pool -> ReLU block as one Triton kernel "
                           "forward and one backward",
+    "bf16_shadow": "lin1's weight as bf16 with fp32 master weights, updated by one Triton "
+                   "kernel that reads the bf16 gradient (GPU, with --amp)",
     "cuda_graph": "replay the whole train step as one CUDA graph: auto (where it can: a "
                   "static-shape strategy in train mode on a GPU), on, off",
 }
@@ -73,6 +79,10 @@ def check(cfg, cuda: bool) -> None:
             reason = graph_refusal(cfg, cuda) if value == "on" else None
             if reason:
                 raise UserError(f"--cuda-graph on: {reason}; use --cuda-graph off or auto")
+        elif name == "bf16_shadow":
+            if value and not (cuda and cfg.amp):
+                raise UserError("--bf16-shadow needs bf16 autocast on a CUDA GPU (--amp); "
+                                "leave it out (or --no-bf16-shadow) here")
         elif value and not cuda:
             flag = "--" + name.replace("_", "-")
             raise UserError(f"{flag} needs a CUDA GPU; leave it out (or --no-"
@@ -114,9 +124,14 @@ def apply_backend_flags(used: dict, cuda: bool, many_runs: bool) -> None:
     torch.backends.cudnn.benchmark = used["cudnn_benchmark"]
 
 
-def make_optimizer(params, lr: float, used: dict):
-    """SGD with momentum 0.9: fused, or torch's default (foreach on CUDA)."""
+def make_optimizer(model, lr: float, used: dict):
+    """SGD with momentum 0.9: fused, or torch's default (foreach on CUDA); with bf16_shadow
+    the shadowed weight's step is its own kernel (training/bf16_shadow.py)."""
     import torch
+    params = model.parameters()
+    if used["bf16_shadow"]:
+        from training.bf16_shadow import SGDWithShadow
+        return SGDWithShadow(model, lr, fused=used["fused_sgd"])
     if used["fused_sgd"]:
         return torch.optim.SGD(params, lr=lr, momentum=0.9, fused=True)
     return torch.optim.SGD(params, lr=lr, momentum=0.9)
