@@ -21,7 +21,15 @@ LONG = [a if a != "2" else "400" for a in TINY]  # 400 profiled steps: time to i
 def _start(out: Path, *args):
     return subprocess.Popen([sys.executable, "-u", str(REPO / "train.py"), *LONG,
                              "--out-dir", str(out), "--run-name", "run", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_as_a_terminal_gives_it)
+
+
+def _ctrl_c_as_a_terminal_gives_it():
+    """A suite started in the background (`make test &`) inherits SIGINT ignored, and a
+    Python started with it ignored leaves it so: the Ctrl-C tests would pass for nothing
+    or fail. The child gets the default, as in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _signal_after(proc, line_part: str, signum, timeout=300):

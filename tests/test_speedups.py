@@ -69,8 +69,9 @@ def test_each_cpu_speedup_gives_the_baselines_loss_gradients_and_update(switch):
 def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path):
     base = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--baseline",
                                                 "--run-name", "base"]))
-    fast = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path),
-                                                "--triton-first-block", "--run-name", "fast"]))
+    fast = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--cuda-graph",
+                                                "auto", "--triton-first-block", "--run-name",
+                                                "fast"]))
     assert fast["losses"] == pytest.approx(base["losses"], rel=1e-4)
     written = json.loads((tmp_path / "fast" / "summary.json").read_text())["speedups"]
     assert written["on"] == {"cudnn_benchmark": False, "fused_sgd": True, "channels_last": True,
@@ -103,15 +104,15 @@ def test_a_cuda_graph_where_none_can_be_made_is_one_line(tmp_path, args, message
 
 
 def test_auto_says_why_there_is_no_graph():
-    cfg = train.parse_config(["--preset", "cpu", "--loss", "loop"])
+    cfg = train.parse_config(["--preset", "cpu", "--loss", "loop", "--cuda-graph", "auto"])
     used = speedups.resolve(cfg, cuda=True)
     assert used["on"]["cuda_graph"] is False
     assert "ragged" in used["cuda_graph_off_because"]
     assert "no CUDA graph: the loop strategy's targets are ragged" in \
         speedups.describe_used(used)
-    cfg = train.parse_config(["--preset", "cpu", "--wait", "1"])
+    cfg = train.parse_config(["--preset", "cpu", "--wait", "1", "--cuda-graph", "auto"])
     assert "--wait 2 or more" in speedups.resolve(cfg, cuda=True)["cuda_graph_off_because"]
-    cfg = train.parse_config(["--preset", "cpu", "--wait", "2"])
+    cfg = train.parse_config(["--preset", "cpu", "--wait", "2", "--cuda-graph", "auto"])
     assert speedups.resolve(cfg, cuda=True)["on"]["cuda_graph"] is True
 
 
