@@ -13,4 +13,8 @@ for loss in padded kernel; do
   cp "$tmp/$loss"/*.pt.trace.json.gz "$dest/gpu_${loss}_train.pt.trace.json.gz"
   cp "$tmp/$loss/summary.json" "$dest/gpu_${loss}_train.summary.json"
 done
+# A CUDA-graph run: its step is one replay (the 'graph' range).
+python3 train.py "${common[@]/--wait/--wait}" --wait 2 --cuda-graph on --run-name graph >/dev/null
+cp "$tmp/graph"/*.pt.trace.json.gz "$dest/gpu_graph_train.pt.trace.json.gz"
+cp "$tmp/graph/summary.json" "$dest/gpu_graph_train.summary.json"
 ls -la "$dest"

@@ -40,9 +40,9 @@ def _get(base: str, path: str):
 
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory):
-    """Two real H100 traces (fixtures) and a CPU run made here, one folder each."""
+    """Three real H100 traces (fixtures) and a CPU run made here, one folder each."""
     logdir = tmp_path_factory.mktemp("logdir")
-    for name in ("kernel", "padded"):
+    for name in ("kernel", "padded", "graph"):
         run = logdir / f"gpu_{name}"
         run.mkdir()
         shutil.copy(FIXTURES / f"gpu_{name}_train.pt.trace.json.gz",
@@ -67,7 +67,7 @@ def server(logdir):
         while True:
             try:
                 runs = _get(base, "/runs")
-                if not runs["loading"] and len(runs["runs"]) == 3:
+                if not runs["loading"] and len(runs["runs"]) == 4:  # 3 fixtures + the CPU run
                     break
             except OSError:
                 pass
@@ -135,6 +135,20 @@ def test_trace_view_serves_the_events(server, run):
     assert {"copy", "forward", "loss", "loss_backward"} <= names
     if run.startswith("gpu"):
         assert "_giou_fwd_kernel" in names
+
+
+def test_a_cuda_graph_runs_views_open_with_the_replays_kernels(server):
+    """A replayed step: one range ('graph') and one launch; the views still answer and the
+    graph's kernels are there (recorded on the H100 by bench/record_fixtures.sh)."""
+    overview = _get(server, f"/overview?{_q('gpu_graph')}")
+    parts = {p["name"]: p["value"] for p in overview["performance"][0]["children"]}
+    assert parts["Kernel"] > 0
+    rows = _get(server, f"/kernel/table?{_q('gpu_graph')}&group_by=Kernel")["data"]["rows"]
+    names = {row[0] for row in rows}
+    assert "_first_block_fwd_kernel" in names and "_shadow_sgd_kernel" in names
+    events = _get(server, f"/trace?{_q('gpu_graph')}")["traceEvents"]
+    assert "graph" in {e.get("name") for e in events}
+    assert "cudaGraphLaunch" in {e.get("name") for e in events}
 
 
 def test_the_page_says_why_charts_are_missing_offline(server):
