@@ -34,10 +34,10 @@ About 0.07 ms each at ~3 TB/s; the compute (144 FMAs per pooled output per pass)
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
-
 from core.checks import InputError
-from kernels.triton_giou import INTERPRETED
+# The same op registration as the GIoU kernels: a triton_op on a GPU, a custom_op with a
+# fake under Triton's interpreter.
+from kernels.triton_giou import INTERPRETED, _define_op, _launch
 
 CHANNELS = 4            # conv1's output channels: the kernels are written for this block
 BLOCK = 1024            # pooled pixels per program
@@ -159,16 +159,6 @@ def _first_block_bwd_kernel(img_ptr, w_ptr, bias_ptr, grad_ptr, part_ptr, H, W, 
         tl.store(part + c * 10 + 7, tl.sum(g * _pick(sel, x21, x22, x31, x32), axis=0))
         tl.store(part + c * 10 + 8, tl.sum(g * _pick(sel, x22, x23, x32, x33), axis=0))
         tl.store(part + c * 10 + 9, tl.sum(g, axis=0))
-
-
-_define_op = torch.library.custom_op if INTERPRETED else triton_op
-
-
-def _launch(kernel, grid, *args, **meta) -> None:
-    if INTERPRETED:
-        kernel[grid](*args, **meta)
-    else:
-        wrap_triton(kernel)[grid](*args, **meta)
 
 
 def _check(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
