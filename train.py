@@ -157,16 +157,17 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
                          cfg.batch_size, cfg.num_workers, strategy.collate,
                          pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores)
+    autocast_on = cfg.amp and cuda
     t_model = time.perf_counter()
     model, runner = build_model(cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile,
                                 cfg.seed, device, reuse,
                                 triton_first_block=used["triton_first_block"],
                                 channels_last=used["channels_last"],
-                                block_dtype=torch.bfloat16 if cfg.amp and cuda else torch.float32,
+                                block_dtype=torch.bfloat16 if autocast_on else torch.float32,
                                 bf16_shadow=used["bf16_shadow"])
     t_model = time.perf_counter() - t_model
     optimizer = speedups.make_optimizer(model, cfg.lr, used)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_on)
     forward_only = cfg.mode == "forward"
     one = torch.ones((), device=device)  # d loss / d loss, made once: no fill launch per step
     phase = torch.profiler.record_function
