@@ -19,3 +19,14 @@ def one_line(exc: BaseException) -> str:
     last = text.splitlines()[-1] if text else type(exc).__name__
     prefix = "UserError: "
     return last.split(prefix, 1)[1] if prefix in last else last
+
+
+def exit_with(main, unwritten: str) -> None:
+    """Runs a command's main() and exits with its code; Ctrl-C is one line and exit 130
+    (the run in progress already marked its own folder). make compare and make ladder."""
+    import sys
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as exc:
+        print(f"error: {str(exc) or 'interrupted'}; {unwritten}", file=sys.stderr)
+        sys.exit(130)

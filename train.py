@@ -135,39 +135,13 @@ def validate(cfg: Config) -> None:
     speedups.check(cfg, torch.cuda.is_available())
 
 
-def run(cfg: Config, reuse: bool = False) -> dict:
-    """One profiled run; returns its summary. reuse=True (make compare, many runs in one
-    process) keeps the model and its compiled form for the next run (model/build.py)."""
-    import losses
-    from data import SyntheticFaces
-    from data.loader import make_loader
-    from model import build_model
-    from profiling.harness import ProfiledRun
-    from profiling.run_folder import check_out_dir, display, utc_stamp
-    from training import speedups
-    from training.cuda_graph import GraphedStep
-
-    validate(cfg)
-    strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    speed = speedups.resolve(cfg, cuda)
-    used = speed["on"]
-    speedups.apply_backend_flags(used, cuda, many_runs=reuse)
-    loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
-                         cfg.batch_size, cfg.num_workers, strategy.collate,
-                         pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores)
-    autocast_on = cfg.amp and cuda
-    t_model = time.perf_counter()
-    model, runner = build_model(cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile,
-                                cfg.seed, device, reuse,
-                                triton_first_block=used["triton_first_block"],
-                                channels_last=used["channels_last"],
-                                block_dtype=torch.bfloat16 if autocast_on else torch.float32,
-                                bf16_shadow=used["bf16_shadow"])
-    t_model = time.perf_counter() - t_model
-    optimizer = speedups.make_optimizer(model, cfg.lr, used)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_on)
+def make_step(cfg: Config, strategy, runner, optimizer, device):
+    """The two halves of a step, as the profiler sees them: to_device(batch) (the 'copy'
+    phase's work) and train_step(images, targets) -> loss (forward, loss, and in train
+    mode loss_backward, backward, optimizer; no host sync in train mode, so a CUDA graph
+    can hold it)."""
+    cuda = device.type == "cuda"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)
     forward_only = cfg.mode == "forward"
     one = torch.ones((), device=device)  # d loss / d loss, made once: no fill launch per step
     phase = torch.profiler.record_function
@@ -186,7 +160,6 @@ def run(cfg: Config, reuse: bool = False) -> dict:
         return images, targets
 
     def train_step(images, targets):
-        """Forward, loss, backward, optimizer: no host sync, so a CUDA graph can hold it."""
         with phase("forward"):
             with autocast:
                 pred = runner(images)
@@ -207,6 +180,36 @@ def run(cfg: Config, reuse: bool = False) -> dict:
         # In forward mode `loss` holds the forward's autograd graph through pred until the
         # caller drops it (outside every phase).
         return loss
+
+    return to_device, train_step
+
+
+def run(cfg: Config, reuse: bool = False) -> dict:
+    """One profiled run; returns its summary. reuse=True (make compare, many runs in one
+    process) keeps the model and its compiled form for the next run (model/build.py)."""
+    import losses
+    from data import SyntheticFaces
+    from data.loader import make_loader
+    from profiling.harness import ProfiledRun
+    from profiling.run_folder import check_out_dir, display, utc_stamp
+    from training import speedups
+    from training.cuda_graph import GraphedStep
+
+    validate(cfg)
+    strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    speed = speedups.resolve(cfg, cuda)
+    used = speed["on"]
+    speedups.apply_backend_flags(used, cuda, many_runs=reuse)
+    loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
+                         cfg.batch_size, cfg.num_workers, strategy.collate,
+                         pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores)
+    t_model = time.perf_counter()
+    model, runner, optimizer = speedups.build(cfg, used, device, reuse)
+    t_model = time.perf_counter() - t_model
+    to_device, train_step = make_step(cfg, strategy, runner, optimizer, device)
+    phase = torch.profiler.record_function
 
     graphed = None
     if used["cuda_graph"]:

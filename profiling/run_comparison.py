@@ -22,7 +22,7 @@ from pathlib import Path
 
 import train
 from core.names import BACKENDS, MODES, STRATEGIES, describe, variants
-from errors import UserError, one_line
+from errors import UserError, exit_with, one_line
 from profiling.chart import loss_chart
 from profiling.compare import compare_rows, load_summary, skipped_row, to_csv, to_markdown
 from profiling.harness import USER_ERRORS
@@ -216,9 +216,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as exc:  # the run in progress already marked its own folder
-        print(f"error: {str(exc) or 'interrupted'}; the comparison was not written",
-              file=sys.stderr)
-        sys.exit(130)
+    exit_with(main, "the comparison was not written")

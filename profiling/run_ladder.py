@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from core.names import BACKENDS, GPU_ONLY_SPEEDUPS, PHASES, SPEEDUPS, describe
-from errors import UserError, one_line
+from errors import UserError, exit_with, one_line
 from profiling.compare import load_summary, to_markdown
 from profiling.run_comparison import (CompareError, SKIPPED, _check_strategies, _fresh_out,
                                       attempt)
@@ -295,9 +295,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt as exc:  # the run in progress already marked its own folder
-        print(f"error: {str(exc) or 'interrupted'}; the ladder was not written",
-              file=sys.stderr)
-        sys.exit(130)
+    exit_with(main, "the ladder was not written")

@@ -124,6 +124,21 @@ def apply_backend_flags(used: dict, cuda: bool, many_runs: bool) -> None:
     torch.backends.cudnn.benchmark = used["cudnn_benchmark"]
 
 
+def build(cfg, used: dict, device, reuse: bool):
+    """(model, runner, optimizer) of a run, with the speed-ups that shape them: the first
+    block's kernel and its output dtype (autocast's), channels_last, the bf16 shadow."""
+    import torch
+    from model import build_model
+    autocast_on = cfg.amp and device.type == "cuda"
+    model, runner = build_model(cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile,
+                                cfg.seed, device, reuse,
+                                triton_first_block=used["triton_first_block"],
+                                channels_last=used["channels_last"],
+                                block_dtype=torch.bfloat16 if autocast_on else torch.float32,
+                                bf16_shadow=used["bf16_shadow"])
+    return model, runner, make_optimizer(model, cfg.lr, used)
+
+
 def make_optimizer(model, lr: float, used: dict):
     """SGD with momentum 0.9: fused, or torch's default (foreach on CUDA); with bf16_shadow
     the shadowed weight's step is its own kernel (training/bf16_shadow.py)."""
