@@ -60,6 +60,7 @@ class Config:
     fused_sgd: bool = option(True, SPEEDUP_HELP["fused_sgd"])
     channels_last: bool = option(True, SPEEDUP_HELP["channels_last"])
     triton_first_block: bool = option(True, SPEEDUP_HELP["triton_first_block"])
+    triton_second_block: bool = option(True, SPEEDUP_HELP["triton_second_block"])
     bf16_shadow: bool = option(True, SPEEDUP_HELP["bf16_shadow"])
     # Off by default: measured on the H100, the replay saved no GPU time (the step is
     # GPU-bound) and its step wall time was less steady (RESULTS.md section 8).
@@ -78,7 +79,8 @@ PRESETS = {
     # Finishes in about a minute on 2 CPU cores.
     "cpu": dict(batch_size=32, num_workers=2, image_size=64, hidden=512, wait=1, warmup=1,
                 active=3, compile=False, amp=False, pin_memory=False,
-                cudnn_benchmark=False, triton_first_block=False, bf16_shadow=False),
+                cudnn_benchmark=False, triton_first_block=False, triton_second_block=False,
+                bf16_shadow=False),
 }
 
 

@@ -22,7 +22,7 @@ PHASES = TRAIN_PHASES + ("graph",)
 # The training step's speed-ups (training/speedups.py), in the order make ladder adds them.
 # Each is a Config switch; --baseline turns them all off.
 SPEEDUPS = ("cudnn_benchmark", "fused_sgd", "channels_last", "triton_first_block",
-            "bf16_shadow", "cuda_graph")
+            "triton_second_block", "bf16_shadow", "cuda_graph")
 GPU_ONLY_SPEEDUPS = ("cudnn_benchmark", "bf16_shadow", "cuda_graph")
 # The strategies whose tensors keep their shapes from step to step: a CUDA graph can
 # replay their step. The ragged ones (RAGGED) cannot be captured.

@@ -18,7 +18,8 @@ from torch import nn
 class BoxNet(nn.Module):
     def __init__(self, image_size: int = 256, capacity: int = 256, hidden: int = 16384,
                  triton_first_block: bool = False, channels_last: bool = False,
-                 block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False):
+                 block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False,
+                 triton_second_block: bool = False):
         super().__init__()
         if image_size % 16:
             raise ValueError(f"image size {image_size} must be a multiple of 16 "
@@ -37,6 +38,9 @@ class BoxNet(nn.Module):
         # is the one autocast would give the conv (block_dtype), chosen at build time.
         self.triton_first_block = triton_first_block
         self.block_dtype = block_dtype
+        # --triton-second-block: blocks[3:6] as Triton kernels (kernels/
+        # triton_second_block.py), in its input's dtype, as autocast would run the conv.
+        self.triton_second_block = triton_second_block
         self.channels_last = channels_last
         if channels_last:
             self.to(memory_format=torch.channels_last)
@@ -58,9 +62,14 @@ class BoxNet(nn.Module):
             conv = self.features[0]
             x = first_block(images, conv.weight, conv.bias, self.block_dtype,
                             self.channels_last)
-            x = self.features[3:](x)
         else:
-            x = self.features(images.float() * (1.0 / 255.0))
+            x = self.features[:3](images.float() * (1.0 / 255.0))
+        if self.triton_second_block:
+            from kernels.triton_second_block import second_block
+            conv = self.features[3]
+            x = self.features[6:](second_block(x, conv.weight, conv.bias))
+        else:
+            x = self.features[3:](x)
         x = x.flatten(1)
         raw = self.lin2(torch.relu(self.lin1(x))).view(-1, self.capacity, 4)
         return boxes_from_raw(raw, self.image_size)

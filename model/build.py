@@ -22,12 +22,13 @@ _kept: dict = {}
 def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool,
                 seed: int, device: torch.device, reuse: bool = False,
                 triton_first_block: bool = False, channels_last: bool = False,
-                block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False):
+                block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False,
+                triton_second_block: bool = False):
     """(model, runner) initialised from seed; runner is torch.compile(model) or model.
-    triton_first_block and channels_last (training/speedups.py) change how the model
+    The Triton blocks and channels_last (training/speedups.py) change how the model
     runs, not its parameters: the same seed gives the same initial weights with either."""
     key = (image_size, capacity, hidden, compile_model, seed, str(device), triton_first_block,
-           channels_last, block_dtype, bf16_shadow)
+           channels_last, block_dtype, bf16_shadow, triton_second_block)
     if device.type == "cuda":
         # What earlier runs of this process (make compare) left is freed and uncached
         # first: each run's peak memory is its own.
@@ -44,7 +45,7 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
     forget_kept_model()
     with device:
         model = BoxNet(image_size, capacity, hidden, triton_first_block, channels_last,
-                       block_dtype, bf16_shadow)
+                       block_dtype, bf16_shadow, triton_second_block)
     runner = torch.compile(model) if compile_model else model
     if reuse:
         pin = device.type == "cuda"

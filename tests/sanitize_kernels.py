@@ -37,7 +37,7 @@ def main() -> int:
                 failures += not ok
                 print(f"{backend:6} conditional={conditional!s:5} B={B} M={M:4} {dtype}: "
                       f"loss rel err {err:.1e} {'ok' if ok else 'WRONG'}")
-    failures += first_block_cases()
+    failures += first_block_cases() + second_block_cases()
     return 1 if failures else 0
 
 
@@ -61,6 +61,32 @@ def first_block_cases() -> int:
             torch.isfinite(weight.grad).all().item()  # host-device sync
         failures += not ok
         print(f"first_block B={B} {H}x{W} {dtype} channels_last={channels_last}: rel err "
+              f"{err:.1e} {'ok' if ok else 'WRONG'}")
+    return failures
+
+
+def second_block_cases() -> int:
+    """The Triton second block over odd sizes, both layouts, fp32 and bf16, the model's
+    size last (B=64 of its 128x128 inputs)."""
+    from tests.test_second_block import _inputs, reference, rel
+    from kernels.triton_second_block import second_block
+    failures = 0
+    for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
+                                          (3, 6, 10, torch.bfloat16, True),
+                                          (2, 66, 34, torch.float32, True),
+                                          (64, 128, 128, torch.bfloat16, True)):
+        x, weight, bias = _inputs(B, H, W, "cuda", dtype, channels_last)
+        x.requires_grad_(True)
+        weight.requires_grad_(True)
+        out = second_block(x, weight, bias)
+        out.float().sum().backward()
+        torch.cuda.synchronize()  # host-device sync: the check reads the results
+        err = rel(out.cpu(), reference(x.detach().cpu(), weight.detach().cpu(), bias.cpu()))
+        ok = err < (1e-6 if dtype == torch.float32 else 1e-2) and \
+            torch.isfinite(weight.grad).all().item() and \
+            torch.isfinite(x.grad).all().item()  # host-device syncs
+        failures += not ok
+        print(f"second_block B={B} {H}x{W} {dtype} channels_last={channels_last}: rel err "
               f"{err:.1e} {'ok' if ok else 'WRONG'}")
     return failures
 

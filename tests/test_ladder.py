@@ -32,12 +32,13 @@ def test_a_tiny_ladder_writes_every_rung_and_says_which_could_not_run(tmp_path, 
         assert set(skipped) == {(s, f"+ {n}") for s in ("padded", "kernel/triton")
                                 for n in ("cudnn_benchmark", "bf16_shadow", "cuda_graph")}
         assert all(v == "skipped: needs a CUDA GPU" for v in skipped.values())
-        assert len(ran) == 8  # baseline, fused_sgd, channels_last, triton_first_block
+        assert len(ran) == 10  # baseline, fused_sgd, channels_last, both Triton blocks
     for r in ran:
         assert (out / Path(r["run folder"]).name / "summary.json").exists(), r["run folder"]
     # Each rung's run holds every speed-up of the rungs before it.
-    last = json.loads((out / "padded-4-triton_first_block" / "summary.json").read_text())
-    assert last["speedups"]["on"]["fused_sgd"] and last["speedups"]["on"]["channels_last"]
+    last = json.loads((out / "padded-5-triton_second_block" / "summary.json").read_text())
+    on = last["speedups"]["on"]
+    assert on["fused_sgd"] and on["channels_last"] and on["triton_first_block"]
     assert last["config"]["baseline"] is True
 
 

@@ -14,6 +14,12 @@
                      one Triton kernel forward and one backward (kernels/
                      triton_first_block.py): cuDNN has no good kernel for one input
                      channel. Off in the CPU preset (Triton's interpreter is slow there).
+    triton_second_block
+                     the second block (conv 4->16 -> max-pool -> ReLU) as one Triton
+                     kernel forward (four tensor-core dots per pixel block: the conv
+                     output never leaves registers) and two backward (kernels/
+                     triton_second_block.py): cuDNN's kernels for 4 input channels waste
+                     most of their tiles. Off in the CPU preset, as the first block.
     bf16_shadow      lin1's weight kept as a bf16 parameter with fp32 master weights that
                      one Triton kernel updates together with the momentum, reading the bf16
                      gradient (kernels/triton_shadow_sgd.py): two 1.07 B-element casts a
@@ -38,6 +44,8 @@ HELP = {
     "channels_last": "NHWC convolutions (cuDNN's tensor-core layout)",
     "triton_first_block": "the first conv -> max-pool -> ReLU block as one Triton kernel "
                           "forward and one backward",
+    "triton_second_block": "the second conv -> max-pool -> ReLU block as Triton kernels "
+                           "(one forward, two backward)",
     "bf16_shadow": "lin1's weight as bf16 with fp32 master weights, updated by one Triton "
                    "kernel that reads the bf16 gradient (GPU, with --amp)",
     "cuda_graph": "replay the whole train step as one CUDA graph: auto (where it can: a "
@@ -126,7 +134,8 @@ def apply_backend_flags(used: dict, cuda: bool, many_runs: bool) -> None:
 
 def build(cfg, used: dict, device, reuse: bool):
     """(model, runner, optimizer) of a run, with the speed-ups that shape them: the first
-    block's kernel and its output dtype (autocast's), channels_last, the bf16 shadow."""
+    and second blocks' kernels and the first's output dtype (autocast's), channels_last,
+    the bf16 shadow."""
     import torch
     from model import build_model
     autocast_on = cfg.amp and device.type == "cuda"
@@ -135,7 +144,8 @@ def build(cfg, used: dict, device, reuse: bool):
                                 triton_first_block=used["triton_first_block"],
                                 channels_last=used["channels_last"],
                                 block_dtype=torch.bfloat16 if autocast_on else torch.float32,
-                                bf16_shadow=used["bf16_shadow"])
+                                bf16_shadow=used["bf16_shadow"],
+                                triton_second_block=used["triton_second_block"])
     return model, runner, make_optimizer(model, cfg.lr, used)
 
 

@@ -1,0 +1,378 @@
+"""BoxNet's second block in Triton: Conv2d(4->16, 3x3, padding 1) + bias -> MaxPool2d(2) ->
+ReLU, forward in one kernel, backward in two (`--triton-second-block`).
+
+Why: at batch 1024 on the H100 cuDNN spent ~7 ms a step on this block (RESULTS.md 8a: a
+2.76 ms direct forward kernel, a 1.87 ms input gradient whose tile computes 4 output
+channels in a 256x32 tile, a 1.15 ms weight gradient, 0.58 ms padding the 4 channels to
+8), and the eager pool and ReLU around it write and read the 537 MB full-resolution conv
+output and int64 pool indices. Here the conv output never leaves registers.
+
+Naming ladder: _second_block_fwd_kernel / _second_block_wgrad_kernel and
+_second_block_xgrad_kernel -> the custom ops boxnet::second_block and
+boxnet::second_block_backward -> autograd -> second_block().
+
+Layout of the work: each pooled output pixel (b, i, j) reads the 4x4 input patch
+rows 2i-1..2i+2, columns 2j-1..2j+2, 4 channels: 64 numbers, one row of a [pixels, 64]
+matrix P. The conv values of its 2x2 window position d = (dy, dx) are P @ W_d, with
+W_d[(py, px, ci), co] = w[co, ci, py-dy, px-dx] (0 where that is outside the 3x3 kernel),
+so the forward is four [BLOCK, 64] x [64, 16] tensor-core dots per block and no im2col.
+
+Maths. v_d[co] = (P @ W_d)[co] + bias[co]; y = relu(max_d v_d). With d* the first maximum
+in PyTorch's scan order ((0,0), (0,1), (1,0), (1,1); strictly greater wins, as
+max_pool2d's kernel) and g = dL/dy * [y > 0] (threshold_backward):
+    dL/dW_d  = (g * [d* == d])^T @ P       (summed over pixels; mapped back to w[co, ci,
+                                             ky, kx] from patch position (ky+dy, kx+dx))
+    dL/dbias = sum over pixels of g
+    dL/dx[b, ci, r, c] = sum_{ky, kx, co} gfull[b, co, r-ky+1, c-kx+1] * w[co, ci, ky, kx]
+with gfull the gradient at full resolution: g at the window position d*, 0 elsewhere.
+The input quad (2i..2i+1, 2j..2j+1) reads gfull only at the conv positions of the pooled
+pixels (i-1..i+1, j-1..j+1), so the input gradient is computed per quad: nine dots, one
+per neighbour, instead of nine gathers per input pixel (that version took 1.75 ms).
+The weight-gradient kernel recomputes the four dots (tensor-core work is cheap) and writes
+d* (4 for a dead ReLU) as int8, which the input-gradient kernel reads for each of its
+nine neighbours; nothing is saved by the forward, so a forward without autograd writes
+only y.
+
+Dtypes. The dots take x's dtype with the weight cast to it, as autocast's conv does (bf16
+in the model), accumulating in fp32 (fp64 for fp64, for gradcheck; fp32 inputs use IEEE
+fp32, not TF32). y and dL/dx are stored in x's dtype; dL/dw and dL/dbias in the weight's.
+
+Byte ledger at B=1024, 128x128 input, bf16:
+  forward:        reads x 134 MB (the patches overlap; the rest hits L1/L2), writes y
+                  134 MB;
+  weight grad:    reads x 134 MB and dL/dy 134 MB, writes d* 67 MB and 4112 fp32 partial
+                  sums per program (8.7 MB at 528 programs), summed by one reduction;
+  input grad:     reads dL/dy 134 MB and d* 67 MB (each nine times, mostly from L1/L2),
+                  writes dL/dx 134 MB.
+About 0.3 GB, ~0.1 ms at ~3 TB/s per pass. Compute: 4 x 64 x 16 MACs per pooled pixel for
+each four-dot pass and 9 x 64 x 16 for the input gradient, 8.6 (x2) + 77 GFLOP of
+tensor-core work, most of it on zeros of the padding and the masks.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from core.checks import InputError
+# The same op registration as the GIoU kernels: a triton_op on a GPU, a custom_op with a
+# fake under Triton's interpreter.
+from kernels.triton_giou import INTERPRETED, _define_op, _launch
+
+C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
+# Launch shapes (bench/second_block_probe.py times the alternatives on the device).
+BLOCK = 128             # pooled pixels per block (the dots' M), forward and weight grad
+NUM_WARPS = 4
+WGRAD_PROGRAMS = 528    # 4 per H100 SM: enough to fill it, few partial sums to add
+XGRAD_BLOCK = 64        # pooled pixels (input quads) per program of the input gradient
+XGRAD_WARPS = 4
+PARTIALS = 4 * C_OUT * 64 + C_OUT  # per program: dL/dW_d for d = 0..3, then dL/dbias
+
+
+@triton.jit
+def _operand(v, DOT: tl.constexpr, ROUND: tl.constexpr):
+    """A dot operand: rounded to ROUND (x's dtype, as autocast rounds the weight), held
+    in DOT. On a GPU both are x's dtype; the interpreter's dot cannot take bf16 or fp16,
+    so there it is fp32 holding the rounded values."""
+    return v.to(ROUND).to(DOT)
+
+
+@triton.jit
+def _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, sxw, DOT: tl.constexpr,
+           ROUND: tl.constexpr):
+    """P: the [BLOCK, 64] input patches of pooled pixels offs (flat over b, i, j), column
+    (py*4 + px)*4 + ci holding x[b, ci, 2i-1+py, 2j-1+px] (0 outside the image)."""
+    b = offs // (H2 * W2)
+    i = (offs // W2) % H2
+    j = offs % W2
+    k = tl.arange(0, 64)
+    r = 2 * i[:, None] - 1 + (k // 16)[None, :]
+    c = 2 * j[:, None] - 1 + ((k // 4) % 4)[None, :]
+    inside = mask[:, None] & (r >= 0) & (r < H) & (c >= 0) & (c < W)
+    ptrs = x_ptr + b.to(tl.int64)[:, None] * sxb + (k % 4)[None, :] * sxc + r * sxh + c * sxw
+    return _operand(tl.load(ptrs, mask=inside, other=0), DOT, ROUND)
+
+
+@triton.jit
+def _window_weights(w_ptr, dy: tl.constexpr, dx: tl.constexpr, swo, swi, swh, sww,
+                    DOT: tl.constexpr, ROUND: tl.constexpr):
+    """W_d [64, 16] for window position (dy, dx): w[co, ci, py-dy, px-dx], 0 off the kernel."""
+    k = tl.arange(0, 64)
+    co = tl.arange(0, 16)
+    ky = k // 16 - dy
+    kx = (k // 4) % 4 - dx
+    ok = (ky >= 0) & (ky < 3) & (kx >= 0) & (kx < 3)
+    ptrs = w_ptr + co[None, :] * swo + ((k % 4) * swi + ky * swh + kx * sww)[:, None]
+    return _operand(tl.load(ptrs, mask=ok[:, None], other=0), DOT, ROUND)
+
+
+@triton.jit
+def _windows(patch, w0, w1, w2, w3, bias, PRECISION: tl.constexpr):
+    """The four conv values (+ bias) of each pooled pixel's 2x2 window, [BLOCK, 16] each."""
+    v0 = tl.dot(patch, w0, input_precision=PRECISION) + bias[None, :]
+    v1 = tl.dot(patch, w1, input_precision=PRECISION) + bias[None, :]
+    v2 = tl.dot(patch, w2, input_precision=PRECISION) + bias[None, :]
+    v3 = tl.dot(patch, w3, input_precision=PRECISION) + bias[None, :]
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _second_block_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, n_pooled, H, W, H2, W2,
+                             sxb, sxc, sxh, sxw, swo, swi, swh, sww, syb, syc, syh, syw,
+                             BLOCK_: tl.constexpr, DOT: tl.constexpr, ROUND: tl.constexpr,
+                             ACC: tl.constexpr, PRECISION: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK_ + tl.arange(0, BLOCK_)
+    mask = offs < n_pooled
+    co = tl.arange(0, 16)
+    patch = _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, sxw, DOT, ROUND)
+    bias = tl.load(bias_ptr + co).to(ACC)
+    w0 = _window_weights(w_ptr, 0, 0, swo, swi, swh, sww, DOT, ROUND)
+    w1 = _window_weights(w_ptr, 0, 1, swo, swi, swh, sww, DOT, ROUND)
+    w2 = _window_weights(w_ptr, 1, 0, swo, swi, swh, sww, DOT, ROUND)
+    w3 = _window_weights(w_ptr, 1, 1, swo, swi, swh, sww, DOT, ROUND)
+    v0, v1, v2, v3 = _windows(patch, w0, w1, w2, w3, bias, PRECISION)
+    y = tl.maximum(tl.maximum(tl.maximum(v0, v1), tl.maximum(v2, v3)), 0.0)
+    b = offs // (H2 * W2)
+    i = (offs // W2) % H2
+    j = offs % W2
+    ptrs = (y_ptr + (b.to(tl.int64) * syb + i * syh + j * syw)[:, None]
+            + co[None, :] * syc)
+    tl.store(ptrs, y.to(y_ptr.dtype.element_ty), mask=mask[:, None])
+
+
+@triton.jit
+def _argmax_window(v0, v1, v2, v3):
+    """d* per pooled pixel and channel (the first maximum in max_pool2d's scan order; 4
+    where the ReLU is dead: no gradient passes)."""
+    m = v0
+    sel = tl.zeros(v0.shape, dtype=tl.int32)
+    sel = tl.where(v1 > m, 1, sel)
+    m = tl.maximum(m, v1)
+    sel = tl.where(v2 > m, 2, sel)
+    m = tl.maximum(m, v2)
+    sel = tl.where(v3 > m, 3, sel)
+    m = tl.maximum(m, v3)
+    return tl.where(m > 0.0, sel, 4)
+
+
+@triton.jit
+def _second_block_wgrad_kernel(x_ptr, w_ptr, bias_ptr, grad_ptr, sel_ptr, part_ptr,
+                               n_pooled, H, W, H2, W2, sxb, sxc, sxh, sxw, swo, swi, swh,
+                               sww, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
+                               DOT: tl.constexpr, ROUND: tl.constexpr, ACC: tl.constexpr,
+                               PRECISION: tl.constexpr):
+    """Persistent: each program walks blocks pid, pid + programs, ... and writes one row
+    of partial sums: dL/dW_d [4, 16, 64] and dL/dbias [16]."""
+    pid = tl.program_id(0)
+    co = tl.arange(0, 16)
+    w0 = _window_weights(w_ptr, 0, 0, swo, swi, swh, sww, DOT, ROUND)
+    w1 = _window_weights(w_ptr, 0, 1, swo, swi, swh, sww, DOT, ROUND)
+    w2 = _window_weights(w_ptr, 1, 0, swo, swi, swh, sww, DOT, ROUND)
+    w3 = _window_weights(w_ptr, 1, 1, swo, swi, swh, sww, DOT, ROUND)
+    bias = tl.load(bias_ptr + co).to(ACC)
+    acc0 = tl.zeros((16, 64), dtype=ACC)
+    acc1 = tl.zeros((16, 64), dtype=ACC)
+    acc2 = tl.zeros((16, 64), dtype=ACC)
+    acc3 = tl.zeros((16, 64), dtype=ACC)
+    acc_bias = tl.zeros((16,), dtype=ACC)
+    for blk in range(pid, tl.cdiv(n_pooled, BLOCK_), tl.num_programs(0)):
+        offs = blk * BLOCK_ + tl.arange(0, BLOCK_)
+        mask = offs < n_pooled
+        patch = _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, sxw, DOT, ROUND)
+        v0, v1, v2, v3 = _windows(patch, w0, w1, w2, w3, bias, PRECISION)
+        sel = _argmax_window(v0, v1, v2, v3)
+        tl.store(sel_ptr + offs.to(tl.int64)[:, None] * 16 + co[None, :], sel.to(tl.int8),
+                 mask=mask[:, None])
+        b = offs // (H2 * W2)
+        i = (offs // W2) % H2
+        j = offs % W2
+        gptrs = (grad_ptr + (b.to(tl.int64) * sgb + i * sgh + j * sgw)[:, None]
+                 + co[None, :] * sgc)
+        g = tl.load(gptrs, mask=mask[:, None], other=0).to(ACC)
+        g = tl.where(sel < 4, g, 0.0)
+        acc_bias += tl.sum(g, axis=0)
+        acc0 += tl.dot(tl.trans(_operand(tl.where(sel == 0, g, 0.0), DOT, ROUND)), patch,
+                       input_precision=PRECISION)
+        acc1 += tl.dot(tl.trans(_operand(tl.where(sel == 1, g, 0.0), DOT, ROUND)), patch,
+                       input_precision=PRECISION)
+        acc2 += tl.dot(tl.trans(_operand(tl.where(sel == 2, g, 0.0), DOT, ROUND)), patch,
+                       input_precision=PRECISION)
+        acc3 += tl.dot(tl.trans(_operand(tl.where(sel == 3, g, 0.0), DOT, ROUND)), patch,
+                       input_precision=PRECISION)
+    part = part_ptr + pid.to(tl.int64) * (4 * 16 * 64 + 16)
+    tile = co[:, None] * 64 + tl.arange(0, 64)[None, :]
+    tl.store(part + tile, acc0)
+    tl.store(part + 1024 + tile, acc1)
+    tl.store(part + 2048 + tile, acc2)
+    tl.store(part + 3072 + tile, acc3)
+    tl.store(part + 4096 + co, acc_bias)
+
+
+@triton.jit
+def _neighbour_weights(w_ptr, di: tl.constexpr, dj: tl.constexpr, swo, swi, swh, sww,
+                       DOT: tl.constexpr, ROUND: tl.constexpr):
+    """M_n [64, 16] for the pooled neighbour (i+di, j+dj): row (d, co), column (a, e, ci)
+    holds w[co, ci, ky, kx] with (ky, kx) = (a - 2di - dy + 1, e - 2dj - dx + 1), the tap
+    that joins input pixel (2i+a, 2j+e) to that neighbour's conv position d = (dy, dx);
+    0 where that tap is off the 3x3 kernel."""
+    k = tl.arange(0, 64)
+    col = tl.arange(0, 16)
+    d = k // 16
+    ky = (col // 8)[None, :] - 2 * di - (d // 2)[:, None] + 1
+    kx = ((col // 4) % 2)[None, :] - 2 * dj - (d % 2)[:, None] + 1
+    ok = (ky >= 0) & (ky < 3) & (kx >= 0) & (kx < 3)
+    ptrs = (w_ptr + (k % 16)[:, None] * swo + (col % 4)[None, :] * swi + ky * swh
+            + kx * sww)
+    return _operand(tl.load(ptrs, mask=ok, other=0), DOT, ROUND)
+
+
+@triton.jit
+def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W2,
+                               sgb, sgc, sgh, sgw, swo, swi, swh, sww, sxb, sxc, sxh, sxw,
+                               BLOCK_: tl.constexpr, DOT: tl.constexpr,
+                               ROUND: tl.constexpr, ACC: tl.constexpr,
+                               PRECISION: tl.constexpr):
+    """dL/dx for the 2x2 input quads under BLOCK_ pooled pixels (flat over b, i, j): the
+    quad of (i, j) gets gradient only from the conv positions of the pooled pixels
+    (i-1..i+1, j-1..j+1), so nine [BLOCK_, 64] x [64, 16] dots, one per neighbour n, of
+    G_n (column (d, co): g of n at channel co where d* == d, else 0) with M_n."""
+    offs = tl.program_id(0) * BLOCK_ + tl.arange(0, BLOCK_)
+    mask = offs < n_pooled
+    b = (offs // (H2 * W2)).to(tl.int64)
+    i = (offs // W2) % H2
+    j = offs % W2
+    k = tl.arange(0, 64)
+    acc = tl.zeros((BLOCK_, 16), dtype=ACC)
+    for n in tl.static_range(9):
+        I = i + (n // 3 - 1)
+        J = j + (n % 3 - 1)
+        ok = mask & (I >= 0) & (I < H2) & (J >= 0) & (J < W2)
+        I = tl.where(ok, I, 0)
+        J = tl.where(ok, J, 0)
+        g = tl.load(grad_ptr + (b * sgb + I * sgh + J * sgw)[:, None]
+                    + (k % 16)[None, :] * sgc, mask=ok[:, None], other=0)
+        sel = tl.load(sel_ptr + (((b * H2 + I) * W2 + J) * 16)[:, None] + (k % 16)[None, :],
+                      mask=ok[:, None], other=4)
+        g_n = _operand(tl.where(sel == (k // 16)[None, :], g.to(ACC), 0.0), DOT, ROUND)
+        m_n = _neighbour_weights(w_ptr, n // 3 - 1, n % 3 - 1, swo, swi, swh, sww, DOT,
+                                 ROUND)
+        acc += tl.dot(g_n, m_n, input_precision=PRECISION)
+    col = tl.arange(0, 16)
+    r = 2 * i[:, None] + (col // 8)[None, :]
+    c = 2 * j[:, None] + ((col // 4) % 2)[None, :]
+    ptrs = dx_ptr + b[:, None] * sxb + (col % 4)[None, :] * sxc + r * sxh + c * sxw
+    tl.store(ptrs, acc.to(dx_ptr.dtype.element_ty), mask=mask[:, None])
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
+    if x.dim() != 4 or x.shape[1] != C_IN or not x.is_floating_point():
+        raise InputError(f"second_block takes floating-point x [B, {C_IN}, H, W], got "
+                         f"{x.dtype} {tuple(x.shape)}")
+    if x.shape[2] % 2 or x.shape[3] % 2:
+        raise InputError(f"second_block pools 2x2: H and W must be even, got "
+                         f"{tuple(x.shape[2:])}")
+    if tuple(weight.shape) != (C_OUT, C_IN, 3, 3) or tuple(bias.shape) != (C_OUT,):
+        raise InputError(f"second_block is Conv2d({C_IN}, {C_OUT}, 3): weight "
+                         f"{tuple(weight.shape)}, bias {tuple(bias.shape)}")
+    if weight.dtype not in (torch.float32, torch.float64) or bias.dtype != weight.dtype:
+        raise InputError(f"second_block takes fp32 (or fp64) weight and bias of one dtype, "
+                         f"got {weight.dtype} and {bias.dtype}")
+    if not (x.device == weight.device == bias.device):
+        raise InputError("second_block's tensors must be on one device")
+
+
+_TL = {torch.float64: tl.float64, torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
+       torch.float16: tl.float16}
+
+
+def _meta(x) -> dict:
+    """The dots' operand and accumulator dtypes for x's dtype; IEEE fp32, never TF32."""
+    acc = tl.float64 if x.dtype == torch.float64 else tl.float32
+    dot = tl.float32 if INTERPRETED and acc == tl.float32 else _TL[x.dtype]
+    return dict(DOT=dot, ROUND=_TL[x.dtype], ACC=acc, PRECISION="ieee")
+
+
+def _pooled_shape(x):
+    B, _, H, W = x.shape
+    return B, H // 2, W // 2
+
+
+@_define_op("boxnet::second_block", mutates_args=())
+def second_block_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """relu(maxpool2(conv3x3(x) + bias)) [B, 16, H/2, W/2] in x's dtype and memory format:
+    one launch."""
+    _check(x, weight, bias)
+    B, H2, W2 = _pooled_shape(x)
+    y = _empty_out(x)
+    n_pooled = B * H2 * W2
+    _launch(_second_block_fwd_kernel, (triton.cdiv(n_pooled, BLOCK),), x, weight, bias, y,
+            n_pooled, x.shape[2], x.shape[3], H2, W2, *x.stride(), *weight.stride(),
+            *y.stride(), BLOCK_=BLOCK, num_warps=NUM_WARPS, **_meta(x))
+    return y
+
+
+def _empty_out(x):
+    """y [B, 16, H/2, W/2] in x's dtype, channels_last when x is (the model's NHWC run)."""
+    B, H2, W2 = _pooled_shape(x)
+    nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return torch.empty((B, C_OUT, H2, W2), dtype=x.dtype, device=x.device,
+                       memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+
+
+def _weight_grad(sums: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """dL/dw [16, 4, 3, 3] from the summed dL/dW_d [4, 16, 64]: window position (dy, dx)
+    saw kernel tap (ky, kx) at patch position (ky+dy, kx+dx)."""
+    per_d = sums.view(2, 2, C_OUT, 4, 4, C_IN)  # dy, dx, co, py, px, ci
+    d_w = sum(per_d[dy, dx, :, dy:dy + 3, dx:dx + 3, :] for dy in (0, 1) for dx in (0, 1))
+    return d_w.permute(0, 3, 1, 2).contiguous().to(weight.dtype)
+
+
+@_define_op("boxnet::second_block_backward", mutates_args=())
+def second_block_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                       torch.Tensor]:
+    """(dL/dx in x's dtype and format, dL/dweight [16, 4, 3, 3], dL/dbias [16]): two
+    launches and one reduction."""
+    B, H2, W2 = _pooled_shape(x)
+    H, W = x.shape[2], x.shape[3]
+    n_pooled = B * H2 * W2
+    programs = min(triton.cdiv(n_pooled, BLOCK), WGRAD_PROGRAMS)
+    acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    parts = torch.empty((programs, PARTIALS), dtype=acc_dtype, device=x.device)
+    sel = torch.empty((n_pooled, C_OUT), dtype=torch.int8, device=x.device)
+    meta = _meta(x)
+    _launch(_second_block_wgrad_kernel, (programs,), x, weight, bias, grad, sel, parts,
+            n_pooled, H, W, H2, W2, *x.stride(), *weight.stride(), *grad.stride(),
+            BLOCK_=BLOCK, num_warps=NUM_WARPS, **meta)
+    d_x = torch.empty_like(x)
+    _launch(_second_block_xgrad_kernel, (triton.cdiv(n_pooled, XGRAD_BLOCK),), grad, sel,
+            weight, d_x, n_pooled, H2, W2, *grad.stride(), *weight.stride(),
+            *d_x.stride(), BLOCK_=XGRAD_BLOCK, num_warps=XGRAD_WARPS, **meta)
+    sums = parts.sum(0)
+    d_w = _weight_grad(sums[:4 * C_OUT * 64], weight)
+    return d_x, d_w, sums[4 * C_OUT * 64:].to(bias.dtype).contiguous()
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, grad):
+    x, weight, bias = ctx.saved_tensors
+    return second_block_backward(grad, x, weight, bias)
+
+
+second_block_op.register_autograd(_backward, setup_context=_setup_context)
+
+if INTERPRETED:
+    @second_block_op.register_fake
+    def _(x, weight, bias):
+        _check(x, weight, bias)
+        return _empty_out(x)
+
+    @second_block_backward.register_fake
+    def _(grad, x, weight, bias):
+        return torch.empty_like(x), weight.new_empty(weight.shape), bias.new_empty(bias.shape)
+
+
+def second_block(x, weight, bias):
+    """The block as BoxNet runs it (model/boxnet.py, --triton-second-block)."""
+    return second_block_op(x, weight, bias)

@@ -1,0 +1,126 @@
+"""The Triton second block (conv 4->16 -> max-pool -> ReLU) against a float64 reference:
+value and every gradient (input, weight, bias) over odd sizes, batch 1, fp32, bf16 and
+fp16 inputs, both layouts, exact ties and dead ReLUs; opcheck; gradcheck in float64; one
+clear error for bad inputs."""
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from core.checks import InputError
+from kernels.triton_second_block import second_block, second_block_op
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+SIZES = [(1, 2, 2), (3, 6, 10), (2, 18, 34), (1, 32, 64)]
+
+
+def reference(x, weight, bias):
+    """The model's blocks[3:6] in float64."""
+    return F.relu(F.max_pool2d(F.conv2d(x.double(), weight.double(), bias.double(),
+                                        padding=1), 2))
+
+
+def rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def _inputs(B, H, W, device, dtype=torch.float32, channels_last=False):
+    """x in dtype; the weight and bias fp32 (fp64 for fp64 x) but exactly representable
+    in bf16 and fp16, so the kernel's cast of the weight to x's dtype (autocast's) changes
+    nothing and the reference sees the same numbers."""
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    x = torch.randn(B, 4, H, W, generator=gen).to(dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    wdt = torch.float64 if dtype == torch.float64 else torch.float32
+    weight = (torch.randn(16, 4, 3, 3, generator=gen) * 0.3).bfloat16().to(wdt)
+    bias = (torch.randn(16, generator=gen) * 0.1).bfloat16().to(wdt)
+    return x.to(device), weight.to(device), bias.to(device)
+
+
+def _check_against_reference(x, weight, bias, tol):
+    """Value and dL/dx in x's dtype within tol; dL/dw and dL/dbias (accumulated in fp32)
+    within 1e-4, each against float64 given the same (rounded) upstream gradient."""
+    x = x.clone().requires_grad_(True)
+    w = weight.clone().requires_grad_(True)
+    b = bias.clone().requires_grad_(True)
+    out = second_block(x, w, b)
+    B, _, H, W = x.shape
+    assert out.dtype == x.dtype and out.shape == (B, 16, H // 2, W // 2)
+    nhwc = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    assert out.is_contiguous(memory_format=torch.channels_last if nhwc else
+                             torch.contiguous_format)
+    x64, w64, b64 = (t.detach().double().cpu().requires_grad_(True) for t in (x, w, b))
+    ref = reference(x64, w64, b64)
+    assert rel(out.cpu(), ref) < tol
+    grad = torch.randn(out.shape, dtype=torch.float64).to(out.dtype)
+    d_x, d_w, d_b = torch.autograd.grad(out, (x, w, b), grad.to(out.device))
+    r_x, r_w, r_b = torch.autograd.grad(ref, (x64, w64, b64), grad.double())
+    assert d_x.dtype == x.dtype and d_x.stride() == x.stride()
+    assert d_w.dtype == weight.dtype and d_b.dtype == bias.dtype
+    assert rel(d_x.cpu(), r_x) < tol
+    assert rel(d_w.cpu(), r_w) < 1e-4 and rel(d_b.cpu(), r_b) < 1e-4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,H,W", SIZES)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2),
+                                       (torch.float16, 2e-3)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_value_and_gradients_match_float64(device, B, H, W, dtype, tol, channels_last):
+    _check_against_reference(*_inputs(B, H, W, device, dtype, channels_last), tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_exact_ties_follow_max_pool_and_dead_relus_get_no_gradient(device):
+    # Integer inputs and weights in quarters: every sum is exact in fp32 and bf16, so a
+    # window of equal values is an exact tie, which max_pool2d gives to its first element.
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    x = torch.randint(0, 2, (2, 4, 8, 12), generator=gen).float().repeat_interleave(2, -1)
+    x = x.repeat_interleave(2, -2)[:, :, :8, :12].contiguous().to(device)
+    weight = (torch.randint(-4, 5, (16, 4, 3, 3), generator=gen) / 4).to(device)
+    bias = (torch.randint(-4, 5, (16,), generator=gen) / 4).to(device)
+    # (A gradient sent to the wrong window would be an error of order 1, not 1e-2.)
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        _check_against_reference(x.to(dtype), weight, bias, tol)
+    # Every output below zero: ReLU passes no gradient anywhere.
+    x, weight, _ = _inputs(2, 8, 12, device)
+    bias = torch.full((16,), -100.0, device=device, requires_grad=True)
+    x.requires_grad_(True)
+    w = weight.clone().requires_grad_(True)
+    out = second_block(x, w, bias)
+    assert (out == 0).all()
+    d_x, d_w, d_b = torch.autograd.grad(out.sum(), (x, w, bias))
+    assert (d_x == 0).all() and (d_w == 0).all() and (d_b == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    x, weight, bias = _inputs(2, 6, 10, device)
+    torch.library.opcheck(second_block_op, (x.requires_grad_(True), weight.requires_grad_(True),
+                                            bias.requires_grad_(True)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_float64(device):
+    x, weight, bias = _inputs(1, 4, 6, device, torch.float64)
+    inputs = tuple(t.requires_grad_(True) for t in (x, weight, bias))
+    # fast_mode: one random direction instead of every input element (each call of the
+    # interpreted kernels costs about a second on the CPU).
+    assert torch.autograd.gradcheck(second_block, inputs, eps=1e-6, atol=1e-7,
+                                    fast_mode=True)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda x, w, b: (x[:, :3], w, b), "takes floating-point x [B, 4, H, W]"),
+    (lambda x, w, b: (x.int(), w, b), "takes floating-point x [B, 4, H, W]"),
+    (lambda x, w, b: (x[:, :, :5], w, b), "H and W must be even"),
+    (lambda x, w, b: (x, w[:8], b), "is Conv2d(4, 16, 3)"),
+    (lambda x, w, b: (x, w.half(), b), "takes fp32 (or fp64) weight"),
+])
+def test_bad_inputs_are_one_clear_error(change, message):
+    x, weight, bias = _inputs(1, 6, 6, "cpu")
+    with pytest.raises(InputError, match=re.escape(message)):
+        second_block(*change(x, weight, bias))
