@@ -40,7 +40,7 @@ test: $(SETUP)
 
 # On the GPU machine: the GPU-marked tests, then compute-sanitizer over both kernels.
 test-gpu: $(SETUP)
-	$(PYTHON) -m pytest -q -m gpu tests
+	$(PYTHON) -m pytest -q -m gpu --durations=15 tests
 	compute-sanitizer --tool memcheck --error-exitcode 1 $(PYTHON) tests/sanitize_kernels.py
 
 # The TensorBoard page in headless Chromium (Debian's chromium + chromium-driver, installed

@@ -58,12 +58,18 @@ from core.checks import InputError
 from kernels.triton_giou import INTERPRETED, _define_op, _launch
 
 C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
-# Launch shapes (bench/second_block_probe.py times the alternatives on the device).
+# Launch shapes for bf16 and fp16 (bench/second_block_probe.py times the alternatives on
+# the device).
 BLOCK = 128             # pooled pixels per block (the dots' M), forward and weight grad
 NUM_WARPS = 4
 WGRAD_PROGRAMS = 528    # 4 per H100 SM: enough to fill it, few partial sums to add
 XGRAD_BLOCK = 64        # pooled pixels (input quads) per program of the input gradient
 XGRAD_WARPS = 4
+# fp32 ("ieee": no tensor cores) and fp64 (no dot at all) unroll their products into
+# plain FMAs, whose compile time grows with the tile: at the bf16 blocks the fp32 kernels
+# took 40 s and the fp64 ones minutes to compile (sm_90, measured here with ptxas); these
+# blocks take ~10 s. Neither runs in the model's bf16 step.
+SMALL_BLOCKS = {torch.float32: (32, 16), torch.float64: (16, 16)}
 PARTIALS = 4 * C_OUT * 64 + C_OUT  # per program: dL/dW_d for d = 0..3, then dL/dbias
 
 
@@ -73,6 +79,17 @@ def _operand(v, DOT: tl.constexpr, ROUND: tl.constexpr):
     in DOT. On a GPU both are x's dtype; the interpreter's dot cannot take bf16 or fp16,
     so there it is fp32 holding the rounded values."""
     return v.to(ROUND).to(DOT)
+
+
+@triton.jit
+def _mm(a, b, PRECISION: tl.constexpr):
+    """a @ b with fp32 (fp64) accumulation: a tensor-core dot, or for fp64 ("fma") the
+    broadcast product summed, as Triton's fp64 MMA takes no K this large (an assertion in
+    its MMAv2 lowering; fp64 is only gradcheck's)."""
+    if PRECISION == "fma":
+        return tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -107,14 +124,22 @@ def _window_weights(w_ptr, dy: tl.constexpr, dx: tl.constexpr, swo, swi, swh, sw
 @triton.jit
 def _windows(patch, w0, w1, w2, w3, bias, PRECISION: tl.constexpr):
     """The four conv values (+ bias) of each pooled pixel's 2x2 window, [BLOCK, 16] each."""
-    v0 = tl.dot(patch, w0, input_precision=PRECISION) + bias[None, :]
-    v1 = tl.dot(patch, w1, input_precision=PRECISION) + bias[None, :]
-    v2 = tl.dot(patch, w2, input_precision=PRECISION) + bias[None, :]
-    v3 = tl.dot(patch, w3, input_precision=PRECISION) + bias[None, :]
+    v0 = _mm(patch, w0, PRECISION) + bias[None, :]
+    v1 = _mm(patch, w1, PRECISION) + bias[None, :]
+    v2 = _mm(patch, w2, PRECISION) + bias[None, :]
+    v3 = _mm(patch, w3, PRECISION) + bias[None, :]
     return v0, v1, v2, v3
 
 
-@triton.jit
+# Sizes and the batch, row and column strides are not specialised on their divisibility
+# by 16 (no load here could use it: the gathers' addresses are computed), so each dtype
+# and layout compiles once, not once per image size (the GPU tests took minutes of
+# compiling). Channel strides keep Triton's specialisation: 1 under channels_last.
+_GENERIC = ["n_pooled", "H", "W", "H2", "W2", "sxb", "sxh", "sxw", "syb", "syh", "syw",
+            "sgb", "sgh", "sgw"]
+
+
+@triton.jit(do_not_specialize_on_alignment=_GENERIC)
 def _second_block_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, n_pooled, H, W, H2, W2,
                              sxb, sxc, sxh, sxw, swo, swi, swh, sww, syb, syc, syh, syw,
                              BLOCK_: tl.constexpr, DOT: tl.constexpr, ROUND: tl.constexpr,
@@ -153,7 +178,7 @@ def _argmax_window(v0, v1, v2, v3):
     return tl.where(m > 0.0, sel, 4)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=_GENERIC)
 def _second_block_wgrad_kernel(x_ptr, w_ptr, bias_ptr, grad_ptr, sel_ptr, part_ptr,
                                n_pooled, H, W, H2, W2, sxb, sxc, sxh, sxw, swo, swi, swh,
                                sww, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
@@ -189,14 +214,14 @@ def _second_block_wgrad_kernel(x_ptr, w_ptr, bias_ptr, grad_ptr, sel_ptr, part_p
         g = tl.load(gptrs, mask=mask[:, None], other=0).to(ACC)
         g = tl.where(sel < 4, g, 0.0)
         acc_bias += tl.sum(g, axis=0)
-        acc0 += tl.dot(tl.trans(_operand(tl.where(sel == 0, g, 0.0), DOT, ROUND)), patch,
-                       input_precision=PRECISION)
-        acc1 += tl.dot(tl.trans(_operand(tl.where(sel == 1, g, 0.0), DOT, ROUND)), patch,
-                       input_precision=PRECISION)
-        acc2 += tl.dot(tl.trans(_operand(tl.where(sel == 2, g, 0.0), DOT, ROUND)), patch,
-                       input_precision=PRECISION)
-        acc3 += tl.dot(tl.trans(_operand(tl.where(sel == 3, g, 0.0), DOT, ROUND)), patch,
-                       input_precision=PRECISION)
+        acc0 += _mm(tl.trans(_operand(tl.where(sel == 0, g, 0.0), DOT, ROUND)), patch,
+                      PRECISION)
+        acc1 += _mm(tl.trans(_operand(tl.where(sel == 1, g, 0.0), DOT, ROUND)), patch,
+                      PRECISION)
+        acc2 += _mm(tl.trans(_operand(tl.where(sel == 2, g, 0.0), DOT, ROUND)), patch,
+                      PRECISION)
+        acc3 += _mm(tl.trans(_operand(tl.where(sel == 3, g, 0.0), DOT, ROUND)), patch,
+                      PRECISION)
     part = part_ptr + pid.to(tl.int64) * (4 * 16 * 64 + 16)
     tile = co[:, None] * 64 + tl.arange(0, 64)[None, :]
     tl.store(part + tile, acc0)
@@ -224,7 +249,7 @@ def _neighbour_weights(w_ptr, di: tl.constexpr, dj: tl.constexpr, swo, swi, swh,
     return _operand(tl.load(ptrs, mask=ok, other=0), DOT, ROUND)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=_GENERIC)
 def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W2,
                                sgb, sgc, sgh, sgw, swo, swi, swh, sww, sxb, sxc, sxh, sxw,
                                BLOCK_: tl.constexpr, DOT: tl.constexpr,
@@ -254,7 +279,7 @@ def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W
         g_n = _operand(tl.where(sel == (k // 16)[None, :], g.to(ACC), 0.0), DOT, ROUND)
         m_n = _neighbour_weights(w_ptr, n // 3 - 1, n % 3 - 1, swo, swi, swh, sww, DOT,
                                  ROUND)
-        acc += tl.dot(g_n, m_n, input_precision=PRECISION)
+        acc += _mm(g_n, m_n, PRECISION)
     col = tl.arange(0, 16)
     r = 2 * i[:, None] + (col // 8)[None, :]
     c = 2 * j[:, None] + ((col // 4) % 2)[None, :]
@@ -283,11 +308,17 @@ _TL = {torch.float64: tl.float64, torch.float32: tl.float32, torch.bfloat16: tl.
        torch.float16: tl.float16}
 
 
+def _blocks(x) -> tuple[int, int]:
+    """(BLOCK, XGRAD_BLOCK) for x's dtype."""
+    return SMALL_BLOCKS.get(x.dtype, (BLOCK, XGRAD_BLOCK))
+
+
 def _meta(x) -> dict:
     """The dots' operand and accumulator dtypes for x's dtype; IEEE fp32, never TF32."""
     acc = tl.float64 if x.dtype == torch.float64 else tl.float32
     dot = tl.float32 if INTERPRETED and acc == tl.float32 else _TL[x.dtype]
-    return dict(DOT=dot, ROUND=_TL[x.dtype], ACC=acc, PRECISION="ieee")
+    return dict(DOT=dot, ROUND=_TL[x.dtype], ACC=acc,
+                PRECISION="fma" if x.dtype == torch.float64 else "ieee")
 
 
 def _pooled_shape(x):
@@ -303,9 +334,10 @@ def second_block_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -
     B, H2, W2 = _pooled_shape(x)
     y = _empty_out(x)
     n_pooled = B * H2 * W2
-    _launch(_second_block_fwd_kernel, (triton.cdiv(n_pooled, BLOCK),), x, weight, bias, y,
+    block, _ = _blocks(x)
+    _launch(_second_block_fwd_kernel, (triton.cdiv(n_pooled, block),), x, weight, bias, y,
             n_pooled, x.shape[2], x.shape[3], H2, W2, *x.stride(), *weight.stride(),
-            *y.stride(), BLOCK_=BLOCK, num_warps=NUM_WARPS, **_meta(x))
+            *y.stride(), BLOCK_=block, num_warps=NUM_WARPS, **_meta(x))
     return y
 
 
@@ -334,18 +366,19 @@ def second_block_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     B, H2, W2 = _pooled_shape(x)
     H, W = x.shape[2], x.shape[3]
     n_pooled = B * H2 * W2
-    programs = min(triton.cdiv(n_pooled, BLOCK), WGRAD_PROGRAMS)
+    block, xgrad_block = _blocks(x)
+    programs = min(triton.cdiv(n_pooled, block), WGRAD_PROGRAMS)
     acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     parts = torch.empty((programs, PARTIALS), dtype=acc_dtype, device=x.device)
     sel = torch.empty((n_pooled, C_OUT), dtype=torch.int8, device=x.device)
     meta = _meta(x)
     _launch(_second_block_wgrad_kernel, (programs,), x, weight, bias, grad, sel, parts,
             n_pooled, H, W, H2, W2, *x.stride(), *weight.stride(), *grad.stride(),
-            BLOCK_=BLOCK, num_warps=NUM_WARPS, **meta)
+            BLOCK_=block, num_warps=NUM_WARPS, **meta)
     d_x = torch.empty_like(x)
-    _launch(_second_block_xgrad_kernel, (triton.cdiv(n_pooled, XGRAD_BLOCK),), grad, sel,
+    _launch(_second_block_xgrad_kernel, (triton.cdiv(n_pooled, xgrad_block),), grad, sel,
             weight, d_x, n_pooled, H2, W2, *grad.stride(), *weight.stride(),
-            *d_x.stride(), BLOCK_=XGRAD_BLOCK, num_warps=XGRAD_WARPS, **meta)
+            *d_x.stride(), BLOCK_=xgrad_block, num_warps=XGRAD_WARPS, **meta)
     sums = parts.sum(0)
     d_w = _weight_grad(sums[:4 * C_OUT * 64], weight)
     return d_x, d_w, sums[4 * C_OUT * 64:].to(bias.dtype).contiguous()
