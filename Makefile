@@ -17,7 +17,7 @@ BACKEND ?= $(KERNEL)
 MODE ?= train
 ARGS ?=
 
-.PHONY: profile compare ladder test test-gpu test-browser tensorboard setup clean-build
+.PHONY: profile compare ladder sweep test test-gpu test-browser tensorboard setup clean-build
 
 profile: $(SETUP)
 	$(PYTHON) train.py --loss $(LOSS) --backend $(BACKEND) --mode $(MODE) $(ARGS)
@@ -32,6 +32,11 @@ compare: $(SETUP)
 LADDER ?= padded,kernel:cuda
 ladder: $(SETUP)
 	$(PYTHON) -m profiling.run_ladder --strategies $(LADDER) $(ARGS)
+
+# Each loss strategy alone (forward + backward) over batch size, box capacity and boxes per
+# image (profiling/run_sweep.py); ARGS="--batch 64,1024 --capacity 256,4096" and so on.
+sweep: $(SETUP)
+	$(PYTHON) -m profiling.run_sweep $(ARGS)
 
 # The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
 # test-browser's.

@@ -1,7 +1,9 @@
 """The workload's synthetic dataset, deterministic per (seed, index).
 
 Image: 1×S×S uint8, uniform noise. Boxes per image: n = clip(floor(|N(0, sigma)|), 0, 255),
-1.915 on average for sigma = 3 (tests/test_data.py checks the distribution). Each box:
+1.915 on average for sigma = 3 (tests/test_data.py checks the distribution). make sweep
+scales sigma and raises the clip (max_boxes) to the box capacity; sigma = inf fills every
+image to max_boxes. Each box:
 top-left uniform in [0, S-2], size uniform in [1, S-1], bottom-right = min(top-left + size,
 S-1); stored as uint8 (x1, y1, x2, y2).
 
@@ -21,7 +23,7 @@ MAX_BOXES_PER_IMAGE = 255  # the workload's clip: a uint8 count
 
 class SyntheticFaces(Dataset):
     def __init__(self, length: int = 1_000_000, image_size: int = 256, seed: int = 0,
-                 box_sigma: float = 3.0):
+                 box_sigma: float = 3.0, max_boxes: int = MAX_BOXES_PER_IMAGE):
         if not 2 <= image_size <= 256:
             # Coordinates are stored as uint8, so the image may be at most 256 pixels wide.
             raise UserError(f"image size {image_size} is out of range: use 2..256 "
@@ -29,7 +31,10 @@ class SyntheticFaces(Dataset):
         self.length = length
         self.image_size = image_size
         self.seed = seed
+        if not box_sigma >= 0 or max_boxes < 0:
+            raise UserError(f"box sigma {box_sigma} and max boxes {max_boxes} must be >= 0")
         self.box_sigma = box_sigma
+        self.max_boxes = max_boxes
 
     def __len__(self) -> int:
         return self.length
@@ -40,7 +45,9 @@ class SyntheticFaces(Dataset):
         rng = np.random.default_rng([self.seed, index])
         s = self.image_size
         image = rng.integers(0, 256, size=(1, s, s), dtype=np.uint8)
-        n = min(int(abs(rng.normal(0.0, self.box_sigma))), MAX_BOXES_PER_IMAGE)
+        # sigma * |z| is exactly numpy's |normal(0, sigma)|, and stays defined for inf.
+        spread = self.box_sigma * abs(rng.standard_normal())
+        n = self.max_boxes if spread >= self.max_boxes else int(spread)
         top_left = rng.integers(0, s - 1, size=(n, 2))          # [0, S-2]
         size = rng.integers(1, s, size=(n, 2))                    # [1, S-1]
         bottom_right = np.minimum(top_left + size, s - 1)

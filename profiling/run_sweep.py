@@ -1,0 +1,187 @@
+"""make sweep: each loss strategy's cost (forward + backward, no model) as the work grows.
+
+    python3 -m profiling.run_sweep [--batch 64,256,...] [--capacity 256,1024,...]
+                                   [--sigma 1,3,...,full] [--strategies padded,kernel:cuda]
+
+Three axes, one at a time, around the workload's point (batch 1024, M = 256 slots, box
+sigma 3: 1.9 boxes per image): the batch size; the box capacity M; and the boxes per
+image (the dataset's sigma scaled up to 'full', every slot filled), which runs at M =
+--boxes-capacity (1024 on a GPU) so that the empty slots conditional skips are most of
+the input. Every strategy, the fused ones with both kernel backends. Each point is
+profiling/sweep_point.measure (what it measures and with which timer is said there).
+
+Written under profiles/sweep-<UTC time>/: sweep.csv (long format: a row per axis, point
+and strategy, with the median and 20th/80th percentiles, like Liger-Kernel's benchmark
+CSVs), sweep.md (a table per axis, each strategy's log-log slope per axis, conditional
+against kernel, bandwidth, what was left out or failed) and sweep.png (a log-log panel per
+axis, medians with p20-p80 bars). A point that fails (out of memory, say) is a row that
+says so and is never drawn; the sweep goes on. On a CPU the same command runs a small
+grid (Triton's interpreter, no CUDA backend) and its times mean nothing.
+"""
+
+import argparse
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+
+from core.names import describe, variants
+from errors import exit_with, one_line
+from profiling.run_comparison import CompareError, _check_strategies, _fresh_out
+from profiling.run_folder import display
+
+AXES = {"batch": "batch size", "capacity": "box capacity M", "boxes": "boxes per image"}
+# (batch sizes, capacities, sigmas, the centre (batch, capacity, sigma), the boxes axis' M,
+# the loop's largest batch). The loop costs ~3 ms of host time per sample per call.
+GRIDS = {
+    "gpu": dict(batch=[64, 256, 1024, 4096, 8192], capacity=[256, 1024, 4096],
+                sigma=[1, 3, 10, 30, 100, 300, math.inf], centre=(1024, 256, 3.0),
+                boxes_capacity=1024, loop_max_batch=256, rep_ms=100),
+    "cpu": dict(batch=[2, 8], capacity=[16, 64], sigma=[3, math.inf], centre=(4, 16, 3.0),
+                boxes_capacity=16, loop_max_batch=8, rep_ms=20),
+}
+COLUMNS = ["axis", "batch", "capacity", "sigma", "strategy", "status", "median ms", "p20 ms",
+           "p80 ms", "kernel ms", "host ms", "launches", "H2D copies", "valid boxes",
+           "boxes per image", "bytes", "GB/s", "% of peak", "timer"]
+
+
+def _numbers(text: str, kind, name: str) -> list:
+    try:
+        values = [math.inf if v.strip() == "full" else kind(v) for v in text.split(",")]
+    except ValueError:
+        raise CompareError(f"--{name} takes a comma-separated list of numbers"
+                           + (" (or 'full')" if name == "sigma" else "") + f", not {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise CompareError(f"--{name} values must be positive, got {text!r}")
+    return values
+
+
+def parse(argv) -> argparse.Namespace:
+    import torch
+    preset = "gpu" if torch.cuda.is_available() else "cpu"
+    grid = GRIDS[preset]
+    p = argparse.ArgumentParser(prog="make sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", default=",".join(map(str, grid["batch"])))
+    p.add_argument("--capacity", default=",".join(map(str, grid["capacity"])))
+    p.add_argument("--sigma", default=",".join("full" if math.isinf(s) else f"{s:g}"
+                                                for s in grid["sigma"]))
+    p.add_argument("--boxes-capacity", type=int, default=grid["boxes_capacity"],
+                   help="M of the boxes-per-image axis")
+    p.add_argument("--strategies", default=",".join(variants()))
+    p.add_argument("--loop-max-batch", type=int, default=grid["loop_max_batch"],
+                   help="the loop runs only up to this batch size")
+    p.add_argument("--rep-ms", type=int, default=grid["rep_ms"],
+                   help="time per point given to the timer")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    args.preset = preset
+    args.batch = _numbers(args.batch, int, "batch")
+    args.capacity = _numbers(args.capacity, int, "capacity")
+    args.sigma = _numbers(args.sigma, float, "sigma")
+    args.strategies = [s for s in args.strategies.split(",") if s]
+    _check_strategies(args.strategies)
+    args.centre = GRIDS[preset]["centre"]
+    return args
+
+
+def points(args) -> list[tuple[str, int, int, float]]:
+    """(axis, batch, capacity, sigma): each axis varied alone around the centre."""
+    b0, m0, s0 = args.centre
+    return ([("batch", b, m0, s0) for b in args.batch]
+            + [("capacity", b0, m, s0) for m in args.capacity]
+            + [("boxes", b0, args.boxes_capacity, s) for s in args.sigma])
+
+
+def left_out(strategy: str, batch: int, args, cuda_reason: str | None) -> str | None:
+    loss, _, backend = strategy.partition(":")
+    if loss == "loop" and batch > args.loop_max_batch:
+        return (f"left out: the loop takes ~3 ms of host time per sample a call; it runs up "
+                f"to batch {args.loop_max_batch} (--loop-max-batch)")
+    if backend == "cuda" and cuda_reason:
+        return f"left out: {cuda_reason}"
+    return None
+
+
+def run(args, out: Path) -> list[dict]:
+    import torch
+    from kernels.cuda_giou import unavailable_reason
+    from profiling.sweep_point import measure, samples, sigma_label
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cuda_reason = unavailable_reason()
+    plan = [(pt, s) for pt in points(args) for s in args.strategies]
+    rows, done, data, started = [], {}, {}, time.time()
+    if device.type == "cpu":
+        print("make sweep on a CPU: a small grid, Triton's interpreter; the times mean "
+              "nothing about a GPU", flush=True)
+    for i, ((axis, batch, capacity, sigma), strategy) in enumerate(plan, 1):
+        loss, _, backend = strategy.partition(":")
+        row = {"axis": axis, "batch": batch, "capacity": capacity,
+               "sigma": sigma_label(sigma), "strategy": describe(loss, backend or "triton")}
+        label = (f"[{i}/{len(plan)}] {axis}: batch {batch}, M {capacity}, sigma "
+                 f"{row['sigma']}, {row['strategy']}")
+        key = (strategy, batch, capacity, sigma)
+        reason = left_out(strategy, batch, args, cuda_reason)
+        if reason:
+            row["status"] = reason
+        elif key in done:  # the centre point lies on two axes: measured once
+            row.update(done[key])
+        else:
+            pairs = data.setdefault((batch, capacity, sigma),
+                                    samples(batch, capacity, sigma, args.seed))
+            try:
+                figures = {"status": "ok", **measure(loss, backend or "triton", batch,
+                                                     capacity, sigma, pairs, device, dtype,
+                                                     args.seed, args.rep_ms)}
+            except Exception as exc:  # out of memory at the largest sizes, say: a row
+                figures = {"status": f"failed: {one_line(exc)}"}
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            done[key] = figures
+            row.update(figures)
+        rows.append(row)
+        print(f"{label}: {_progress(row)} ({time.time() - started:.0f} s)", flush=True)
+        if len(data) > 2:  # keep the host memory of a few points only
+            data.pop(next(iter(data)))
+    return rows
+
+
+def _progress(row: dict) -> str:
+    if row["status"] != "ok":
+        return row["status"]
+    return (f"{row['median ms']:.4g} ms (p20 {row['p20 ms']:.4g}, p80 {row['p80 ms']:.4g}), "
+            f"{row['launches']} launches, {row['boxes per image']:.3g} boxes/image")
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({c: r.get(c, "") for c in COLUMNS})
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse(argv)
+        out = _fresh_out(args.out, kind="sweep", prefix="sweep")
+    except CompareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from profiling.sweep_report import chart, markdown
+    started = time.time()
+    rows = run(args, out)
+    write_csv(rows, out / "sweep.csv")
+    (out / "sweep.md").write_text(markdown(rows, args, time.time() - started))
+    chart(rows, out / "sweep.png", args.preset)
+    failed = sum(r["status"].startswith("failed") for r in rows)
+    print(f"sweep done in {time.time() - started:.0f} s: {display(out)}/sweep.md, sweep.csv, "
+          f"sweep.png" + (f"; {failed} points failed (rows in the table)" if failed else ""),
+          flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    exit_with(main, "the sweep's table and chart were not written")

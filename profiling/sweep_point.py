@@ -1,0 +1,158 @@
+"""One point of make sweep: a strategy's loss, forward and backward, at one (batch size, box
+capacity M, box sigma), measured alone (no model).
+
+Targets come from the project's dataset and the strategy's own collate, so the boxes per
+image follow the workload's distribution, n = clip(floor(|N(0, sigma)|), 0, M) (sigma = inf:
+every slot filled). Predictions are valid boxes made on the device in the model's dtype
+(bf16 on a GPU, as under the model's autocast; fp32 on a CPU). Measured per call of
+`loss(pred, targets).backward()`:
+
+- time: on a GPU, triton.testing.do_bench (CUDA events around each call, L2 flushed
+  between calls; the elapsed stream time, which for a host-bound strategy is its wall
+  time): median and the 20th/80th percentiles. On a CPU, torch.utils.benchmark's
+  blocked_autorange (wall time). No timing loop of our own.
+- kernel ms: the summed durations of the GPU activities of one profiled call (the GPU's
+  own work, without the host's gaps);
+- host ms: the host's time to issue one call (median of single calls, no sync);
+- launches and H2D copies of one profiled call (the strategy's to_device included), counted
+  with profiling/trace_summary.py's definitions;
+- bytes: what the layout makes the loss read and write at the least (layout_bytes), and
+  that over the median time against the GPU's peak bandwidth.
+"""
+
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import losses
+from core.names import RAGGED
+from data import SyntheticFaces
+from model.boxnet import boxes_from_raw
+from profiling.trace_summary import _is_h2d, _is_launch, load_trace
+
+IMAGE_SIZE = 256  # the workload's: box coordinates in [0, 255]
+_NO_IMAGE = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the loss never sees the images
+
+
+def samples(batch: int, capacity: int, sigma: float, seed: int) -> list:
+    """The batch's (image, boxes) pairs from the dataset, boxes clipped at the capacity;
+    the images replaced by a pixel (collating 8192 full images would cost seconds)."""
+    dataset = SyntheticFaces(batch, IMAGE_SIZE, seed, box_sigma=sigma, max_boxes=capacity)
+    return [(_NO_IMAGE, dataset[i][1]) for i in range(batch)]
+
+
+def predictions(batch: int, capacity: int, device, dtype, seed: int) -> torch.Tensor:
+    """Valid pixel boxes [B, M, 4] made on the device, as the model's head makes them."""
+    gen = torch.Generator(device).manual_seed(seed)
+    raw = torch.randn(batch, capacity, 4, device=device, generator=gen)
+    return boxes_from_raw(raw, IMAGE_SIZE).to(dtype).requires_grad_(True)
+
+
+def layout_bytes(loss: str, batch: int, capacity: int, valid: int, pred_bytes: int,
+                 target_bytes: int, count_bytes: int) -> int:
+    """The least a loss over this layout reads and writes, forward and backward: each pass
+    reads the boxes it must look at (every slot for the padded layout; the valid ones for
+    conditional, which skips the rest, and for the ragged layouts, which hold no others)
+    and the counts; the backward writes the dense gradient of every prediction."""
+    box = 4 * (pred_bytes + target_bytes)
+    if loss in RAGGED:
+        read = valid * box
+    elif loss == "conditional":
+        read = valid * box + batch * count_bytes
+    else:
+        read = batch * capacity * box + batch * count_bytes
+    return 2 * read + batch * capacity * 4 * pred_bytes
+
+
+def peak_bandwidth(device) -> float | None:
+    """The GPU's memory bandwidth in bytes/s from its clock and bus width (DDR: two
+    transfers a clock); None on a CPU."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return 2 * props.memory_clock_rate * 1e3 * props.memory_bus_width / 8
+
+
+def _time(call, device, rep_ms: int) -> tuple[float, float, float, str]:
+    """(median, p20, p80) ms of call, and which timer measured it."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+        med, p20, p80 = do_bench(call, warmup=max(1, rep_ms // 4), rep=rep_ms,
+                                 quantiles=[0.5, 0.2, 0.8])
+        return med, p20, p80, "triton do_bench (CUDA events)"
+    from torch.utils.benchmark import Timer
+    m = Timer("call()", globals={"call": call}).blocked_autorange(min_run_time=rep_ms / 1e3)
+    times = sorted(t * 1e3 for t in m.times)
+    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
+    return statistics.median(times), q[1], q[7], "torch.utils.benchmark (CPU wall)"
+
+
+def _host_ms(call, device, calls: int = 5) -> float:
+    """Median host time to issue one call (no sync inside: the GPU may still be working)."""
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1e3)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # host-device sync: outside the timed calls
+    return statistics.median(times)
+
+
+def _counts(call, device) -> tuple[int, int, float]:
+    """(launches, H2D copies, GPU activity ms) of one profiled call."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    with profile(activities=activities) as prof:
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # host-device sync: every activity in the trace
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = load_trace(path)
+    launches = sum(1 for e in events if e.get("ph") == "X" and _is_launch(e.get("name", "")))
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in
+           ("kernel", "gpu_memcpy", "gpu_memset")]
+    h2d = sum(1 for e in gpu if e["cat"] == "gpu_memcpy" and _is_h2d(e))
+    return launches, h2d, sum(e.get("dur", 0) for e in gpu) / 1e3
+
+
+def measure(loss: str, backend: str, batch: int, capacity: int, sigma: float,
+            pairs: list, device, dtype, seed: int, rep_ms: int) -> dict:
+    """Every figure of one point for one strategy (raises if the strategy fails there)."""
+    strategy = losses.get(loss, backend, capacity=capacity)
+    _, host_targets = strategy.collate(pairs)
+    pred = predictions(batch, capacity, device, dtype, seed)
+    targets = strategy.to_device(host_targets, device)
+
+    def call():
+        pred.grad = None
+        strategy.loss(pred, targets).backward()
+
+    call()  # compile, build, allocate: outside every figure
+    med, p20, p80, timer = _time(call, device, rep_ms)
+    host = _host_ms(call, device)
+    launches, h2d, kernel_ms = _counts(
+        lambda: (strategy.to_device(host_targets, device), call()), device)
+    valid = sum(int(boxes.shape[0]) for _, boxes in pairs)
+    # Padded layouts: (boxes [B, M, 4], counts [B]); ragged: a list of [n, 4] boxes.
+    count_bytes = 0 if loss in RAGGED else host_targets[1].element_size()
+    nbytes = layout_bytes(loss, batch, capacity, valid, pred.element_size(),
+                          host_targets[0].element_size(), count_bytes)
+    peak = peak_bandwidth(device)
+    bandwidth = nbytes / (med * 1e-3)
+    return {"median ms": med, "p20 ms": p20, "p80 ms": p80, "kernel ms": kernel_ms,
+            "host ms": host, "launches": launches, "H2D copies": h2d,
+            "valid boxes": valid, "boxes per image": valid / batch, "bytes": nbytes,
+            "GB/s": bandwidth / 1e9,
+            "% of peak": None if peak is None else 100 * bandwidth / peak, "timer": timer}
+
+
+def sigma_label(sigma: float) -> str:
+    return "full" if math.isinf(sigma) else f"{sigma:g}"

@@ -1,0 +1,193 @@
+"""make sweep's summary (sweep.md) and chart (sweep.png) from its rows (profiling/run_sweep.py).
+Only rows whose status is 'ok' are drawn or fitted; the others are listed with their reason."""
+
+import math
+from pathlib import Path
+
+from profiling.environment import environment
+
+AXIS_TITLES = {"batch": "batch size", "capacity": "box capacity M",
+               "boxes": "valid boxes per image"}
+
+
+def _x(row: dict) -> float:
+    """Where a row sits on its axis (the boxes axis: the measured mean per image)."""
+    return {"batch": row["batch"], "capacity": row["capacity"]}.get(
+        row["axis"], row.get("boxes per image"))
+
+
+def _ok(rows, axis=None, strategy=None) -> list[dict]:
+    return [r for r in rows if r["status"] == "ok" and (axis is None or r["axis"] == axis)
+            and (strategy is None or r["strategy"] == strategy)]
+
+
+def _strategies(rows) -> list[str]:
+    return list(dict.fromkeys(r["strategy"] for r in rows))
+
+
+def slope(rows: list[dict]) -> float | None:
+    """Least-squares slope of log(median ms) against log(axis value): 1 = linear growth,
+    0 = flat (launch- or host-bound). None under two distinct positive points."""
+    pts = [(math.log(_x(r)), math.log(r["median ms"])) for r in rows
+           if _x(r) and _x(r) > 0 and r["median ms"] > 0]
+    if len({x for x, _ in pts}) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    return (sum((x - mx) * (y - my) for x, y in pts)
+            / sum((x - mx) ** 2 for x, _ in pts))
+
+
+def flat_until(rows: list[dict]) -> float | None:
+    """The largest axis value up to which the median stays within 1.5x of the first
+    point's: the launch- or host-bound regime."""
+    rows = sorted(rows, key=_x)
+    if not rows:
+        return None
+    last = _x(rows[0])
+    for r in rows[1:]:
+        if r["median ms"] > 1.5 * rows[0]["median ms"]:
+            break
+        last = _x(r)
+    return last
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    if row["status"] != "ok":
+        return "left out" if row["status"].startswith("left out") else "failed"
+    return f"{row['median ms']:.4g}"
+
+
+def _axis_table(rows, axis) -> list[str]:
+    strategies = _strategies(rows)
+    on_axis = [r for r in rows if r["axis"] == axis]
+    keys = list(dict.fromkeys((r["batch"], r["capacity"], r["sigma"]) for r in on_axis))
+    head = ["batch", "M", "sigma", "boxes per image"] + strategies
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for key in keys:
+        cells = {r["strategy"]: r for r in on_axis if (r["batch"], r["capacity"],
+                                                       r["sigma"]) == key}
+        per_image = next((f"{r['boxes per image']:.3g}" for r in cells.values()
+                          if r["status"] == "ok"), "-")
+        lines.append("| " + " | ".join([str(key[0]), str(key[1]), key[2], per_image]
+                                       + [_cell(cells.get(s)) for s in strategies]) + " |")
+    return lines
+
+
+def _fits(rows) -> list[str]:
+    head = ["strategy"] + [f"slope vs {t}" for t in AXIS_TITLES.values()] + \
+        [f"flat until ({t})" for t in AXIS_TITLES.values()]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for s in _strategies(rows):
+        slopes = [slope(_ok(rows, a, s)) for a in AXIS_TITLES]
+        flats = [flat_until(_ok(rows, a, s)) for a in AXIS_TITLES]
+        lines.append("| " + " | ".join([s] + ["-" if v is None else f"{v:.2f}" for v in slopes]
+                                       + ["-" if v is None else f"{v:.4g}" for v in flats])
+                     + " |")
+    return lines
+
+
+def _conditional_vs_kernel(rows) -> list[str]:
+    lines = ["| axis | batch | M | sigma | backend | kernel ms | conditional ms | "
+             "kernel / conditional |", "|---|---:|---:|---:|---|---:|---:|---:|"]
+    for r in _ok(rows):
+        if not r["strategy"].startswith("conditional/"):
+            continue
+        backend = r["strategy"].split("/")[1]
+        k = next((x for x in _ok(rows, r["axis"], f"kernel/{backend}")
+                  if (x["batch"], x["capacity"], x["sigma"]) ==
+                  (r["batch"], r["capacity"], r["sigma"])), None)
+        if k:
+            lines.append(f"| {r['axis']} | {r['batch']} | {r['capacity']} | {r['sigma']} | "
+                         f"{backend} | {k['median ms']:.4g} | {r['median ms']:.4g} | "
+                         f"{k['median ms'] / r['median ms']:.2f} |")
+    return lines
+
+
+def _largest(rows) -> list[str]:
+    """Bandwidth at each axis' largest measured point."""
+    lines = ["| axis | batch | M | sigma | strategy | bytes (layout) | median ms | GB/s | "
+             "% of peak | launches | H2D copies | host ms |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for axis in AXIS_TITLES:
+        for s in _strategies(rows):
+            ok = _ok(rows, axis, s)
+            if not ok:
+                continue
+            r = max(ok, key=_x)
+            peak = "-" if r["% of peak"] in (None, "") else f"{r['% of peak']:.1f}"
+            lines.append(f"| {axis} | {r['batch']} | {r['capacity']} | {r['sigma']} | {s} | "
+                         f"{r['bytes']:,} | {r['median ms']:.4g} | {r['GB/s']:.3g} | {peak} | "
+                         f"{r['launches']} | {r['H2D copies']} | {r['host ms']:.3g} |")
+    return lines
+
+
+def markdown(rows: list[dict], args, seconds: float) -> str:
+    env = environment()
+    timer = next((r["timer"] for r in rows if r["status"] == "ok"), "-")
+    out = [f"# make sweep: the loss alone, forward + backward, {args.preset} grid", "",
+           f"Device {env['device']}, torch {env['torch']}, Triton {env['triton']}, commit "
+           f"{env['commit']}, {env['date']}; {seconds:.0f} s. Timer: {timer}; median ms per "
+           "call of `loss(pred, targets).backward()` (sweep.csv has the 20th and 80th "
+           "percentiles, kernel ms, host ms, launches, copies, bytes).", ""]
+    if args.preset == "cpu":
+        out += ["**On a CPU the times mean nothing about a GPU**: the Triton kernels run "
+                "in Triton's interpreter and there is no CUDA backend.", ""]
+    b0, m0, s0 = args.centre
+    out += [f"Each axis is varied alone around batch {b0}, M {m0}, sigma {s0:g}; the boxes "
+            f"axis at M {args.boxes_capacity}.", ""]
+    for axis, title in AXIS_TITLES.items():
+        out += [f"## Against {title}", ""] + _axis_table(rows, axis) + [""]
+    out += ["## How each strategy grows", "",
+            "Slope of log(median) against log(axis value) (1: linear in the work, 0: flat, "
+            "bound by launches or host time); 'flat until': the largest value whose median is "
+            "within 1.5x of the axis' first point.", ""] + _fits(rows) + [""]
+    out += ["## conditional against kernel (above 1: conditional is faster)", ""] + \
+        _conditional_vs_kernel(rows) + [""]
+    out += ["## Bytes and bandwidth at each axis' largest point", "",
+            "Bytes: the least the layout makes the loss read and write "
+            "(profiling/sweep_point.layout_bytes); GB/s: those bytes over the median time.",
+            ""] + _largest(rows) + [""]
+    others = [r for r in rows if r["status"] != "ok"]
+    if others:
+        out += ["## Left out or failed", ""] + [
+            f"- {r['axis']}: batch {r['batch']}, M {r['capacity']}, sigma {r['sigma']}, "
+            f"{r['strategy']}: {r['status']}" for r in others] + [""]
+    return "\n".join(out)
+
+
+def chart(rows: list[dict], path: Path, preset: str) -> None:
+    """A log-log panel per axis: each strategy's median with its p20-p80 bar."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(AXIS_TITLES), figsize=(16, 4.8))
+    for ax, (axis, title) in zip(axes, AXIS_TITLES.items()):
+        drawn = False
+        for s in _strategies(rows):
+            ok = sorted(_ok(rows, axis, s), key=_x)
+            if not ok:
+                continue
+            xs = [_x(r) for r in ok]
+            ys = [r["median ms"] for r in ok]
+            err = [[y - r["p20 ms"] for y, r in zip(ys, ok)],
+                   [r["p80 ms"] - y for y, r in zip(ys, ok)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, label=s)
+            drawn = True
+        if drawn:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.set_xlabel(title)
+        ax.set_ylabel("ms per forward + backward")
+        ax.set_title(f"against {title}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    note = " (CPU: Triton's interpreter; the times mean nothing about a GPU)" \
+        if preset == "cpu" else ""
+    fig.suptitle("GIoU loss alone, forward + backward, median with p20-p80" + note)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,134 @@
+"""make sweep: a tiny sweep writes its CSV, Markdown and chart with every strategy and axis;
+the byte counts match a hand computation; the boxes per image follow the distribution
+asked for; a failing point is a row that says so, never a point of a curve."""
+
+import csv
+import math
+
+import pytest
+import torch
+
+from core.names import describe, variants
+from profiling import run_sweep, sweep_point
+from profiling.sweep_report import slope
+
+TINY = ["--batch", "2,4", "--capacity", "8,16", "--sigma", "3,full", "--boxes-capacity", "8",
+        "--rep-ms", "2"]
+
+
+def _rows(out):
+    return list(csv.DictReader((out / "sweep.csv").open()))
+
+
+def test_a_tiny_sweep_writes_every_strategy_and_axis(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert run_sweep.main(["--out", str(out), *TINY]) == 0
+    for name in ("sweep.csv", "sweep.md", "sweep.png"):
+        assert (out / name).stat().st_size > 0, name
+    rows = _rows(out)
+    names = {describe(*(s.split(":") + ["triton"])[:2]) for s in variants()}
+    assert {r["strategy"] for r in rows} == names
+    assert {r["axis"] for r in rows} == {"batch", "capacity", "boxes"}
+    for r in rows:
+        if r["status"] == "ok":
+            assert float(r["p20 ms"]) <= float(r["median ms"]) <= float(r["p80 ms"])
+            assert int(r["bytes"]) > 0
+        else:  # only what cannot run here
+            assert r["status"].startswith("left out") and "cuda" in r["strategy"] and \
+                not torch.cuda.is_available(), r
+    full = [r for r in rows if r["axis"] == "boxes" and r["sigma"] == "full"
+            and r["status"] == "ok"]
+    assert full and all(float(r["boxes per image"]) == 8 for r in full)
+    text = (out / "sweep.md").read_text()
+    assert "## Against batch size" in text and "## conditional against kernel" in text
+    if not torch.cuda.is_available():
+        assert "the times mean nothing" in text
+    assert "[1/" in capsys.readouterr().out  # a progress line per point
+
+
+def test_byte_counts_match_a_hand_computation(tmp_path):
+    out = tmp_path / "sweep"
+    assert run_sweep.main(["--out", str(out), *TINY, "--strategies",
+                           "padded,conditional:triton,concat"]) == 0
+    point = {r["strategy"]: r for r in _rows(out) if r["axis"] == "batch" and r["batch"] == "2"}
+    valid = int(point["padded"]["valid boxes"])
+    pred = 2 if torch.cuda.is_available() else 4  # bf16 on a GPU, fp32 on a CPU
+    # Batch 2, M 16 (the centre's capacity): predictions [2, 16, 4], uint8 targets, int32
+    # counts. Forward and backward each read the boxes and counts; the backward writes
+    # the gradient [2, 16, 4].
+    grad = 2 * 16 * 4 * pred
+    assert int(point["padded"]["bytes"]) == 2 * (2 * 16 * 4 * (pred + 1) + 2 * 4) + grad
+    assert int(point["conditional/triton"]["bytes"]) == 2 * (valid * 4 * (pred + 1) + 8) + grad
+    assert int(point["concat"]["bytes"]) == 2 * valid * 4 * (pred + 1) + grad
+    assert sweep_point.layout_bytes("kernel", 1024, 256, 1961, 2, 1, 4) == \
+        2 * (1024 * 256 * 12 + 4096) + 1024 * 256 * 8
+
+
+@pytest.mark.parametrize("sigma,capacity", [(3.0, 255), (10.0, 16), (300.0, 1024)])
+def test_boxes_per_image_follow_the_distribution_asked_for(sigma, capacity):
+    """n = min(floor(sigma |Z|), M): E[n] = sum_k P(sigma |Z| >= k) = sum_k erfc(k / (sigma
+    sqrt 2)) for k = 1..M."""
+    n = [b.shape[0] for _, b in sweep_point.samples(3000, capacity, sigma, seed=5)]
+    expected = sum(math.erfc(k / (sigma * math.sqrt(2))) for k in range(1, capacity + 1))
+    mean = sum(n) / len(n)
+    spread = (sum((x - mean) ** 2 for x in n) / len(n)) ** 0.5
+    assert abs(mean - expected) < 4 * spread / math.sqrt(len(n)) + 1e-9, (mean, expected)
+    assert max(n) <= capacity
+    full = sweep_point.samples(5, capacity, math.inf, seed=5)
+    assert all(b.shape[0] == capacity for _, b in full)
+
+
+def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
+    real = sweep_point.measure
+
+    def measure(loss, backend, batch, *args, **kwargs):
+        if loss == "padded" and batch == 4:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real(loss, backend, batch, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_point, "measure", measure)
+    out = tmp_path / "sweep"
+    assert run_sweep.main(["--out", str(out), *TINY, "--strategies", "padded,concat"]) == 1
+    rows = _rows(out)
+    failed = [r for r in rows if r["status"].startswith("failed")]
+    # batch 4 is on every axis (the centre): every padded row there failed, nothing else.
+    assert failed and all(r["strategy"] == "padded" and r["batch"] == "4" for r in failed)
+    assert all("out of memory" in r["status"] and r["median ms"] == "" for r in failed)
+    assert all(r["status"] == "ok" for r in rows if r not in failed)
+    assert "failed: CUDA out of memory" in (out / "sweep.md").read_text()
+    assert "points failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--batch", "x"], "--batch takes a comma-separated list of numbers"),
+    (["--sigma", "0"], "--sigma values must be positive"),
+    (["--strategies", "padded,bogus"], "unknown strategy 'bogus'"),
+])
+def test_bad_options_are_one_line(tmp_path, capsys, args, message):
+    assert run_sweep.main(["--out", str(tmp_path / "x"), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_slopes_read_growth_on_log_log_axes():
+    rows = [{"axis": "batch", "batch": b, "capacity": 8, "median ms": 0.5 * b, "status": "ok"}
+            for b in (1, 10, 100)]
+    assert slope(rows) == pytest.approx(1.0)
+    flat = [{**r, "median ms": 2.0} for r in rows]
+    assert slope(flat) == pytest.approx(0.0)
+
+
+@pytest.mark.gpu
+def test_a_small_sweep_on_the_gpu_times_with_cuda_events(tmp_path):
+    out = tmp_path / "sweep"
+    assert run_sweep.main(["--out", str(out), "--batch", "64,256", "--capacity", "256",
+                           "--sigma", "3,full", "--boxes-capacity", "256", "--rep-ms",
+                           "10"]) == 0
+    rows = [r for r in _rows(out) if r["status"] == "ok"]
+    assert {r["strategy"] for r in rows} >= {"kernel/cuda", "conditional/cuda",
+                                             "kernel/triton", "padded"}
+    for r in rows:
+        assert r["timer"] == "triton do_bench (CUDA events)"
+        assert int(r["launches"]) > 0 and float(r["% of peak"]) > 0
+    fused = [r for r in rows if r["strategy"] == "kernel/cuda"]
+    assert all(int(r["launches"]) == 3 for r in fused)  # 2 forward, 1 backward
