@@ -10,6 +10,9 @@
 #               profiles/ladder-device/
 #     timeline  what the host does inside the loss range of compare's forward-mode runs
 #               of the padded-layout strategies
+#     sweep     make sweep (each loss alone over batch, capacity, boxes per image) into
+#               profiles/sweep-device/
+#     blocks    bench/conditional_blocks.py (the conditional kernel's block shapes)
 # DEADLINE (seconds from the start, default 570) stops a stage that would run past it, so
 # the archives still get written. The device's copy of the tree carries a stale .git:
 # export GIT_COMMIT=<sha of the tree sent> first so that every summary names its commit.
@@ -52,6 +55,16 @@ for stage in "$@"; do
         echo "## $run"; python3 bench/step_gaps.py "$run" --gaps 4
       done > "$out/step_gaps.txt" 2>&1
       head -c 2500 "$out/step_gaps.txt" ;;
+    sweep)
+      sw=profiles/sweep-device
+      ( time timeout "$(left)" make sweep ARGS="--out $sw" ) 2>&1 | grep -v USDT \
+        > "$out/sweep.log"
+      tar czf "$out/sweep.tgz" "$sw"/sweep.* 2>/dev/null
+      grep -E "sweep done|^real|failed" "$out/sweep.log" | tail -5 ;;
+    blocks)
+      timeout "$(left)" python3 bench/conditional_blocks.py 2>&1 | grep -v USDT \
+        > "$out/conditional_blocks.txt"
+      cat "$out/conditional_blocks.txt" ;;
     timeline)
       for run in "$cmp"/{padded,compiled,kernel-*,conditional-*}-forward; do  # not the
         # loop's or concat's: thousands of operators per range
