@@ -11,10 +11,11 @@ the input. Every strategy, the fused ones with both kernel backends. Each point 
 profiling/sweep_point.measure (what it measures and with which timer is said there).
 
 Written under profiles/sweep-<UTC time>/: sweep.csv (long format: a row per axis, point
-and strategy, with the median and 20th/80th percentiles, like Liger-Kernel's benchmark
-CSVs), sweep.md (a table per axis, each strategy's log-log slope per axis, conditional
-against kernel, bandwidth, what was left out or failed) and sweep.png (a log-log panel per
-axis, medians with p20-p80 bars). A point that fails (out of memory, say) is a row that
+and strategy, with medians and 20th/80th percentiles, like Liger-Kernel's benchmark CSVs),
+sweep.md (a table per axis, each strategy's log-log slope per axis, conditional against
+kernel, bandwidth, what was left out or failed) and sweep.png (log-log panels per axis:
+the GPU's work per call above, the elapsed time per call below; medians with p20-p80
+bars). A point that fails (out of memory, say) is a row that
 says so and is never drawn; the sweep goes on. On a CPU the same command runs a small
 grid (Triton's interpreter, no CUDA backend) and its times mean nothing.
 """
@@ -41,9 +42,10 @@ GRIDS = {
     "cpu": dict(batch=[2, 8], capacity=[16, 64], sigma=[3, math.inf], centre=(4, 16, 3.0),
                 boxes_capacity=16, loop_max_batch=8, rep_ms=20),
 }
-COLUMNS = ["axis", "batch", "capacity", "sigma", "strategy", "status", "median ms", "p20 ms",
-           "p80 ms", "kernel ms", "host ms", "launches", "H2D copies", "valid boxes",
-           "boxes per image", "bytes", "GB/s", "% of peak", "timer"]
+COLUMNS = ["axis", "batch", "capacity", "sigma", "strategy", "status", "GPU ms", "GPU p20 ms",
+           "GPU p80 ms", "elapsed ms", "elapsed p20 ms", "elapsed p80 ms", "host ms",
+           "launches", "H2D copies", "valid boxes", "boxes per image", "bytes", "GB/s",
+           "% of peak", "timer"]
 
 
 def _numbers(text: str, kind, name: str) -> list:
@@ -151,8 +153,9 @@ def run(args, out: Path) -> list[dict]:
 def _progress(row: dict) -> str:
     if row["status"] != "ok":
         return row["status"]
-    return (f"{row['median ms']:.4g} ms (p20 {row['p20 ms']:.4g}, p80 {row['p80 ms']:.4g}), "
-            f"{row['launches']} launches, {row['boxes per image']:.3g} boxes/image")
+    return (f"GPU {row['GPU ms']:.4g} ms (p20 {row['GPU p20 ms']:.4g}, p80 "
+            f"{row['GPU p80 ms']:.4g}), elapsed {row['elapsed ms']:.4g} ms, "
+            f"{row['launches']:g} launches, {row['boxes per image']:.3g} boxes/image")
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

@@ -7,19 +7,21 @@ every slot filled). Predictions are valid boxes made on the device in the model'
 (bf16 on a GPU, as under the model's autocast; fp32 on a CPU). Measured per call of
 `loss(pred, targets).backward()`:
 
-- time: on a GPU, triton.testing.do_bench (CUDA events around each call, L2 flushed
-  between calls; the elapsed stream time, which for a host-bound strategy is its wall
-  time): median and the 20th/80th percentiles. On a CPU, torch.utils.benchmark's
-  blocked_autorange (wall time). No timing loop of our own.
-- kernel ms: the summed durations of the GPU activities of one profiled call (the GPU's
-  own work, without the host's gaps);
+- GPU ms (median, p20, p80): the summed durations of the GPU activities (kernels, copies,
+  memsets) each call launched, from the profiler's kernel events over repeated calls: the
+  GPU's own work, whatever the host does around it.
+- elapsed ms (median, p20, p80): triton.testing.do_bench, CUDA events around each call
+  (L2 flushed between calls): the stream's elapsed time, which for a small or host-bound
+  call is the host's time to issue it, not the GPU's. On a CPU both columns are
+  torch.utils.benchmark's blocked_autorange (wall time). No timing loop of our own.
 - host ms: the host's time to issue one call (median of single calls, no sync);
-- launches and H2D copies of one profiled call (the strategy's to_device included), counted
-  with profiling/trace_summary.py's definitions;
+- launches and H2D copies per call (the strategy's to_device included), counted with
+  profiling/trace_summary.py's definitions;
 - bytes: what the layout makes the loss read and write at the least (layout_bytes), and
-  that over the median time against the GPU's peak bandwidth.
+  that over the GPU time against the GPU's peak bandwidth.
 """
 
+import bisect
 import math
 import statistics
 import tempfile
@@ -32,7 +34,7 @@ import losses
 from core.names import RAGGED
 from data import SyntheticFaces
 from model.boxnet import boxes_from_raw
-from profiling.trace_summary import _is_h2d, _is_launch, load_trace
+from profiling.trace_summary import GPU_CATS, RUNTIME_CATS, _is_h2d, _is_launch, load_trace
 
 IMAGE_SIZE = 256  # the workload's: box coordinates in [0, 255]
 _NO_IMAGE = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the loss never sees the images
@@ -77,8 +79,18 @@ def peak_bandwidth(device) -> float | None:
     return 2 * props.memory_clock_rate * 1e3 * props.memory_bus_width / 8
 
 
-def _time(call, device, rep_ms: int) -> tuple[float, float, float, str]:
-    """(median, p20, p80) ms of call, and which timer measured it."""
+def _quantiles(values: list[float]) -> tuple[float, float, float]:
+    """(median, p20, p80)."""
+    values = sorted(values)
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q = statistics.quantiles(values, n=10, method="inclusive")
+    return statistics.median(values), q[1], q[7]
+
+
+def _elapsed(call, device, rep_ms: int) -> tuple[float, float, float, str]:
+    """(median, p20, p80) ms of call as the stream (GPU) or the wall clock (CPU) saw it,
+    and which timer measured it."""
     if device.type == "cuda":
         from triton.testing import do_bench
         med, p20, p80 = do_bench(call, warmup=max(1, rep_ms // 4), rep=rep_ms,
@@ -86,9 +98,7 @@ def _time(call, device, rep_ms: int) -> tuple[float, float, float, str]:
         return med, p20, p80, "triton do_bench (CUDA events)"
     from torch.utils.benchmark import Timer
     m = Timer("call()", globals={"call": call}).blocked_autorange(min_run_time=rep_ms / 1e3)
-    times = sorted(t * 1e3 for t in m.times)
-    q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else times * 9
-    return statistics.median(times), q[1], q[7], "torch.utils.benchmark (CPU wall)"
+    return (*_quantiles([t * 1e3 for t in m.times]), "torch.utils.benchmark (CPU wall)")
 
 
 def _host_ms(call, device, calls: int = 5) -> float:
@@ -103,24 +113,51 @@ def _host_ms(call, device, calls: int = 5) -> float:
     return statistics.median(times)
 
 
-def _counts(call, device) -> tuple[int, int, float]:
-    """(launches, H2D copies, GPU activity ms) of one profiled call."""
-    from torch.profiler import ProfilerActivity, profile
+def _profiled_calls(copy, call, device, calls: int) -> dict:
+    """Each call's GPU ms, and its launches and H2D copies (its copy's included), from
+    one profile of `calls` rounds of copy() then call(), each in its own range."""
+    from torch.profiler import ProfilerActivity, profile, record_function
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                            else [])
     with profile(activities=activities) as prof:
-        call()
+        for _ in range(calls):
+            with record_function("sweep_copy"):
+                copy()
+            with record_function("sweep_call"):
+                call()
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # host-device sync: every activity in the trace
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = load_trace(path)
-    launches = sum(1 for e in events if e.get("ph") == "X" and _is_launch(e.get("name", "")))
-    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in
-           ("kernel", "gpu_memcpy", "gpu_memset")]
-    h2d = sum(1 for e in gpu if e["cat"] == "gpu_memcpy" and _is_h2d(e))
-    return launches, h2d, sum(e.get("dur", 0) for e in gpu) / 1e3
+        events = [e for e in load_trace(path) if e.get("ph") == "X"]
+    # The ranges in order: copy and call of round 0, of round 1, ... (they never overlap).
+    ranges = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"])
+                    for e in events if e.get("cat") == "user_annotation"
+                    and e["name"] in ("sweep_copy", "sweep_call"))
+    starts = [r[0] for r in ranges]
+    gpu_us, launches, h2d = [0.0] * calls, [0] * calls, [0] * calls
+    launched_by = {}  # correlation id -> (round, "sweep_copy" or "sweep_call")
+    for e in events:
+        if e.get("cat") not in RUNTIME_CATS:
+            continue
+        ts = float(e["ts"])
+        i = bisect.bisect_right(starts, ts) - 1
+        if i < 0 or ts > ranges[i][1]:
+            continue
+        launched_by[e.get("args", {}).get("correlation")] = (i // 2, ranges[i][2])
+        launches[i // 2] += _is_launch(e.get("name", ""))
+    for e in events:
+        if e.get("cat") not in GPU_CATS:
+            continue
+        owner = launched_by.get(e.get("args", {}).get("correlation"))
+        if owner is None:
+            continue
+        h2d[owner[0]] += _is_h2d(e)
+        if owner[1] == "sweep_call":
+            gpu_us[owner[0]] += float(e.get("dur", 0))
+    return {"gpu_ms": [u / 1e3 for u in gpu_us], "launches": statistics.median(launches),
+            "h2d": statistics.median(h2d)}
 
 
 def measure(loss: str, backend: str, batch: int, capacity: int, sigma: float,
@@ -136,19 +173,26 @@ def measure(loss: str, backend: str, batch: int, capacity: int, sigma: float,
         strategy.loss(pred, targets).backward()
 
     call()  # compile, build, allocate: outside every figure
-    med, p20, p80, timer = _time(call, device, rep_ms)
+    elapsed, e20, e80, timer = _elapsed(call, device, rep_ms)
     host = _host_ms(call, device)
-    launches, h2d, kernel_ms = _counts(
-        lambda: (strategy.to_device(host_targets, device), call()), device)
+    # Enough calls for quantiles, within ~rep_ms (the loop's trace is ~10^4 events a call).
+    calls = max(3, min(20, int(rep_ms / max(elapsed, 1e-3))))
+    counts = _profiled_calls(lambda: strategy.to_device(host_targets, device), call, device,
+                             calls)
+    if device.type == "cuda":
+        gpu, g20, g80 = _quantiles(counts["gpu_ms"])
+    else:  # no GPU activities: the wall time is all there is
+        gpu, g20, g80 = elapsed, e20, e80
     valid = sum(int(boxes.shape[0]) for _, boxes in pairs)
     # Padded layouts: (boxes [B, M, 4], counts [B]); ragged: a list of [n, 4] boxes.
     count_bytes = 0 if loss in RAGGED else host_targets[1].element_size()
     nbytes = layout_bytes(loss, batch, capacity, valid, pred.element_size(),
                           host_targets[0].element_size(), count_bytes)
     peak = peak_bandwidth(device)
-    bandwidth = nbytes / (med * 1e-3)
-    return {"median ms": med, "p20 ms": p20, "p80 ms": p80, "kernel ms": kernel_ms,
-            "host ms": host, "launches": launches, "H2D copies": h2d,
+    bandwidth = nbytes / (gpu * 1e-3) if gpu > 0 else float("nan")
+    return {"GPU ms": gpu, "GPU p20 ms": g20, "GPU p80 ms": g80, "elapsed ms": elapsed,
+            "elapsed p20 ms": e20, "elapsed p80 ms": e80, "host ms": host,
+            "launches": counts["launches"], "H2D copies": counts["h2d"],
             "valid boxes": valid, "boxes per image": valid / batch, "bytes": nbytes,
             "GB/s": bandwidth / 1e9,
             "% of peak": None if peak is None else 100 * bandwidth / peak, "timer": timer}

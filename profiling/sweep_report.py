@@ -26,10 +26,10 @@ def _strategies(rows) -> list[str]:
 
 
 def slope(rows: list[dict]) -> float | None:
-    """Least-squares slope of log(median ms) against log(axis value): 1 = linear growth,
+    """Least-squares slope of log(GPU ms) against log(axis value): 1 = linear growth,
     0 = flat (launch- or host-bound). None under two distinct positive points."""
-    pts = [(math.log(_x(r)), math.log(r["median ms"])) for r in rows
-           if _x(r) and _x(r) > 0 and r["median ms"] > 0]
+    pts = [(math.log(_x(r)), math.log(r["GPU ms"])) for r in rows
+           if _x(r) and _x(r) > 0 and r["GPU ms"] > 0]
     if len({x for x, _ in pts}) < 2:
         return None
     mx = sum(x for x, _ in pts) / len(pts)
@@ -46,7 +46,7 @@ def flat_until(rows: list[dict]) -> float | None:
         return None
     last = _x(rows[0])
     for r in rows[1:]:
-        if r["median ms"] > 1.5 * rows[0]["median ms"]:
+        if r["GPU ms"] > 1.5 * rows[0]["GPU ms"]:
             break
         last = _x(r)
     return last
@@ -57,7 +57,7 @@ def _cell(row: dict | None) -> str:
         return "-"
     if row["status"] != "ok":
         return "left out" if row["status"].startswith("left out") else "failed"
-    return f"{row['median ms']:.4g}"
+    return f"{row['GPU ms']:.4g} / {row['elapsed ms']:.3g}"
 
 
 def _axis_table(rows, axis) -> list[str]:
@@ -101,14 +101,14 @@ def _conditional_vs_kernel(rows) -> list[str]:
                   (r["batch"], r["capacity"], r["sigma"])), None)
         if k:
             lines.append(f"| {r['axis']} | {r['batch']} | {r['capacity']} | {r['sigma']} | "
-                         f"{backend} | {k['median ms']:.4g} | {r['median ms']:.4g} | "
-                         f"{k['median ms'] / r['median ms']:.2f} |")
+                         f"{backend} | {k['GPU ms']:.4g} | {r['GPU ms']:.4g} | "
+                         f"{k['GPU ms'] / r['GPU ms']:.2f} |")
     return lines
 
 
 def _largest(rows) -> list[str]:
     """Bandwidth at each axis' largest measured point."""
-    lines = ["| axis | batch | M | sigma | strategy | bytes (layout) | median ms | GB/s | "
+    lines = ["| axis | batch | M | sigma | strategy | bytes (layout) | GPU ms | GB/s | "
              "% of peak | launches | H2D copies | host ms |",
              "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for axis in AXIS_TITLES:
@@ -119,7 +119,7 @@ def _largest(rows) -> list[str]:
             r = max(ok, key=_x)
             peak = "-" if r["% of peak"] in (None, "") else f"{r['% of peak']:.1f}"
             lines.append(f"| {axis} | {r['batch']} | {r['capacity']} | {r['sigma']} | {s} | "
-                         f"{r['bytes']:,} | {r['median ms']:.4g} | {r['GB/s']:.3g} | {peak} | "
+                         f"{r['bytes']:,} | {r['GPU ms']:.4g} | {r['GB/s']:.3g} | {peak} | "
                          f"{r['launches']} | {r['H2D copies']} | {r['host ms']:.3g} |")
     return lines
 
@@ -129,9 +129,13 @@ def markdown(rows: list[dict], args, seconds: float) -> str:
     timer = next((r["timer"] for r in rows if r["status"] == "ok"), "-")
     out = [f"# make sweep: the loss alone, forward + backward, {args.preset} grid", "",
            f"Device {env['device']}, torch {env['torch']}, Triton {env['triton']}, commit "
-           f"{env['commit']}, {env['date']}; {seconds:.0f} s. Timer: {timer}; median ms per "
-           "call of `loss(pred, targets).backward()` (sweep.csv has the 20th and 80th "
-           "percentiles, kernel ms, host ms, launches, copies, bytes).", ""]
+           f"{env['commit']}, {env['date']}; {seconds:.0f} s. Per call of "
+           "`loss(pred, targets).backward()`, medians: **GPU ms**, the GPU's own work (the "
+           "profiler's kernel, copy and memset durations of each call, over repeated "
+           f"calls), and **elapsed ms**, {timer}: the time the call takes as the stream "
+           "sees it, which for small or host-bound calls is the host's time to issue it. "
+           "sweep.csv has the 20th and 80th percentiles of both, host ms, launches, H2D "
+           "copies, the layout's bytes and bandwidth.", ""]
     if args.preset == "cpu":
         out += ["**On a CPU the times mean nothing about a GPU**: the Triton kernels run "
                 "in Triton's interpreter and there is no CUDA backend.", ""]
@@ -139,12 +143,13 @@ def markdown(rows: list[dict], args, seconds: float) -> str:
     out += [f"Each axis is varied alone around batch {b0}, M {m0}, sigma {s0:g}; the boxes "
             f"axis at M {args.boxes_capacity}.", ""]
     for axis, title in AXIS_TITLES.items():
-        out += [f"## Against {title}", ""] + _axis_table(rows, axis) + [""]
+        out += [f"## Against {title}", "", "GPU ms / elapsed ms per call.", ""] + \
+            _axis_table(rows, axis) + [""]
     out += ["## How each strategy grows", "",
-            "Slope of log(median) against log(axis value) (1: linear in the work, 0: flat, "
-            "bound by launches or host time); 'flat until': the largest value whose median is "
-            "within 1.5x of the axis' first point.", ""] + _fits(rows) + [""]
-    out += ["## conditional against kernel (above 1: conditional is faster)", ""] + \
+            "Slope of log(GPU ms) against log(axis value) (1: linear in the work, 0: flat, "
+            "the GPU's fixed cost per launch); 'flat until': the largest value whose GPU ms "
+            "is within 1.5x of the axis' first point.", ""] + _fits(rows) + [""]
+    out += ["## conditional against kernel, GPU ms (above 1: conditional is faster)", ""] + \
         _conditional_vs_kernel(rows) + [""]
     out += ["## Bytes and bandwidth at each axis' largest point", "",
             "Bytes: the least the layout makes the loss read and write "
@@ -159,35 +164,39 @@ def markdown(rows: list[dict], args, seconds: float) -> str:
 
 
 def chart(rows: list[dict], path: Path, preset: str) -> None:
-    """A log-log panel per axis: each strategy's median with its p20-p80 bar."""
+    """Log-log panels, one column per axis: the GPU's work per call (top) and the elapsed
+    time per call (bottom); each strategy's median with its p20-p80 bar."""
     import matplotlib
     matplotlib.use("Agg")  # no display: write the file only
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(AXIS_TITLES), figsize=(16, 4.8))
-    for ax, (axis, title) in zip(axes, AXIS_TITLES.items()):
-        drawn = False
-        for s in _strategies(rows):
-            ok = sorted(_ok(rows, axis, s), key=_x)
-            if not ok:
-                continue
-            xs = [_x(r) for r in ok]
-            ys = [r["median ms"] for r in ok]
-            err = [[y - r["p20 ms"] for y, r in zip(ys, ok)],
-                   [r["p80 ms"] - y for y, r in zip(ys, ok)]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", ms=3, capsize=2, label=s)
-            drawn = True
-        if drawn:
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-        ax.set_xlabel(title)
-        ax.set_ylabel("ms per forward + backward")
-        ax.set_title(f"against {title}")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=7)
+    measures = (("GPU", "GPU ms per call (its kernels)"),
+                ("elapsed", "elapsed ms per call (stream)"))
+    fig, grid = plt.subplots(2, len(AXIS_TITLES), figsize=(16, 9), squeeze=False)
+    for row_axes, (key, ylabel) in zip(grid, measures):
+        for ax, (axis, title) in zip(row_axes, AXIS_TITLES.items()):
+            drawn = False
+            for s in _strategies(rows):
+                ok = sorted(_ok(rows, axis, s), key=_x)
+                if not ok:
+                    continue
+                ys = [r[f"{key} ms"] for r in ok]
+                err = [[y - r[f"{key} p20 ms"] for y, r in zip(ys, ok)],
+                       [r[f"{key} p80 ms"] - y for y, r in zip(ys, ok)]]
+                ax.errorbar([_x(r) for r in ok], ys, yerr=err, marker="o", ms=3, capsize=2,
+                            label=s)
+                drawn = True
+            if drawn:
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+            ax.set_xlabel(title)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{key}: against {title}")
+            ax.grid(True, which="both", alpha=0.3)
+    grid[0][0].legend(fontsize=7)
     note = " (CPU: Triton's interpreter; the times mean nothing about a GPU)" \
         if preset == "cpu" else ""
-    fig.suptitle("GIoU loss alone, forward + backward, median with p20-p80" + note)
+    fig.suptitle("GIoU loss alone, forward + backward: median with p20-p80" + note)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -31,7 +31,8 @@ def test_a_tiny_sweep_writes_every_strategy_and_axis(tmp_path, capsys):
     assert {r["axis"] for r in rows} == {"batch", "capacity", "boxes"}
     for r in rows:
         if r["status"] == "ok":
-            assert float(r["p20 ms"]) <= float(r["median ms"]) <= float(r["p80 ms"])
+            for t in ("GPU", "elapsed"):
+                assert float(r[f"{t} p20 ms"]) <= float(r[f"{t} ms"]) <= float(r[f"{t} p80 ms"])
             assert int(r["bytes"]) > 0
         else:  # only what cannot run here
             assert r["status"].startswith("left out") and "cuda" in r["strategy"] and \
@@ -93,7 +94,7 @@ def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch, c
     failed = [r for r in rows if r["status"].startswith("failed")]
     # batch 4 is on every axis (the centre): every padded row there failed, nothing else.
     assert failed and all(r["strategy"] == "padded" and r["batch"] == "4" for r in failed)
-    assert all("out of memory" in r["status"] and r["median ms"] == "" for r in failed)
+    assert all("out of memory" in r["status"] and r["GPU ms"] == "" for r in failed)
     assert all(r["status"] == "ok" for r in rows if r not in failed)
     assert "failed: CUDA out of memory" in (out / "sweep.md").read_text()
     assert "points failed" in capsys.readouterr().out
@@ -111,10 +112,10 @@ def test_bad_options_are_one_line(tmp_path, capsys, args, message):
 
 
 def test_slopes_read_growth_on_log_log_axes():
-    rows = [{"axis": "batch", "batch": b, "capacity": 8, "median ms": 0.5 * b, "status": "ok"}
+    rows = [{"axis": "batch", "batch": b, "capacity": 8, "GPU ms": 0.5 * b, "status": "ok"}
             for b in (1, 10, 100)]
     assert slope(rows) == pytest.approx(1.0)
-    flat = [{**r, "median ms": 2.0} for r in rows]
+    flat = [{**r, "GPU ms": 2.0} for r in rows]
     assert slope(flat) == pytest.approx(0.0)
 
 
@@ -129,6 +130,10 @@ def test_a_small_sweep_on_the_gpu_times_with_cuda_events(tmp_path):
                                              "kernel/triton", "padded"}
     for r in rows:
         assert r["timer"] == "triton do_bench (CUDA events)"
-        assert int(r["launches"]) > 0 and float(r["% of peak"]) > 0
+        assert float(r["launches"]) > 0 and float(r["% of peak"]) > 0
+        assert 0 < float(r["GPU ms"]) <= float(r["elapsed ms"]) * 1.5
     fused = [r for r in rows if r["strategy"] == "kernel/cuda"]
-    assert all(int(r["launches"]) == 3 for r in fused)  # 2 forward, 1 backward
+    # 2 forward, 1 backward, and autograd's fill of the backward's seed gradient.
+    assert all(float(r["launches"]) == 4 for r in fused)
+    # The layout's two copies (boxes and counts) per call.
+    assert all(float(r["H2D copies"]) == 2 for r in fused)
