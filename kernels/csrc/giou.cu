@@ -21,9 +21,10 @@ namespace {
 constexpr float kEps = 1e-7f;
 constexpr int kFinalizeThreads = 1024;
 
-// Threads (= slots) per block: the conditional variant uses one warp per block, so the
-// blocks past a sample's count are whole and can be skipped.
-inline int block_slots(bool conditional) { return conditional ? 32 : 256; }
+// Threads (= slots) per block: the conditional variant's blocks past a sample's count are
+// whole and skipped. 128, as the Triton variant's shape measured best (kernels/
+// triton_giou.py BLOCK_SLOTS; one-warp blocks of 32 were 2-3x slower than `kernel`).
+inline int block_slots(bool conditional) { return conditional ? 128 : 256; }
 
 // d max(a, b) / da with PyTorch's tie rule: half the gradient to each side of a tie.
 template <typename T>
