@@ -77,6 +77,8 @@ def parse(argv) -> argparse.Namespace:
                    help="time per point given to the timer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--redraw", type=Path, default=None, metavar="DIR",
+                   help="draw DIR/sweep.png again from DIR/sweep.csv; nothing is measured")
     args = p.parse_args(argv)
     args.preset = preset
     args.batch = _numbers(args.batch, int, "batch")
@@ -167,13 +169,21 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> int:
+    from profiling.sweep_report import chart, markdown, read_rows
     try:
         args = parse(argv)
+        if args.redraw:
+            if not (args.redraw / "sweep.csv").exists():
+                raise CompareError(f"no sweep.csv in {args.redraw}")
+            rows = read_rows(args.redraw / "sweep.csv")
+            preset = "cpu" if any("CPU wall" in r["timer"] for r in rows) else "gpu"
+            chart(rows, args.redraw / "sweep.png", preset)
+            print(f"redrawn: {display(args.redraw)}/sweep.png")
+            return 0
         out = _fresh_out(args.out, kind="sweep", prefix="sweep")
     except CompareError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from profiling.sweep_report import chart, markdown
     started = time.time()
     rows = run(args, out)
     write_csv(rows, out / "sweep.csv")

@@ -163,6 +163,19 @@ def markdown(rows: list[dict], args, seconds: float) -> str:
     return "\n".join(out)
 
 
+NUMBERS = ("batch", "capacity", "GPU ms", "GPU p20 ms", "GPU p80 ms", "elapsed ms",
+           "elapsed p20 ms", "elapsed p80 ms", "boxes per image")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """sweep.csv's rows with their numbers back (make sweep ARGS="--redraw DIR")."""
+    import csv
+    rows = []
+    for r in csv.DictReader(path.open()):
+        rows.append({k: (float(v) if k in NUMBERS and v != "" else v) for k, v in r.items()})
+    return rows
+
+
 def chart(rows: list[dict], path: Path, preset: str) -> None:
     """Log-log panels, one column per axis: the GPU's work per call (top) and the elapsed
     time per call (bottom); each strategy's median with its p20-p80 bar."""
@@ -172,10 +185,14 @@ def chart(rows: list[dict], path: Path, preset: str) -> None:
 
     measures = (("GPU", "GPU ms per call (its kernels)"),
                 ("elapsed", "elapsed ms per call (stream)"))
+    from matplotlib.ticker import NullFormatter
+    # One colour per strategy in every panel (a strategy left out of a panel must not
+    # shift the others' colours).
+    colours = {s: f"C{i % 10}" for i, s in enumerate(_strategies(rows))}
     fig, grid = plt.subplots(2, len(AXIS_TITLES), figsize=(16, 9), squeeze=False)
     for row_axes, (key, ylabel) in zip(grid, measures):
         for ax, (axis, title) in zip(row_axes, AXIS_TITLES.items()):
-            drawn = False
+            xs = set()
             for s in _strategies(rows):
                 ok = sorted(_ok(rows, axis, s), key=_x)
                 if not ok:
@@ -184,16 +201,21 @@ def chart(rows: list[dict], path: Path, preset: str) -> None:
                 err = [[y - r[f"{key} p20 ms"] for y, r in zip(ys, ok)],
                        [r[f"{key} p80 ms"] - y for y, r in zip(ys, ok)]]
                 ax.errorbar([_x(r) for r in ok], ys, yerr=err, marker="o", ms=3, capsize=2,
-                            label=s)
-                drawn = True
-            if drawn:
+                            label=s, color=colours[s])
+                xs.update(_x(r) for r in ok)
+            if xs:
                 ax.set_xscale("log")
                 ax.set_yscale("log")
+                ax.set_xticks(sorted(xs), [f"{x:.4g}" for x in sorted(xs)])
+                ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel(title)
             ax.set_ylabel(ylabel)
             ax.set_title(f"{key}: against {title}")
             ax.grid(True, which="both", alpha=0.3)
-    grid[0][0].legend(fontsize=7)
+    handles = {h.get_label(): h for ax in grid.flat
+               for h in ax.get_legend_handles_labels()[0]}
+    grid[0][0].legend([handles[s] for s in colours if s in handles],
+                      [s for s in colours if s in handles], fontsize=7)
     note = " (CPU: Triton's interpreter; the times mean nothing about a GPU)" \
         if preset == "cpu" else ""
     fig.suptitle("GIoU loss alone, forward + backward: median with p20-p80" + note)

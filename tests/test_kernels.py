@@ -144,9 +144,10 @@ def test_cuda_op_called_directly_rejects_bad_inputs(requires_grad):
         for conditional in (False, True):
             with pytest.raises(RuntimeError, match=message):
                 op(*args, conditional)
-    # The grid's second dimension holds at most 65535 blocks of a sample's slots: 32 slots
-    # a block in the conditional variant, so 2,097,121 slots are one too many.
-    M = 65535 * 32 + 1
+    # The grid's second dimension holds at most 65535 blocks of a sample's slots: 128 slots
+    # a block in the conditional variant (giou.cu block_slots), so 8,388,481 slots are one
+    # too many.
+    M = 65535 * 128 + 1
     big = make_case("random", 1, 1, torch.float32).to("cuda")
     pred, boxes = big.pred.expand(1, M, 4), big.boxes.expand(1, M, 4)
     with pytest.raises(RuntimeError, match=f"too many slots per sample: {M}"):

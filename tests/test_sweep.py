@@ -98,6 +98,12 @@ def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch, c
     assert all(r["status"] == "ok" for r in rows if r not in failed)
     assert "failed: CUDA out of memory" in (out / "sweep.md").read_text()
     assert "points failed" in capsys.readouterr().out
+    # The chart drawn again from the CSV alone (its failed rows still left out).
+    (out / "sweep.png").unlink()
+    assert run_sweep.main(["--redraw", str(out)]) == 0
+    assert (out / "sweep.png").stat().st_size > 0
+    assert run_sweep.main(["--redraw", str(tmp_path)]) == 2
+    assert "no sweep.csv in" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [
