@@ -59,3 +59,20 @@ def check_list(pred: torch.Tensor, targets) -> None:
                              f"only {pred.shape[1]}")
         if t.device != pred.device:
             raise InputError(f"target {i} is on {t.device}, predictions on {pred.device}")
+
+
+def check_conv_block(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                     c_in: int, c_out: int) -> None:
+    """A Triton conv 3x3 -> 2x2 max-pool -> ReLU block's inputs beyond x's dtype (kernels/
+    triton_first_block.py, triton_second_block.py): poolable sizes, the conv's weight and
+    bias, fp32 (fp64 for gradcheck) parameters, one device."""
+    if x.shape[2] % 2 or x.shape[3] % 2:
+        raise InputError(f"{name} pools 2x2: H and W must be even, got {tuple(x.shape[2:])}")
+    if tuple(weight.shape) != (c_out, c_in, 3, 3) or tuple(bias.shape) != (c_out,):
+        raise InputError(f"{name} is Conv2d({c_in}, {c_out}, 3): weight "
+                         f"{tuple(weight.shape)}, bias {tuple(bias.shape)}")
+    if weight.dtype not in (torch.float32, torch.float64) or bias.dtype != weight.dtype:
+        raise InputError(f"{name} takes fp32 (or fp64) weight and bias of one dtype, got "
+                         f"{weight.dtype} and {bias.dtype}")
+    if not (x.device == weight.device == bias.device):
+        raise InputError(f"{name}'s tensors must be on one device")

@@ -34,7 +34,7 @@ About 0.07 ms each at ~3 TB/s; the compute (144 FMAs per pooled output per pass)
 import torch
 import triton
 import triton.language as tl
-from core.checks import InputError
+from core.checks import InputError, check_conv_block
 # The same op registration as the GIoU kernels: a triton_op on a GPU, a custom_op with a
 # fake under Triton's interpreter.
 from kernels.triton_giou import INTERPRETED, _define_op, _launch
@@ -119,6 +119,21 @@ def _first_block_fwd_kernel(img_ptr, w_ptr, bias_ptr, out_ptr, H, W, W2, n_poole
 
 
 @triton.jit
+def first_max(v0, v1, v2, v3):
+    """(which, value) of the first maximum of a 2x2 window in max_pool2d's scan order
+    ((0,0), (0,1), (1,0), (1,1)): strictly greater replaces, as its kernel does."""
+    m = v0
+    sel = tl.zeros(v0.shape, dtype=tl.int32)
+    sel = tl.where(v1 > m, 1, sel)
+    m = tl.maximum(m, v1)
+    sel = tl.where(v2 > m, 2, sel)
+    m = tl.maximum(m, v2)
+    sel = tl.where(v3 > m, 3, sel)
+    m = tl.maximum(m, v3)
+    return sel, m
+
+
+@triton.jit
 def _pick(sel, p0, p1, p2, p3):
     return tl.where(sel == 0, p0, tl.where(sel == 1, p1, tl.where(sel == 2, p2, p3)))
 
@@ -136,15 +151,7 @@ def _first_block_bwd_kernel(img_ptr, w_ptr, bias_ptr, grad_ptr, part_ptr, H, W, 
     for c in tl.static_range(4):
         v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
                                      x20, x21, x22, x23, x30, x31, x32, x33)
-        # The first maximum in scan order, as max_pool2d: strictly greater replaces.
-        m = v00
-        sel = tl.zeros_like(offs)
-        sel = tl.where(v01 > m, 1, sel)
-        m = tl.maximum(m, v01)
-        sel = tl.where(v10 > m, 2, sel)
-        m = tl.maximum(m, v10)
-        sel = tl.where(v11 > m, 3, sel)
-        m = tl.maximum(m, v11)
+        sel, m = first_max(v00, v01, v10, v11)
         active = (m + tl.load(bias_ptr + c)) > 0.0
         g = tl.load(grad + c * sgc, mask=mask, other=0).to(COMPUTE)
         g = tl.where(active & mask, g, 0.0)
@@ -165,17 +172,7 @@ def _check(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> No
     if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 1:
         raise InputError(f"first_block takes uint8 images [B, 1, H, W], got "
                          f"{images.dtype} {tuple(images.shape)}")
-    if images.shape[2] % 2 or images.shape[3] % 2:
-        raise InputError(f"first_block pools 2x2: H and W must be even, got "
-                         f"{tuple(images.shape[2:])}")
-    if tuple(weight.shape) != (CHANNELS, 1, 3, 3) or tuple(bias.shape) != (CHANNELS,):
-        raise InputError(f"first_block is Conv2d(1, {CHANNELS}, 3): weight "
-                         f"{tuple(weight.shape)}, bias {tuple(bias.shape)}")
-    if weight.dtype not in (torch.float32, torch.float64) or bias.dtype != weight.dtype:
-        raise InputError(f"first_block takes fp32 (or fp64) weight and bias of one dtype, got "
-                         f"{weight.dtype} and {bias.dtype}")
-    if not (images.device == weight.device == bias.device):
-        raise InputError("first_block's tensors must be on one device")
+    check_conv_block("first_block", images, weight, bias, 1, CHANNELS)
 
 
 def _tl_compute(weight):

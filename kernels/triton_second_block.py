@@ -52,9 +52,10 @@ tensor-core work, most of it on zeros of the padding and the masks.
 import torch
 import triton
 import triton.language as tl
-from core.checks import InputError
+from core.checks import InputError, check_conv_block
 # The same op registration as the GIoU kernels: a triton_op on a GPU, a custom_op with a
 # fake under Triton's interpreter.
+from kernels.triton_first_block import first_max
 from kernels.triton_giou import INTERPRETED, _define_op, _launch
 
 C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
@@ -167,14 +168,7 @@ def _second_block_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, n_pooled, H, W, H2, 
 def _argmax_window(v0, v1, v2, v3):
     """d* per pooled pixel and channel (the first maximum in max_pool2d's scan order; 4
     where the ReLU is dead: no gradient passes)."""
-    m = v0
-    sel = tl.zeros(v0.shape, dtype=tl.int32)
-    sel = tl.where(v1 > m, 1, sel)
-    m = tl.maximum(m, v1)
-    sel = tl.where(v2 > m, 2, sel)
-    m = tl.maximum(m, v2)
-    sel = tl.where(v3 > m, 3, sel)
-    m = tl.maximum(m, v3)
+    sel, m = first_max(v0, v1, v2, v3)
     return tl.where(m > 0.0, sel, 4)
 
 
@@ -291,17 +285,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
     if x.dim() != 4 or x.shape[1] != C_IN or not x.is_floating_point():
         raise InputError(f"second_block takes floating-point x [B, {C_IN}, H, W], got "
                          f"{x.dtype} {tuple(x.shape)}")
-    if x.shape[2] % 2 or x.shape[3] % 2:
-        raise InputError(f"second_block pools 2x2: H and W must be even, got "
-                         f"{tuple(x.shape[2:])}")
-    if tuple(weight.shape) != (C_OUT, C_IN, 3, 3) or tuple(bias.shape) != (C_OUT,):
-        raise InputError(f"second_block is Conv2d({C_IN}, {C_OUT}, 3): weight "
-                         f"{tuple(weight.shape)}, bias {tuple(bias.shape)}")
-    if weight.dtype not in (torch.float32, torch.float64) or bias.dtype != weight.dtype:
-        raise InputError(f"second_block takes fp32 (or fp64) weight and bias of one dtype, "
-                         f"got {weight.dtype} and {bias.dtype}")
-    if not (x.device == weight.device == bias.device):
-        raise InputError("second_block's tensors must be on one device")
+    check_conv_block("second_block", x, weight, bias, C_IN, C_OUT)
 
 
 _TL = {torch.float64: tl.float64, torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
