@@ -38,7 +38,7 @@ from core.giou_rules import EPS, compute_dtype
 
 # Slots per program. conditional: 128 slots on 4 warps, chosen with make sweep's point on the
 # H100 (bench/conditional_blocks.py; RESULTS.md 9): its first shape, one-warp blocks of 32
-# slots, was 1.8-2.8x slower than `kernel` (at M = 4096, 178 against 68 us); 128/4 was the
+# slots, was 1.7-2.9x slower than `kernel` (at M = 4096, 178 against 68 us); 128/4 was the
 # fastest of 8 shapes from 32/1 to 1024/8 at M = 256, 1024 and 4096 (48 us at 4096).
 BLOCK_SLOTS = {False: 256, True: 128}
 NUM_WARPS = {False: 4, True: 4}

@@ -108,7 +108,7 @@ def left_out(strategy: str, batch: int, args, cuda_reason: str | None) -> str | 
     return None
 
 
-def run(args, out: Path) -> list[dict]:
+def run(args) -> list[dict]:
     import torch
     from kernels.cuda_giou import unavailable_reason
     from profiling.sweep_point import measure, samples, sigma_label
@@ -133,8 +133,9 @@ def run(args, out: Path) -> list[dict]:
         elif key in done:  # the centre point lies on two axes: measured once
             row.update(done[key])
         else:
-            pairs = data.setdefault((batch, capacity, sigma),
-                                    samples(batch, capacity, sigma, args.seed))
+            if (batch, capacity, sigma) not in data:  # one batch per point, every strategy
+                data[(batch, capacity, sigma)] = samples(batch, capacity, sigma, args.seed)
+            pairs = data[(batch, capacity, sigma)]
             try:
                 figures = {"status": "ok", **measure(loss, backend or "triton", batch,
                                                      capacity, sigma, pairs, device, dtype,
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     started = time.time()
-    rows = run(args, out)
+    rows = run(args)
     write_csv(rows, out / "sweep.csv")
     (out / "sweep.md").write_text(markdown(rows, args, time.time() - started))
     chart(rows, out / "sweep.png", args.preset)
