@@ -1,0 +1,93 @@
+"""training/distributed.py: two gloo ranks with DistributedDataParallel, each on its share of
+a global batch, give the loss and every parameter's gradient of one process over that
+whole batch (padded, concat, and the Triton kernel in its interpreter)."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import losses
+from data import SyntheticFaces
+from model import build_model
+from training.distributed import RankShare, global_mean, local_boxes
+
+STRATEGIES = [("padded", "triton"), ("concat", "triton"), ("kernel", "triton")]
+PER_RANK, WORLD, SIGMA = 3, 2, 4.0
+
+
+def _setup(name: str, backend: str, seed: int):
+    model, _ = build_model(32, 16, 32, False, seed, torch.device("cpu"))
+    return model, losses.get(name, backend, capacity=16), SyntheticFaces(100, 32, seed,
+                                                                          box_sigma=SIGMA)
+
+
+def _rank(rank: int, port: int, seed: int, out: str) -> None:
+    """One rank: its share of the first global batch, DDP's backward, rank 0 saves."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        for name, backend in STRATEGIES:
+            model, strategy, dataset = _setup(name, backend, seed)
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+            share = list(RankShare(len(dataset), PER_RANK, rank, WORLD))[:PER_RANK]
+            images, targets = strategy.collate([dataset[i] for i in share])
+            loss = strategy.loss(ddp(images), targets)
+            scaled, global_loss = global_mean(loss, local_boxes(name, targets, "cpu"))
+            scaled.backward()
+            if rank == 0:
+                torch.save({"loss": global_loss.detach(),
+                            "grads": [p.grad.clone() for p in model.parameters()]},
+                           os.path.join(out, f"{name}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_give_the_one_process_loss_and_gradients(tmp_path):
+    seed = torch.randint(0, 2**31, ()).item()
+    mp.spawn(_rank, args=(_free_port(), seed, str(tmp_path)), nprocs=WORLD, join=True)
+    for name, backend in STRATEGIES:
+        model, strategy, dataset = _setup(name, backend, seed)
+        images, targets = strategy.collate([dataset[i] for i in range(PER_RANK * WORLD)])
+        loss = strategy.loss(model(images), targets)
+        loss.backward()
+        ranks = torch.load(tmp_path / f"{name}.pt")
+        torch.testing.assert_close(ranks["loss"], loss.detach(), rtol=1e-6, atol=1e-7,
+                                   msg=f"{name} seed {seed}")
+        for p, g in zip(model.parameters(), ranks["grads"], strict=True):
+            torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-7,
+                                       msg=f"{name} seed {seed}")
+
+
+def test_each_rank_reads_its_share_of_every_global_batch_in_order():
+    shares = [list(RankShare(14, 3, r, 2)) for r in range(2)]
+    # Global batches of 6: samples 0-5 and 6-11; 12-13 are an incomplete one, dropped.
+    assert shares == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+    assert [len(RankShare(14, 3, r, 2)) for r in range(2)] == [6, 6]
+    with pytest.raises(ValueError, match="rank 2 is outside a world of 2"):
+        RankShare(14, 3, 2, 2)
+
+
+def test_a_rank_without_boxes_adds_nothing_but_its_count():
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        pred = torch.rand(2, 4, 4, requires_grad=True)
+        loss = pred.sum() * 0  # a strategy's loss with no valid box: 0 / max(0, 1)
+        scaled, global_loss = global_mean(loss, torch.tensor(0))
+        scaled.backward()
+        assert global_loss.item() == 0 and (pred.grad == 0).all()
+        assert local_boxes("concat", [torch.zeros(0, 4), torch.zeros(3, 4)], "cpu").item() == 3
+        counts = torch.tensor([2, 0, 5], dtype=torch.int32)
+        assert local_boxes("padded", (torch.zeros(3, 8, 4), counts), "cpu").item() == 7
+    finally:
+        dist.destroy_process_group()
