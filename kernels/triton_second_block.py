@@ -68,8 +68,8 @@ XGRAD_BLOCK = 64        # pooled pixels (input quads) per program of the input g
 XGRAD_WARPS = 4
 # fp32 ("ieee": no tensor cores) and fp64 (no dot at all) unroll their products into
 # plain FMAs, whose compile time grows with the tile: at the bf16 blocks the fp32 kernels
-# took 40 s and the fp64 ones minutes to compile (sm_90, measured here with ptxas); these
-# blocks take ~10 s. Neither runs in the model's bf16 step.
+# took 40 s to compile and the fp64 ones over a minute each (triton.compile for sm_90,
+# timed on the CPU machine); these blocks take ~10 s. Neither runs in the model's bf16 step.
 SMALL_BLOCKS = {torch.float32: (32, 16), torch.float64: (16, 16)}
 PARTIALS = 4 * C_OUT * 64 + C_OUT  # per program: dL/dW_d for d = 0..3, then dL/dbias
 
