@@ -156,6 +156,9 @@ def run(args) -> list[dict]:
 def _progress(row: dict) -> str:
     if row["status"] != "ok":
         return row["status"]
+    if "CPU wall" in row["timer"]:  # no GPU: one figure, the call's wall time
+        return (f"wall {row['GPU ms']:.4g} ms (p20 {row['GPU p20 ms']:.4g}, p80 "
+                f"{row['GPU p80 ms']:.4g}), {row['boxes per image']:.3g} boxes/image")
     return (f"GPU {row['GPU ms']:.4g} ms (p20 {row['GPU p20 ms']:.4g}, p80 "
             f"{row['GPU p80 ms']:.4g}), elapsed {row['elapsed ms']:.4g} ms, "
             f"{row['launches']:g} launches, {row['boxes per image']:.3g} boxes/image")

@@ -138,7 +138,8 @@ def markdown(rows: list[dict], args, seconds: float) -> str:
            "copies, the layout's bytes and bandwidth.", ""]
     if args.preset == "cpu":
         out += ["**On a CPU the times mean nothing about a GPU**: the Triton kernels run "
-                "in Triton's interpreter and there is no CUDA backend.", ""]
+                "in Triton's interpreter and there is no CUDA backend; the GPU and elapsed "
+                "columns both hold the call's wall time, and launches count none.", ""]
     b0, m0, s0 = args.centre
     out += [f"Each axis is varied alone around batch {b0}, M {m0}, sigma {s0:g}; the boxes "
             f"axis at M {args.boxes_capacity}.", ""]
