@@ -119,21 +119,6 @@ def _first_block_fwd_kernel(img_ptr, w_ptr, bias_ptr, out_ptr, H, W, W2, n_poole
 
 
 @triton.jit
-def first_max(v0, v1, v2, v3):
-    """(which, value) of the first maximum of a 2x2 window in max_pool2d's scan order
-    ((0,0), (0,1), (1,0), (1,1)): strictly greater replaces, as its kernel does."""
-    m = v0
-    sel = tl.zeros(v0.shape, dtype=tl.int32)
-    sel = tl.where(v1 > m, 1, sel)
-    m = tl.maximum(m, v1)
-    sel = tl.where(v2 > m, 2, sel)
-    m = tl.maximum(m, v2)
-    sel = tl.where(v3 > m, 3, sel)
-    m = tl.maximum(m, v3)
-    return sel, m
-
-
-@triton.jit
 def _pick(sel, p0, p1, p2, p3):
     return tl.where(sel == 0, p0, tl.where(sel == 1, p1, tl.where(sel == 2, p2, p3)))
 
@@ -151,7 +136,15 @@ def _first_block_bwd_kernel(img_ptr, w_ptr, bias_ptr, grad_ptr, part_ptr, H, W, 
     for c in tl.static_range(4):
         v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
                                      x20, x21, x22, x23, x30, x31, x32, x33)
-        sel, m = first_max(v00, v01, v10, v11)
+        # The first maximum in scan order, as max_pool2d: strictly greater replaces.
+        m = v00
+        sel = tl.zeros_like(offs)
+        sel = tl.where(v01 > m, 1, sel)
+        m = tl.maximum(m, v01)
+        sel = tl.where(v10 > m, 2, sel)
+        m = tl.maximum(m, v10)
+        sel = tl.where(v11 > m, 3, sel)
+        m = tl.maximum(m, v11)
         active = (m + tl.load(bias_ptr + c)) > 0.0
         g = tl.load(grad + c * sgc, mask=mask, other=0).to(COMPUTE)
         g = tl.where(active & mask, g, 0.0)

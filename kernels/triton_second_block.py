@@ -55,7 +55,6 @@ import triton.language as tl
 from core.checks import InputError, check_conv_block
 # The same op registration as the GIoU kernels: a triton_op on a GPU, a custom_op with a
 # fake under Triton's interpreter.
-from kernels.triton_first_block import first_max
 from kernels.triton_giou import INTERPRETED, _define_op, _launch
 
 C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
@@ -168,7 +167,16 @@ def _second_block_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, n_pooled, H, W, H2, 
 def _argmax_window(v0, v1, v2, v3):
     """d* per pooled pixel and channel (the first maximum in max_pool2d's scan order; 4
     where the ReLU is dead: no gradient passes)."""
-    sel, m = first_max(v0, v1, v2, v3)
+    # The first block's backward holds the same rule inline; one shared helper is a mend
+    # for a session that can rerun both blocks on the GPU (this one's device time was spent).
+    m = v0
+    sel = tl.zeros(v0.shape, dtype=tl.int32)
+    sel = tl.where(v1 > m, 1, sel)
+    m = tl.maximum(m, v1)
+    sel = tl.where(v2 > m, 2, sel)
+    m = tl.maximum(m, v2)
+    sel = tl.where(v3 > m, 3, sel)
+    m = tl.maximum(m, v3)
     return tl.where(m > 0.0, sel, 4)
 
 
