@@ -21,7 +21,6 @@ every slot filled). Predictions are valid boxes made on the device in the model'
   that over the GPU time against the GPU's peak bandwidth.
 """
 
-import bisect
 import math
 import statistics
 import tempfile
@@ -34,7 +33,8 @@ import losses
 from core.names import RAGGED
 from data import SyntheticFaces
 from model.boxnet import boxes_from_raw
-from profiling.trace_summary import GPU_CATS, RUNTIME_CATS, _is_h2d, _is_launch, load_trace
+from profiling.trace_summary import (GPU_CATS, RUNTIME_CATS, _is_h2d, _is_launch, _Windows,
+                                     load_trace)
 
 IMAGE_SIZE = 256  # the workload's: box coordinates in [0, 255]
 _NO_IMAGE = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the loss never sees the images
@@ -130,23 +130,31 @@ def _profiled_calls(copy, call, device, calls: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))
-        events = [e for e in load_trace(path) if e.get("ph") == "X"]
-    # The ranges in order: copy and call of round 0, of round 1, ... (they never overlap).
-    ranges = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"])
-                    for e in events if e.get("cat") == "user_annotation"
-                    and e["name"] in ("sweep_copy", "sweep_call"))
-    starts = [r[0] for r in ranges]
+        return per_round(load_trace(path), calls)
+
+
+def per_round(events: list[dict], calls: int) -> dict:
+    """From a trace of `calls` rounds of a "sweep_copy" then a "sweep_call" range: each
+    round's GPU ms (the activities its call launched), its launches and its H2D copies
+    (its copy's included), tied to the ranges by the launching runtime call's correlation
+    id, as profiling/trace_summary.py ties them to phases."""
+    events = [e for e in events if e.get("ph") == "X"]
+    found = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"])
+                   for e in events if e.get("cat") == "user_annotation"
+                   and e["name"] in ("sweep_copy", "sweep_call"))
+    # In time order: copy and call of round 0, of round 1, ... (they never overlap).
+    windows = _Windows([(start, end, (i // 2, name))
+                        for i, (start, end, name) in enumerate(found)])
     gpu_us, launches, h2d = [0.0] * calls, [0] * calls, [0] * calls
     launched_by = {}  # correlation id -> (round, "sweep_copy" or "sweep_call")
     for e in events:
         if e.get("cat") not in RUNTIME_CATS:
             continue
-        ts = float(e["ts"])
-        i = bisect.bisect_right(starts, ts) - 1
-        if i < 0 or ts > ranges[i][1]:
+        owner = windows.find(float(e["ts"]))
+        if owner is None:
             continue
-        launched_by[e.get("args", {}).get("correlation")] = (i // 2, ranges[i][2])
-        launches[i // 2] += _is_launch(e.get("name", ""))
+        launched_by[e.get("args", {}).get("correlation")] = owner
+        launches[owner[0]] += _is_launch(e.get("name", ""))
     for e in events:
         if e.get("cat") not in GPU_CATS:
             continue

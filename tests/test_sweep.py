@@ -117,6 +117,36 @@ def test_bad_options_are_one_line(tmp_path, capsys, args, message):
     assert not (tmp_path / "x").exists()
 
 
+def test_each_round_gets_the_gpu_work_its_call_launched():
+    """sweep_point.per_round on a made-up trace of two rounds: the call's kernels are its
+    GPU time, the copy's memcpy counts as its H2D copy only, and work launched outside
+    every range is nobody's."""
+    def rng(name, ts, dur):
+        return {"ph": "X", "cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+    def api(name, ts, corr):
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": 1,
+                "args": {"correlation": corr}}
+
+    def gpu(cat, name, dur, corr):
+        return {"ph": "X", "cat": cat, "name": name, "ts": 1000, "dur": dur,
+                "args": {"correlation": corr}}
+
+    events = [rng("sweep_copy", 0, 10), api("cudaMemcpyAsync", 2, 1),
+              rng("sweep_call", 10, 20), api("cudaLaunchKernel", 12, 2),
+              api("cudaLaunchKernel", 14, 3),
+              rng("sweep_copy", 40, 10), api("cudaMemcpyAsync", 42, 4),
+              rng("sweep_call", 50, 20), api("cudaLaunchKernel", 52, 5),
+              api("cudaLaunchKernel", 35, 9),  # between the rounds: in no range
+              gpu("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 5, 1),
+              gpu("kernel", "k", 10, 2), gpu("kernel", "k", 20, 3),
+              gpu("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 5, 4),
+              gpu("kernel", "k", 40, 5), gpu("kernel", "k", 100, 9)]
+    got = sweep_point.per_round(events, 2)
+    assert got["gpu_ms"] == pytest.approx([0.030, 0.040])
+    assert got["launches"] == 1.5 and got["h2d"] == 1  # medians of [2, 1] and [1, 1]
+
+
 def test_slopes_read_growth_on_log_log_axes():
     rows = [{"axis": "batch", "batch": b, "capacity": 8, "GPU ms": 0.5 * b, "status": "ok"}
             for b in (1, 10, 100)]
