@@ -16,11 +16,19 @@ KERNEL ?= triton
 BACKEND ?= $(KERNEL)
 MODE ?= train
 ARGS ?=
+# GPUS=N > 1: N ranks under torchrun (training/launch.py), one per GPU, or N CPU processes
+# (gloo) on a machine without GPUs; --batch-size stays per rank.
+GPUS ?= 1
+ifeq ($(GPUS),1)
+LAUNCH := $(PYTHON)
+else
+LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS)
+endif
 
 .PHONY: profile compare ladder sweep test test-gpu test-browser tensorboard setup clean-build
 
 profile: $(SETUP)
-	$(PYTHON) train.py --loss $(LOSS) --backend $(BACKEND) --mode $(MODE) $(ARGS)
+	$(LAUNCH) train.py --loss $(LOSS) --backend $(BACKEND) --mode $(MODE) $(ARGS)
 
 # Every strategy, both modes, side by side; RUNS="profiles/a profiles/b" rebuilds a
 # comparison from finished runs without running anything.

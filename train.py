@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from core.cli import UsageError, config_parser, option
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from errors import UserError, one_line
+from training.ddp import COMM_HOOKS, HELP as DDP_HELP
 from training.speedups import HELP as SPEEDUP_HELP, baseline_values
 
 try:
@@ -65,6 +66,14 @@ class Config:
     # Off by default: measured on the H100, the replay saved no GPU time (the step is
     # GPU-bound) and its step wall time was less steady (RESULTS.md section 8).
     cuda_graph: str = option("off", SPEEDUP_HELP["cuda_graph"], choices=("auto", "on", "off"))
+    # Several GPUs (make profile GPUS=N starts this script on N ranks; training/ddp.py):
+    # --batch-size stays per rank, so the global batch is N times it.
+    bucket_mb: float = option(25.0, DDP_HELP["bucket_mb"])
+    bucket_view: bool = option(False, DDP_HELP["bucket_view"])
+    comm_hook: str = option("none", DDP_HELP["comm_hook"], choices=COMM_HOOKS)
+    overlap: bool = option(True, DDP_HELP["overlap"])
+    scaling_baseline: str = option("", "a one-GPU run folder of the same batch size per GPU: "
+                                   "summary.json gives this run's scaling against it")
     seed: int = option(0, "same seed, same batches and weights for every strategy")
     dataset_length: int = option(1_000_000, "samples in the synthetic dataset")
     out_dir: str = option("profiles", "folder of the run folders, relative to the current "
@@ -104,9 +113,12 @@ def parse_config(argv=None) -> Config:
     return Config(**{**PRESETS[preset], **off, **given, "preset": preset})
 
 
-def validate(cfg: Config) -> None:
-    """Every mistake that can be found before anything is written."""
+def validate(cfg: Config, world: int = 1) -> None:
+    """Every mistake that can be found before anything is written (world: the ranks of a
+    torchrun job, each reading --batch-size samples a step)."""
     from profiling.run_folder import check_out_dir, check_run_name
+    from profiling.scaling import check_baseline
+    from training import ddp
     # The command line refuses these already; a Config made in Python is checked here.
     for name, allowed in (("loss", STRATEGIES), ("backend", BACKENDS), ("mode", MODES)):
         if getattr(cfg, name) not in allowed:
@@ -123,9 +135,9 @@ def validate(cfg: Config) -> None:
     if not (math.isfinite(cfg.lr) and cfg.lr > 0):
         raise UserError(f"--lr must be a positive number, got {cfg.lr}")
     steps = cfg.wait + cfg.warmup + cfg.active
-    if steps * cfg.batch_size > cfg.dataset_length:
-        raise UserError(f"{steps} steps of {cfg.batch_size} need more than the "
-                        f"{cfg.dataset_length} samples of --dataset-length")
+    if steps * cfg.batch_size * world > cfg.dataset_length:
+        raise UserError(f"{steps} steps of {cfg.batch_size} on {world} rank(s) need more "
+                        f"than the {cfg.dataset_length} samples of --dataset-length")
     if cfg.backend == "cuda" and cfg.loss in FUSED:
         from kernels.cuda_giou import unavailable_reason
         if unavailable_reason():
@@ -135,13 +147,19 @@ def validate(cfg: Config) -> None:
     check_out_dir(cfg.out_dir)
     from training import speedups
     speedups.check(cfg, torch.cuda.is_available())
+    ddp.check(cfg)
+    if cfg.scaling_baseline:
+        check_baseline(cfg.scaling_baseline)
 
 
-def make_step(cfg: Config, strategy, runner, optimizer, device):
+def make_step(cfg: Config, strategy, runner, optimizer, device, across=None):
     """The two halves of a step, as the profiler sees them: to_device(batch) (the 'copy'
     phase's work) and train_step(images, targets) -> loss (forward, loss, and in train
     mode loss_backward, backward, optimizer; no host sync in train mode, so a CUDA graph
-    can hold it)."""
+    can hold it). across: on several ranks, the global batch's loss and gradients
+    (training/distributed.GlobalBatch); the returned loss is the global batch's."""
+    from training.distributed import GlobalBatch
+    across = across or GlobalBatch(cfg.loss)
     cuda = device.type == "cuda"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)
     forward_only = cfg.mode == "forward"
@@ -167,7 +185,9 @@ def make_step(cfg: Config, strategy, runner, optimizer, device):
                 pred = runner(images)
             close_range()
         with phase("loss"):
-            loss = strategy.loss(pred, targets)
+            # On several ranks: the mean over every rank's boxes, and what this rank
+            # backpropagates so that DDP's average is the global batch's gradient.
+            loss, shown = across.loss(strategy.loss(pred, targets), targets, device)
             close_range()
         if not forward_only:
             # The backward in two ranges, so the loss's own backward shows apart from
@@ -176,12 +196,13 @@ def make_step(cfg: Config, strategy, runner, optimizer, device):
                 (grad_pred,) = torch.autograd.grad(loss, pred, grad_outputs=one)
             with phase("backward"):
                 pred.backward(grad_pred)
+                across.after_backward()  # --no-overlap: the all-reduces, after it
             with phase("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-        # In forward mode `loss` holds the forward's autograd graph through pred until the
+        # In forward mode `shown` holds the forward's autograd graph through pred until the
         # caller drops it (outside every phase).
-        return loss
+        return shown
 
     return to_device, train_step
 
@@ -194,23 +215,34 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     from data.loader import make_loader
     from profiling.harness import ProfiledRun
     from profiling.run_folder import check_out_dir, display, utc_stamp
-    from training import speedups
+    from training import ddp, speedups
     from training.cuda_graph import GraphedStep
+    from training.distributed import GlobalBatch, RankShare
+    from training.ranks import from_env
 
-    validate(cfg)
+    ranks = from_env()  # torchrun's rank and world; a world of one otherwise
+    validate(cfg, ranks.world)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
+    device = ranks.device(cuda)
+    ranks.start(cuda)
     speed = speedups.resolve(cfg, cuda)
     used = speed["on"]
     speedups.apply_backend_flags(used, cuda, many_runs=reuse)
+    share = (RankShare(cfg.dataset_length, cfg.batch_size, ranks.rank, ranks.world)
+             if ranks.distributed else None)
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
                          cfg.batch_size, cfg.num_workers, strategy.collate,
-                         pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores)
+                         pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores,
+                         sampler=share)
     t_model = time.perf_counter()
-    model, runner, optimizer = speedups.build(cfg, used, device, reuse)
+    model, runner, optimizer = speedups.build(
+        cfg, used, device, reuse, wrap=lambda m: ddp.wrap(m, cfg, ranks, device),
+        wrap_key=(ranks.world, *ddp.knobs(cfg).values()))
     t_model = time.perf_counter() - t_model
-    to_device, train_step = make_step(cfg, strategy, runner, optimizer, device)
+    across = GlobalBatch(cfg.loss, ranks, model,
+                         reduce_after=ranks.distributed and cfg.mode == "train" and not cfg.overlap)
+    to_device, train_step = make_step(cfg, strategy, runner, optimizer, device, across)
     phase = torch.profiler.record_function
 
     graphed = None
@@ -221,13 +253,14 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     label = describe(cfg.loss, cfg.backend)
     name = cfg.run_name or f"{label.replace('/', '-')}-{cfg.mode}-{utc_stamp()}"
     with ProfiledRun(cfg, label, phases_of(cfg.mode, graphed is not None), cuda,
-                     check_out_dir(cfg.out_dir), name, speedups=speed) as prof:
+                     check_out_dir(cfg.out_dir), name, speedups=speed, ranks=ranks) as prof:
         params = sum(p.numel() for p in model.parameters())
-        print(f"[{label}] {cfg.mode} mode, {cfg.preset} preset, batch {cfg.batch_size}, "
-              f"{prof.total} steps ({cfg.wait} wait, {cfg.warmup} warmup, {cfg.active} "
-              f"profiled) on {device} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
-              f"parameters built in {t_model:.1f} s", flush=True)
-        print(f"[{label}] speed-ups: {speedups.describe_used(speed)}", flush=True)
+        where = f"{ranks.world} ranks of" if ranks.distributed else "on"
+        prof.say(f"{cfg.mode} mode, {cfg.preset} preset, batch {cfg.batch_size}, {prof.total} "
+                 f"steps ({cfg.wait} wait, {cfg.warmup} warmup, {cfg.active} profiled) "
+                 f"{where} {device} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
+                 f"parameters built in {t_model:.1f} s")
+        prof.say(f"speed-ups: {speedups.describe_used(speed)}")
         batches = iter(loader)
         for step in prof.steps():
             t0 = time.perf_counter()
@@ -254,15 +287,25 @@ def _stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
+def _report(line: str) -> None:
+    """The one line of an early end: on stderr, or, on a rank of training/launch.py's
+    job, left for the launcher, which prints the line of the rank that failed first."""
+    from training.ranks import from_env
+    ranks = from_env()
+    if not ranks.leave_error(line):
+        where = f"rank {ranks.rank}: " if ranks.distributed else ""
+        print(f"error: {where}{line}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)  # SIGTERM ends a run as Ctrl-C does
     try:
         run(parse_config(argv))
     except KeyboardInterrupt as exc:  # the harness's RunInterrupted, or before the run
-        print(f"error: {str(exc) or 'interrupted'}", file=sys.stderr)
+        _report(str(exc) or "interrupted")
         return 130
     except UserError as exc:  # an option, found before anything was written
-        print(f"error: {one_line(exc)}", file=sys.stderr)
+        _report(one_line(exc))
         return 2
     except Exception as exc:
         # User mistakes, a backend this machine lacks, and the harness's RunFailed (whose
@@ -272,10 +315,16 @@ def main(argv=None) -> int:
         from kernels import BackendUnavailable
         from profiling.harness import RunFailed, USER_ERRORS
         if not isinstance(exc, (UserError, InputError, BackendUnavailable, RunFailed)):
+            from training.ranks import from_env
+            from_env().leave_error(f"{type(exc).__name__}: {one_line(exc)} (a bug: its "
+                                   "traceback is in the job's output)")
             raise
-        print(f"error: {one_line(exc)}", file=sys.stderr)
+        _report(one_line(exc))
         user = isinstance(exc, USER_ERRORS) or isinstance(exc.__cause__, USER_ERRORS)
         return 2 if user else 1
+    finally:
+        from training.ranks import stop
+        stop()  # leaves the process group of a torchrun job
     return 0
 
 

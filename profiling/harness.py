@@ -8,11 +8,18 @@ the gzipped trace and summary.json. train.py's loop runs inside it:
             run.end_step(step, loss.item(), t0)
     run.record                                   # what summary.json holds
 
+On several ranks (a torchrun job, training/ranks.py) rank 0 makes the folder and every
+rank writes its own trace into it (worker name rank<r>); at the end the ranks' summaries
+and communication figures are gathered and rank 0 writes the one summary.json
+(profiling/scaling.py). Only rank 0 prints and writes TensorBoard scalars.
+
 A run that ends early (Ctrl-C, SIGTERM, an error in a data worker or in the loop, a failed
 trace write) never leaves a folder that looks complete: the profiled steps that completed
 are gzipped and summarized into <name>-interrupted or <name>-failed, a bug's traceback
 goes beside them, and a folder with nothing worth keeping is removed. The exception then
-goes on as RunInterrupted or RunFailed, whose message is the one line to print.
+goes on as RunInterrupted or RunFailed, whose message is the one line to print. On several
+ranks only rank 0 keeps, marks or removes the folder; the others drop their unfinished
+trace.
 """
 
 import contextlib
@@ -31,10 +38,13 @@ import torch
 from core.checks import InputError
 from errors import UserError, one_line
 from profiling import run_folder
+from profiling.communication import communication
 from profiling.environment import environment
+from profiling.scaling import combine, format_ranks, scaling
 from profiling.table import format_table
 from profiling.trace_summary import find_trace, load_trace, summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
+from training.ranks import Ranks
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -79,9 +89,18 @@ def _signals_deferred():
                 os.kill(os.getpid(), held[0])
 
 
-def make_profiler(cfg, run_dir: Path, cuda: bool) -> torch.profiler.profile:
+def _ignore_further_signals() -> None:
+    """A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and torchrun's)
+    must not cut its trace or folder work short."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train") -> torch.profiler.profile:
     """wait/warmup/active schedule; the Chrome trace goes into the run folder when the
-    active steps end (plain JSON, gzipped afterwards: profiling/trace_writer.py)."""
+    active steps end (plain JSON, gzipped afterwards: profiling/trace_writer.py), named
+    for the worker (a rank of a job)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -89,15 +108,27 @@ def make_profiler(cfg, run_dir: Path, cuda: bool) -> torch.profiler.profile:
         activities=activities,
         schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
                                          repeat=1),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir), "train"),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir), worker),
         record_shapes=False, profile_memory=True, with_stack=False)
+
+
+class _NoScalars:
+    """The SummaryWriter of ranks other than 0: TensorBoard gets one set of scalars."""
+
+    def add_scalar(self, *args) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class ProfiledRun:
     def __init__(self, cfg, label: str, phases: tuple[str, ...], cuda: bool,
-                 out_dir: Path, run_name: str, speedups: dict | None = None):
+                 out_dir: Path, run_name: str, speedups: dict | None = None,
+                 ranks: Ranks = Ranks()):
         self.cfg, self.label, self.phases, self.cuda = cfg, label, phases, cuda
         self.speedups = speedups  # what training/speedups.resolve says this run uses
+        self.ranks = ranks
         self.out_dir, self.run_name = out_dir, run_name
         self.total = cfg.wait + cfg.warmup + cfg.active
         self.done = 0          # steps completed
@@ -108,13 +139,21 @@ class ProfiledRun:
     # -- the loop's side -------------------------------------------------------------
     def __enter__(self):
         from torch.utils.tensorboard import SummaryWriter
-        self.dir = run_folder.new_run_dir(self.out_dir, self.run_name)
-        self.writer = SummaryWriter(str(self.dir))
-        self.profiler = make_profiler(self.cfg, self.dir, self.cuda)
+        ranks = self.ranks
+        # Rank 0 names the folder (never an existing one); every rank writes into it.
+        made = run_folder.new_run_dir(self.out_dir, self.run_name) if ranks.main else None
+        self.dir = ranks.share(made)
+        self.writer = SummaryWriter(str(self.dir)) if ranks.main else _NoScalars()
+        self.profiler = make_profiler(self.cfg, self.dir, self.cuda, ranks.worker_name())
         self.profiler.__enter__()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         return self
+
+    def say(self, text: str) -> None:
+        """A progress line, from rank 0 only."""
+        if self.ranks.main:
+            print(f"[{self.label}] {text}", flush=True)
 
     def steps(self) -> range:
         return range(self.total)
@@ -134,8 +173,8 @@ class ProfiledRun:
         self.losses.append(loss)
         self.writer.add_scalar("loss", loss, step)
         self.writer.add_scalar("step_time_ms", elapsed_ms, step)
-        print(f"[{self.label}] step {step + 1}/{self.total} ({self.schedule_of(step)}) "
-              f"loss {loss:.4f} {elapsed_ms:.1f} ms", flush=True)
+        self.say(f"step {step + 1}/{self.total} ({self.schedule_of(step)}) loss {loss:.4f} "
+                 f"{elapsed_ms:.1f} ms")
         self.done = step + 1
         # Ctrl-C or SIGTERM inside the profiler's step transition could leave it unable to
         # write the trace of the steps already done: the signal waits until it is over.
@@ -143,6 +182,12 @@ class ProfiledRun:
             self.profiler.step()
 
     def __exit__(self, exc_type, exc, tb):
+        if exc is not None and self.ranks.distributed:
+            _ignore_further_signals()  # torchrun stops every rank once one has ended
+            if not self.ranks.main:
+                # Only rank 0 keeps an early end's steps: the others write no trace (into
+                # a folder that rank 0 may be renaming).
+                self.profiler.on_trace_ready = None
         try:
             self.profiler.__exit__(exc_type, exc, tb)  # writes the trace if steps were active
         except BaseException as trace_exc:  # noqa: BLE001 (a failed write is an early end)
@@ -164,8 +209,11 @@ class ProfiledRun:
 
     # -- the end of a complete run -----------------------------------------------------
     def _summary(self, status: str, profiled: int | None = None, **extra) -> dict:
-        trace = find_trace(self.dir)
-        summary = summarize(load_trace(trace), self.phases, max_steps=profiled)
+        trace = find_trace(self.dir, self.ranks.worker_name())
+        events = load_trace(trace)
+        summary = summarize(events, self.phases, max_steps=profiled)
+        if self.ranks.distributed:
+            summary["communication"] = communication(events, self.phases, profiled)
         env = environment()
         title = f"{self.label}, {self.cfg.mode} mode, batch {self.cfg.batch_size}, {env['device']}"
         if status != "complete":
@@ -179,22 +227,43 @@ class ProfiledRun:
                 **summary}
 
     def _finish(self) -> None:
-        print(f"[{self.label}] writing the trace...", flush=True)
+        self.say("writing the trace...")
         t0 = time.perf_counter()
-        gzip_traces(self.dir)
+        gzip_traces(self.dir, self.ranks.worker_name())
         record = self._summary("complete")
         trace = self.dir / record["trace"]
-        print(f"[{self.label}] trace {trace.name} ({trace.stat().st_size / 1e6:.1f} MB) "
-              f"gzipped and summarized in {time.perf_counter() - t0:.1f} s", flush=True)
+        self.say(f"trace {trace.name} ({trace.stat().st_size / 1e6:.1f} MB) gzipped and "
+                 f"summarized in {time.perf_counter() - t0:.1f} s")
+        if self.ranks.distributed:
+            record = self._job_record(record)
+            if record is None:
+                return  # ranks other than 0: rank 0 writes the job's summary
         for name, p in record["phases"].items():
             self.writer.add_scalar(f"phase_cpu_ms/{name}", p["cpu_ms"], 0)
             self.writer.add_scalar(f"phase_gpu_ms/{name}", p["gpu_ms"], 0)
         self.writer.close()
         self._write(record)
         print(record["table"])
+        if "distributed" in record:
+            print(format_ranks(record))
         print(f"written: {run_folder.display(self.dir / 'summary.json')}")
         record["run_dir"] = str(self.dir)
         self.record = record
+
+    def _job_record(self, record: dict) -> dict | None:
+        """Every rank's summary gathered; on rank 0 the job's record, None elsewhere."""
+        mine = {k: record[k] for k in ("trace", "steps", "phases", "step", "communication",
+                                       "peak_gpu_memory_gb")}
+        per_rank = self.ranks.gather(mine)
+        if not self.ranks.main:
+            return None
+        import torch.distributed as dist
+        job = combine(record, per_rank, self.ranks.world, dist.get_backend())
+        job["ddp"] = {name: job["config"][name] for name in
+                      ("bucket_mb", "bucket_view", "comm_hook", "overlap")}
+        if self.cfg.scaling_baseline:
+            job["distributed"]["scaling"] = scaling(job, self.cfg.scaling_baseline)
+        return job
 
     # -- an early end --------------------------------------------------------------------
     def _end_early(self, exc: BaseException):
@@ -205,6 +274,11 @@ class ProfiledRun:
               f"at step {self.done + 1} of {self.total}")
         reason = f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else one_line(exc)
         self.writer.close()
+        if self.ranks.distributed:
+            _ignore_further_signals()  # torchrun stops every rank once one has ended
+            if not self.ranks.main:
+                remove_plain_traces(self.dir, self.ranks.worker_name())
+                raise (RunInterrupted if interrupted else RunFailed)(f"{reason} {at}") from exc
         profiled = max(0, self.done - self.cfg.wait - self.cfg.warmup)
         kept = None
         if profiled:
@@ -225,7 +299,7 @@ class ProfiledRun:
     def _keep_completed_steps(self, status, reason, profiled, exc) -> str | None:
         """Gzips and summarizes the profiled steps that completed; None if that fails."""
         try:
-            gzip_traces(self.dir)
+            gzip_traces(self.dir, self.ranks.worker_name())
             record = self._summary(status, profiled, reason=reason,
                                    completed_steps=self.done, planned_steps=self.total)
             self._write(record, exc if status == "failed" else None)
@@ -237,7 +311,7 @@ class ProfiledRun:
     def _keep_error_only(self, reason, exc) -> str | None:
         """A bug before any profiled step: its traceback, in a folder marked failed."""
         try:
-            remove_plain_traces(self.dir)
+            remove_plain_traces(self.dir, self.ranks.worker_name())
             self._write({"status": "failed", "reason": reason, "completed_steps": self.done,
                          "planned_steps": self.total, "config": dataclasses.asdict(self.cfg)},
                         exc)

@@ -71,9 +71,10 @@ class _Windows:
         return None
 
 
-def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None = None) -> dict:
-    """Per-phase means over the profiled steps, and the step time. max_steps keeps only
-    the first steps (a run that ended early: its last, unfinished step is left out)."""
+def host_ranges(events: list[dict], phases: tuple[str, ...], max_steps: int | None = None):
+    """(phase ranges, step ranges) of the host, each (start, end, name) in microseconds.
+    max_steps keeps only the first steps (a run that ended early: its last, unfinished
+    step is left out) and the phases inside them."""
     phase_ranges, step_ranges = [], []
     for e in events:
         if e.get("ph") != "X" or e.get("cat") != "user_annotation":
@@ -87,6 +88,27 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         step_ranges = sorted(step_ranges)[:max_steps]
         inside = _Windows(step_ranges)
         phase_ranges = [r for r in phase_ranges if inside.find(r[0]) is not None]
+    return phase_ranges, step_ranges
+
+
+def launchers(events: list[dict], phase_of: _Windows, step_of: _Windows):
+    """correlation id -> (phase, step) of the runtime call that launched it (None where the
+    call was outside every phase or step)."""
+    found = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in RUNTIME_CATS:
+            continue
+        corr = e.get("args", {}).get("correlation")
+        if corr is not None:
+            ts = float(e["ts"])
+            found[corr] = (phase_of.find(ts), step_of.find(ts))
+    return found
+
+
+def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None = None) -> dict:
+    """Per-phase means over the profiled steps, and the step time. max_steps keeps only
+    the first steps (a run that ended early: its last, unfinished step is left out)."""
+    phase_ranges, step_ranges = host_ranges(events, phases, max_steps)
     steps = max(len(step_ranges), 1)
     phase_of, step_of = _Windows(phase_ranges), _Windows(step_ranges)
 
@@ -97,17 +119,14 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
     for start, end, name in sorted(phase_ranges):
         stats[name]["cpu_us"] += end - start
         cpu_per_step[name].append(round((end - start) / 1e3, 4))
-    launcher_phase = {}  # correlation id -> phase of the runtime call that launched it
-    launcher_step = {}
+    launched = launchers(events, phase_of, step_of)
+    launcher_phase = {corr: phase for corr, (phase, _) in launched.items()}
+    launcher_step = {corr: step for corr, (_, step) in launched.items()}
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in RUNTIME_CATS:
             continue
-        ts, name = float(e["ts"]), e.get("name", "")
-        phase = phase_of.find(ts)
-        corr = e.get("args", {}).get("correlation")
-        if corr is not None:
-            launcher_phase[corr] = phase
-            launcher_step[corr] = step_of.find(ts)
+        name = e.get("name", "")
+        phase = phase_of.find(float(e["ts"]))
         if phase is None:
             continue
         if _is_launch(name):
@@ -153,8 +172,10 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
     return result
 
 
-def find_trace(run_dir: Path) -> Path:
-    traces = sorted(Path(run_dir).glob("*.pt.trace.json*"))
+def find_trace(run_dir: Path, worker: str = "*") -> Path:
+    """The (last) trace of a run folder, or of one worker's (one rank's) in it."""
+    traces = sorted(Path(run_dir).glob(f"{worker}.*pt.trace.json*"))
     if not traces:
-        raise FileNotFoundError(f"no profiler trace (*.pt.trace.json[.gz]) in {run_dir}")
+        raise FileNotFoundError(f"no profiler trace ({worker}.*.pt.trace.json[.gz]) in "
+                                f"{run_dir}")
     return traces[-1]

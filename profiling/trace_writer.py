@@ -18,10 +18,11 @@ COMPRESS_LEVEL = 6
 CHUNK = 1 << 20
 
 
-def gzip_traces(run_dir: Path) -> list[Path]:
-    """Replaces each plain *.pt.trace.json in run_dir by its .gz; returns the .gz paths."""
+def gzip_traces(run_dir: Path, worker: str = "*") -> list[Path]:
+    """Replaces each plain *.pt.trace.json in run_dir (or only worker's: each rank of a
+    job packs its own) by its .gz; returns the .gz paths."""
     written = []
-    for plain in sorted(Path(run_dir).glob("*.pt.trace.json")):
+    for plain in sorted(Path(run_dir).glob(f"{worker}.*pt.trace.json")):
         packed = plain.with_name(plain.name + ".gz")
         partial = plain.with_name(plain.name + ".gz.partial")  # never a half-written .gz
         try:
@@ -36,7 +37,7 @@ def gzip_traces(run_dir: Path) -> list[Path]:
     return written
 
 
-def remove_plain_traces(run_dir: Path) -> None:
+def remove_plain_traces(run_dir: Path, worker: str = "*") -> None:
     """Drops plain traces (a run that ended before its trace was gzipped)."""
-    for plain in Path(run_dir).glob("*.pt.trace.json"):
-        plain.unlink()
+    for plain in Path(run_dir).glob(f"{worker}.*pt.trace.json"):
+        plain.unlink(missing_ok=True)

@@ -1,6 +1,6 @@
 """Several ranks, one global batch: what each rank of a torchrun + DistributedDataParallel
 job needs so that N ranks with batch b train exactly as one process with batch N*b
-(issue 13; train.py and `make profile GPUS=N` are not wired to it yet).
+(train.py runs it under torchrun: `make profile GPUS=N`, training/launch.py).
 
 - Data: RankShare gives rank r the samples r*b .. r*b+b-1 of each global batch of N*b, in
   the one-process order (the loader keeps its batch size b, in order).
@@ -59,3 +59,25 @@ def global_mean(loss: torch.Tensor, boxes: torch.Tensor,
     denominator = shared[1].clamp(min=1)
     scaled = local_sum * (world / denominator).to(loss.dtype)
     return scaled, (shared[0] / denominator).to(loss.dtype)
+
+
+class GlobalBatch:
+    """What a training step adds on several ranks; nothing on one.
+
+    loss(): the global batch's loss (shown) and what this rank backpropagates;
+    after_backward(): with reduce_after (--no-overlap), every gradient all-reduced now."""
+
+    def __init__(self, loss_name: str, ranks=None, model=None, reduce_after: bool = False):
+        from training.ranks import Ranks
+        self.loss_name, self.ranks = loss_name, ranks or Ranks()
+        self.model, self.reduce_after = model, reduce_after
+
+    def loss(self, loss: torch.Tensor, targets, device) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.ranks.distributed:
+            return loss, loss
+        return global_mean(loss, local_boxes(self.loss_name, targets, device))
+
+    def after_backward(self) -> None:
+        if self.reduce_after:
+            from training.ddp import reduce_after_backward
+            reduce_after_backward(self.model, self.ranks.world)

@@ -34,6 +34,8 @@ their order are core.names.SPEEDUPS; adding one is a Config field, a line here, 
 use where the step is built.
 """
 
+import os
+
 from core.names import GPU_ONLY_SPEEDUPS, RAGGED, SPEEDUPS
 from errors import UserError
 
@@ -70,6 +72,9 @@ def graph_refusal(cfg, cuda: bool) -> str | None:
                 "cannot hold")
     if not cuda:
         return "CUDA graphs need a CUDA GPU"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return ("a step with DDP's all-reduces is not captured as a CUDA graph here (one "
+                "GPU only)")
     if cfg.wait < 2:
         return ("a CUDA graph needs --wait 2 or more: one eager step to compile and tune, "
                 "one to capture, before the profiler records")
@@ -132,10 +137,10 @@ def apply_backend_flags(used: dict, cuda: bool, many_runs: bool) -> None:
     torch.backends.cudnn.benchmark = used["cudnn_benchmark"]
 
 
-def build(cfg, used: dict, device, reuse: bool):
+def build(cfg, used: dict, device, reuse: bool, wrap=None, wrap_key=None):
     """(model, runner, optimizer) of a run, with the speed-ups that shape them: the first
     and second blocks' kernels and the first's output dtype (autocast's), channels_last,
-    the bf16 shadow."""
+    the bf16 shadow. wrap: DDP on several ranks (model/build.py)."""
     import torch
     from model import build_model
     autocast_on = cfg.amp and device.type == "cuda"
@@ -145,7 +150,8 @@ def build(cfg, used: dict, device, reuse: bool):
                                 channels_last=used["channels_last"],
                                 block_dtype=torch.bfloat16 if autocast_on else torch.float32,
                                 bf16_shadow=used["bf16_shadow"],
-                                triton_second_block=used["triton_second_block"])
+                                triton_second_block=used["triton_second_block"],
+                                wrap=wrap, wrap_key=wrap_key)
     return model, runner, make_optimizer(model, cfg.lr, used)
 
 

@@ -1,0 +1,94 @@
+"""A rank's communication per step, from its trace: what the NCCL kernels cost, how much
+of it ran beside computation and how much the GPU spent waiting on it alone.
+
+Definitions (each a mean over the profiled steps, in ms of GPU time):
+- comm_ms: the union of the intervals of the NCCL kernels launched in the step (an
+  all-reduce kernel runs from its launch on the GPU until every rank has taken part, so a
+  peer's lateness counts here too);
+- overlapped_ms: the part of comm_ms during which some other GPU activity (a kernel, copy
+  or memset) ran: communication hidden behind computation;
+- exposed_ms: comm_ms - overlapped_ms: the GPU doing nothing but communicate;
+- by_phase_ms: comm_ms split by the profiler range that launched the collective (DDP's
+  bucket all-reduces are launched during 'backward'; --no-overlap's after it; the loss's
+  global mean in 'loss');
+- collectives: NCCL kernels per step.
+On CPU ranks (gloo) there are no GPU kernels: the figures are 0 and `gpu` is False.
+TensorBoard's Distributed view computes its own split from the same trace
+(profiling/tb_profiler_compat.py); tests compare the two.
+"""
+
+from collections import defaultdict
+
+from profiling.trace_summary import GPU_CATS, _Windows, host_ranges, launchers
+
+
+def is_collective_kernel(name: str) -> bool:
+    return name.startswith("nccl")
+
+
+def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, non-overlapping intervals covering the same time."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def length(intervals) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total time two merged interval lists share."""
+    i = j = 0
+    shared = 0.0
+    while i < len(a) and j < len(b):
+        shared += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return shared
+
+
+def communication(events: list[dict], phases: tuple[str, ...],
+                  max_steps: int | None = None) -> dict:
+    """The rank's communication figures (see the module's docstring)."""
+    phase_ranges, step_ranges = host_ranges(events, phases, max_steps)
+    launched = launchers(events, _Windows(phase_ranges), _Windows(step_ranges))
+    comm_by_step = defaultdict(list)
+    by_phase = defaultdict(float)
+    count = 0
+    compute = []
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in GPU_CATS:
+            continue
+        start = float(e["ts"])
+        interval = (start, start + float(e.get("dur", 0)))
+        if not is_collective_kernel(e.get("name", "")):
+            compute.append(interval)
+            continue
+        phase, step = launched.get(e.get("args", {}).get("correlation"), (None, None))
+        if step is None:
+            continue
+        comm_by_step[step].append(interval)
+        by_phase[phase or "outside the phases"] += interval[1] - interval[0]
+        count += 1
+    compute = merge(compute)
+    steps = max(len(step_ranges), 1)
+    comm = overlapped = 0.0
+    for intervals in comm_by_step.values():
+        merged = merge(intervals)
+        comm += length(merged)
+        overlapped += intersection(merged, compute)
+    return {
+        "gpu": bool(count),
+        "comm_ms": comm / steps / 1e3,
+        "overlapped_ms": overlapped / steps / 1e3,
+        "exposed_ms": (comm - overlapped) / steps / 1e3,
+        "by_phase_ms": {p: us / steps / 1e3 for p, us in sorted(by_phase.items())},
+        "collectives": count / steps,
+    }

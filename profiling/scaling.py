@@ -1,0 +1,81 @@
+"""A job of several ranks in one summary: each rank's table and communication, samples
+per second, and the scaling against a one-GPU run (--scaling-baseline).
+
+samples_per_s = global batch (ranks x --batch-size) / the mean wall time of a profiled
+step on rank 0 (the ranks wait for each other in every step's all-reduce and loss.item(),
+so rank 0's step is the job's).
+"""
+
+import json
+from pathlib import Path
+
+from errors import UserError
+
+
+def samples_per_s(summary: dict) -> float:
+    """Samples a second of a run's summary.json (one process or several)."""
+    world = summary.get("distributed", {}).get("world", 1)
+    step_ms = summary["step"]["cpu_ms"]
+    return summary["config"]["batch_size"] * world / (step_ms / 1e3) if step_ms else 0.0
+
+
+def check_baseline(folder: str) -> dict:
+    """The summary of the one-GPU run a job is compared with; one line if it is not one."""
+    path = Path(folder) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--scaling-baseline {folder}: no readable summary.json there "
+                        f"({exc.__class__.__name__})") from None
+    if summary.get("status") != "complete":
+        raise UserError(f"--scaling-baseline {folder} is not a complete run")
+    if summary.get("distributed", {}).get("world", 1) != 1:
+        raise UserError(f"--scaling-baseline {folder} ran on several ranks: give a one-GPU "
+                        "run")
+    return summary
+
+
+def scaling(job: dict, baseline_folder: str) -> dict:
+    """This job's samples a second over the one-GPU run's, and that over the ranks."""
+    base = check_baseline(baseline_folder)
+    factor = samples_per_s(job) / samples_per_s(base)
+    world = job["distributed"]["world"]
+    same_batch = base["config"]["batch_size"] == job["config"]["batch_size"]
+    return {"baseline": str(baseline_folder), "baseline_samples_per_s": samples_per_s(base),
+            "factor": factor, "efficiency": factor / world,
+            "same_batch_per_gpu": same_batch}
+
+
+def combine(main: dict, per_rank: list[dict], world: int, backend: str) -> dict:
+    """Rank 0's summary with the job's section: every rank's phases, step and
+    communication, samples a second."""
+    record = dict(main)
+    record["distributed"] = {
+        "world": world, "backend": backend,
+        "global_batch": main["config"]["batch_size"] * world,
+        "ranks": per_rank,
+    }
+    record["distributed"]["samples_per_s"] = samples_per_s(record)
+    return record
+
+
+def format_ranks(record: dict) -> str:
+    """The per-rank lines printed under rank 0's table."""
+    job = record["distributed"]
+    lines = [f"{job['world']} ranks ({job['backend']}), global batch {job['global_batch']}: "
+             f"{job['samples_per_s']:.0f} samples/s",
+             "| rank | step CPU ms | step GPU ms | comm GPU ms | overlapped | exposed | "
+             "collectives |", "|---|---|---|---|---|---|---|"]
+    for r, rank in enumerate(job["ranks"]):
+        comm = rank["communication"]
+        if not comm["gpu"]:  # gloo between CPU processes: no GPU kernels to time
+            lines.append(f"| {r} | {rank['step']['cpu_ms']:.2f} | - | - | - | - | - |")
+            continue
+        lines.append(f"| {r} | {rank['step']['cpu_ms']:.2f} | {rank['step']['gpu_ms']:.2f} | "
+                     f"{comm['comm_ms']:.2f} | {comm['overlapped_ms']:.2f} | "
+                     f"{comm['exposed_ms']:.2f} | {comm['collectives']:.0f} |")
+    if "scaling" in job:
+        s = job["scaling"]
+        lines.append(f"scaling against {s['baseline']}: {s['factor']:.2f}x "
+                     f"({s['efficiency'] * 100:.0f} % of {job['world']}x)")
+    return "\n".join(lines)

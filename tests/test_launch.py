@@ -1,0 +1,158 @@
+"""make profile GPUS=2 on a CPU machine: two gloo ranks under torchrun (training/launch.py)
+train exactly as one process on the global batch, write one folder with both ranks'
+traces and one summary, and any rank's end (a user error, a killed process, Ctrl-C) stops
+the whole job within seconds with one line."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import train
+from tests.test_train import REPO, our_lines
+
+# Two ranks of two samples each: the global batch of four.
+RANK_ARGS = ["--preset", "cpu", "--batch-size", "2", "--image-size", "32", "--hidden", "32",
+             "--num-workers", "0", "--wait", "0", "--warmup", "1", "--active", "2"]
+
+
+def _launch(out: Path, *args, nproc: int = 2, **popen):
+    return subprocess.Popen([sys.executable, "-u", "-m", "training.launch", "--nproc",
+                             str(nproc), "train.py", *RANK_ARGS, "--out-dir", str(out), *args],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+
+
+def _finish(proc, timeout=240):
+    """(exit code, stdout, stderr's lines without torch's own warnings: the profiler's
+    CPU allocator notes on long runs come from every rank as '[rankN]:[W...')."""
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, [line for line in our_lines(err)
+                                  if not re.match(r"\[rank\d+\]:\[W", line)]
+
+
+def _ranks_of(launcher_pid: int) -> dict[int, int]:
+    """local rank -> pid of the launcher's rank processes (Linux /proc)."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
+            continue  # not a child of this launcher
+        for item in env:
+            if item.startswith(b"LOCAL_RANK="):
+                found[int(item.split(b"=")[1])] = int(pid)
+    return found
+
+
+@pytest.mark.parametrize("loss", ("padded", "concat", "kernel"))
+def test_two_ranks_train_as_one_process_on_the_global_batch(tmp_path, loss):
+    code, out, err = _finish(_launch(tmp_path / "two", "--loss", loss, "--run-name", "job"))
+    assert code == 0, err
+    job = tmp_path / "two" / "job"
+    summary = json.loads((job / "summary.json").read_text())
+    one = train.run(train.parse_config(RANK_ARGS + ["--batch-size", "4", "--loss", loss,
+                                                    "--out-dir", str(tmp_path / "one")]))
+    # Every step's loss is the global batch's: the second and third come after updates
+    # made from the all-reduced gradients, so they check the gradients too.
+    assert summary["losses"] == pytest.approx(one["losses"], rel=2e-5), loss
+    ranks = summary["distributed"]
+    assert ranks["world"] == 2 and ranks["backend"] == "gloo" and ranks["global_batch"] == 4
+    assert sorted(p.name.split(".")[0] for p in job.glob("*.pt.trace.json.gz")) == \
+        ["rank0", "rank1"]
+    assert [r["trace"].split(".")[0] for r in ranks["ranks"]] == ["rank0", "rank1"]
+    for rank in ranks["ranks"]:
+        assert rank["steps"] == 2 and rank["step"]["cpu_ms"] > 0
+        assert set(rank["phases"]) == set(summary["phases"])
+    assert ranks["samples_per_s"] == pytest.approx(4 / (summary["step"]["cpu_ms"] / 1e3))
+    assert summary["ddp"] == {"bucket_mb": 25.0, "bucket_view": False, "comm_hook": "none",
+                              "overlap": True}
+    # Only rank 0 prints: one header, one table.
+    assert out.count("speed-ups:") == 1 and out.count("| **step**") == 1, out
+    assert "2 ranks (gloo), global batch 4" in out
+
+
+def test_the_scaling_against_a_one_process_run_is_in_the_summary(tmp_path):
+    base = train.run(train.parse_config(RANK_ARGS + ["--out-dir", str(tmp_path)]))
+    code, out, err = _finish(_launch(tmp_path, "--run-name", "job", "--scaling-baseline",
+                                     base["run_dir"], "--no-overlap"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    scaling = summary["distributed"]["scaling"]
+    expected = summary["distributed"]["samples_per_s"] / (2 / (base["step"]["cpu_ms"] / 1e3))
+    assert scaling["factor"] == pytest.approx(expected)
+    assert scaling["efficiency"] == pytest.approx(expected / 2)
+    assert summary["ddp"]["overlap"] is False
+    assert "scaling against" in out
+
+
+def test_a_user_error_on_a_rank_ends_the_job_with_one_line(tmp_path):
+    t0 = time.time()
+    code, _, err = _finish(_launch(tmp_path, "--max-boxes", "1", "--batch-size", "16"))
+    assert code == 2, err
+    assert len(err) == 1 and re.match(r"error: rank [01] failed: sample \d+ of the batch has "
+                                      r"\d+ boxes .*--max-boxes.*; every rank was stopped",
+                                      err[0]), err
+    assert time.time() - t0 < 120
+    assert not list(tmp_path.iterdir())  # nothing worth keeping: no folder
+
+
+def test_a_killed_rank_ends_the_job_within_seconds(tmp_path):
+    proc = _launch(tmp_path, "--active", "2000", "--run-name", "job")
+    for line in proc.stdout:
+        if "step 3/" in line:
+            break
+    ranks = _ranks_of(proc.pid)
+    assert set(ranks) == {0, 1}, ranks
+    os.kill(ranks[1], signal.SIGKILL)
+    killed = time.time()
+    code, _, err = _finish(proc, timeout=60)
+    assert time.time() - killed < 20, "the job outlived its killed rank"
+    assert code == 1 and err == ["error: rank 1 failed: killed by SIGKILL; every rank was "
+                                 "stopped"], err
+    # Rank 0 saw its peer go and kept its completed profiled steps, marked as such.
+    assert [p.name for p in tmp_path.iterdir()] in (["job-failed"], ["job-interrupted"])
+    summary = json.loads(next(tmp_path.glob("job-*/summary.json")).read_text())
+    assert summary["status"] in ("failed", "interrupted")
+
+
+def _ctrl_c_as_a_terminal_gives_it():
+    os.setsid()  # the job is one process group, as in a terminal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    proc = _launch(tmp_path, "--active", "2000", "--run-name", "job",
+                   preexec_fn=_ctrl_c_as_a_terminal_gives_it)
+    for line in proc.stdout:
+        if "step 3/" in line:
+            break
+    ranks = _ranks_of(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+    code, _, err = _finish(proc, timeout=60)
+    assert code == 130, err
+    assert len(err) == 1 and err[0].startswith("error: interrupted (") and \
+        err[0].endswith("every rank was stopped"), err
+    assert [p.name for p in tmp_path.iterdir()] == ["job-interrupted"]
+    time.sleep(0.5)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks.values())
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--nproc", "0", "train.py"], "GPUS must be at least 1, not 0"),
+    (["--nproc", "two", "train.py"], "GPUS must be a whole number, not 'two'"),
+    (["train.py"], "usage: python3 -m training.launch --nproc N SCRIPT [ARGS...]"),
+])
+def test_bad_launcher_arguments_are_one_line(args, message):
+    done = subprocess.run([sys.executable, "-m", "training.launch", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and our_lines(done.stderr) == [f"error: {message}"]

@@ -1,0 +1,85 @@
+"""DistributedDataParallel around the model on several ranks, and the knobs that decide how
+well the step scales. Each knob is a train.Config switch, recorded in summary.json:
+
+    bucket_mb    DDP's gradient bucket size: gradients are all-reduced a bucket at a time,
+                 as soon as the bucket's last gradient is ready. lin1's weight (1.07 B
+                 elements) is a bucket of its own whatever the size.
+    bucket_view  DDP's gradient_as_bucket_view: each gradient is a view into its bucket,
+                 so DDP copies no gradient into the bucket before the all-reduce and none
+                 back after it (two passes over 2-4 GB at this model's size).
+    comm_hook    none, or bf16: DDP's bf16_compress_hook all-reduces the buckets as bf16
+                 (half the bytes of fp32 gradients; lin1's gradient is already bf16 under
+                 --bf16-shadow).
+    overlap      on: DDP, whose all-reduces run during the backward. off: no DDP; every
+                 gradient is all-reduced after the backward, to measure what the overlap
+                 hides.
+
+Nothing here imports torch at import time (train.py --help works without it). The loss's
+global mean over the ranks is training/distributed.py's.
+"""
+
+from errors import UserError
+
+HELP = {
+    "bucket_mb": "several GPUs: DDP's gradient bucket size in MB",
+    "bucket_view": "several GPUs: DDP's gradient_as_bucket_view (gradients are views of the "
+                   "all-reduce buckets: no copy in or out)",
+    "comm_hook": "several GPUs: DDP communication hook: none, or bf16 (buckets all-reduced "
+                 "as bf16)",
+    "overlap": "several GPUs: all-reduce gradients during the backward (DDP); off: after it, "
+               "without DDP",
+}
+COMM_HOOKS = ("none", "bf16")
+
+
+def check(cfg) -> None:
+    """The knobs' values, before anything is written."""
+    if not cfg.bucket_mb > 0:
+        raise UserError(f"--bucket-mb must be a positive number, got {cfg.bucket_mb}")
+    if cfg.comm_hook not in COMM_HOOKS:
+        raise UserError(f"--comm-hook takes {' or '.join(COMM_HOOKS)}, not {cfg.comm_hook!r}")
+    if cfg.comm_hook != "none" and not cfg.overlap:
+        raise UserError("--comm-hook is DDP's and --no-overlap runs without DDP: use one")
+
+
+def knobs(cfg) -> dict:
+    """The knobs as summary.json records them."""
+    return {name: getattr(cfg, name) for name in HELP}
+
+
+def wrap(model, cfg, ranks, device):
+    """The module the step runs: DDP around the model on several ranks in train mode
+    with overlap, else the model itself (forward mode has no gradients to reduce)."""
+    if not (ranks.distributed and cfg.mode == "train" and cfg.overlap):
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    ddp = DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=cfg.bucket_mb, gradient_as_bucket_view=cfg.bucket_view,
+        **no_buffer_broadcast())
+    if cfg.comm_hook == "bf16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    return ddp
+
+
+def no_buffer_broadcast() -> dict:
+    """DDP's argument that stops the buffers' broadcast before each forward. The only
+    buffer is --bf16-shadow's fp32 master of lin1 (4.3 GB): every rank makes the same
+    update to it, so broadcasting it each step would only cost. torch 2.13 renamed the
+    argument (forward_sync_buffers) and warns at the old one, which torch 2.11 needs."""
+    import inspect
+    from torch.nn.parallel import DistributedDataParallel
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
+def reduce_after_backward(model, world: int) -> None:
+    """--no-overlap: every gradient all-reduced and averaged once the backward is done,
+    as DDP would have, but none of it hidden behind the backward."""
+    import torch.distributed as dist
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)

@@ -1,0 +1,112 @@
+"""Starts a script on N ranks with torchrun, and turns a failed job into one line.
+
+    python3 -m training.launch --nproc 2 train.py --loss padded     # make profile GPUS=2
+
+torchrun itself (torch.distributed.run, --standalone, no restarts) starts the ranks: one
+process per GPU with NCCL, or, without GPUs, N CPU processes with gloo (so a CPU machine
+runs the distributed path too). When a rank fails (an exception, a user error in its
+batch, a killed process), torchrun stops every other rank within its monitor interval
+(0.1 s); this launcher then prints the line of the rank that failed first, as that rank
+left it (training/ranks.py), instead of torchrun's report, and exits with its code: 2 for
+a user error, 130 for Ctrl-C, 1 otherwise. Ctrl-C stops every rank.
+"""
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from errors import UserError, exit_with
+from training.ranks import ERRORS_ENV
+
+USAGE = "usage: python3 -m training.launch --nproc N SCRIPT [ARGS...]"
+
+
+def parse(argv: list[str]) -> tuple[int, list[str]]:
+    if len(argv) < 3 or argv[0] != "--nproc":
+        raise UserError(USAGE)
+    try:
+        nproc = int(argv[1])
+    except ValueError:
+        raise UserError(f"GPUS must be a whole number, not {argv[1]!r}") from None
+    if nproc < 1:
+        raise UserError(f"GPUS must be at least 1, not {nproc}")
+    return nproc, argv[2:]
+
+
+def check_devices(nproc: int) -> None:
+    import torch
+    if torch.cuda.is_available() and torch.cuda.device_count() < nproc:
+        raise UserError(f"GPUS={nproc} but this machine has {torch.cuda.device_count()} "
+                        "GPU(s): ask for at most that many")
+
+
+def explain(rank: int, failure, folder: Path) -> tuple[str, int]:
+    """The line and exit code for the rank torchrun saw fail first."""
+    left = folder / f"rank{rank}.txt"
+    if left.exists():  # the rank's own line, as train.py would have printed it
+        line = left.read_text().strip()
+    elif failure.exitcode < 0:
+        line = f"killed by {failure.signal_name()}"
+    else:
+        line = f"exited with code {failure.exitcode} (see its output above)"
+    code = failure.exitcode if failure.exitcode in (1, 2, 130) else 1
+    return f"rank {rank} failed: {line}; every rank was stopped", code
+
+
+def quiet_torchrun() -> None:
+    """torchrun's agent logs each rank it stops, the signal it got and a report of the
+    failure, which the one line replaces. Its modules set their loggers' levels from
+    LOGLEVEL when imported, so this runs before they are."""
+    os.environ["LOGLEVEL"] = "CRITICAL"
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def launch(nproc: int, script: list[str]) -> int:
+    quiet_torchrun()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+    quiet_torchrun()  # and the loggers those imports made
+    check_devices(nproc)
+    folder = Path(tempfile.mkdtemp(prefix="ragged-ranks-"))
+    os.environ[ERRORS_ENV] = str(folder)
+    # torchrun would set 1 thread per rank and print a banner saying so.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={nproc}",
+                                         "--max-restarts=0", *script])
+    try:
+        run(args)
+        return 0
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        line, code = explain(rank, failure, folder)
+        print(f"error: {line}", file=sys.stderr)
+        return code
+    except (KeyboardInterrupt, SignalException):
+        main_line = folder / "rank0.txt"
+        where = main_line.read_text().strip() if main_line.exists() else "interrupted"
+        print(f"error: {where}; every rank was stopped", file=sys.stderr)
+        return 130
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return launch(*parse(argv))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    # SIGTERM stops the job as Ctrl-C does (torchrun passes it to every rank).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    exit_with(main, "every rank was stopped")

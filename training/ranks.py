@@ -1,0 +1,98 @@
+"""Where this process stands in a torchrun job (make profile GPUS=N, training/launch.py):
+its rank, the world, its device, and the little the ranks tell each other outside the
+training step (the run folder's name, each rank's summary at the end).
+
+A process that torchrun did not start (no WORLD_SIZE, or 1) is a world of one: nothing
+here touches torch.distributed then, and the run is exactly the single-process one.
+"""
+
+import os
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+# The launcher's folder where each rank leaves its one-line error (training/launch.py).
+ERRORS_ENV = "RAGGED_RANK_ERRORS"
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one that prints, names the run folder and writes the summary."""
+        return self.rank == 0
+
+    def device(self, cuda: bool):
+        """This rank's device: GPU local_rank (made current, so that every "cuda" tensor
+        lands there), or the CPU."""
+        import torch
+        if not cuda:
+            return torch.device("cpu")
+        torch.cuda.set_device(self.local_rank)
+        return torch.device("cuda", self.local_rank)
+
+    def start(self, cuda: bool) -> None:
+        """Joins the process group: NCCL between GPUs, gloo between CPU processes. Once
+        per process (make compare runs many runs in one)."""
+        import torch.distributed as dist
+        if self.distributed and not dist.is_initialized():
+            # The step's collectives finish in milliseconds; a rank that waits minutes is
+            # waiting for a dead peer, which torchrun kills sooner anyway.
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=5))
+
+    def share(self, value):
+        """Rank 0's value, on every rank (a picklable object; a collective: every rank
+        calls it at the same point)."""
+        if not self.distributed:
+            return value
+        import torch.distributed as dist
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def gather(self, value) -> list:
+        """Every rank's value, in rank order, on every rank (a collective)."""
+        if not self.distributed:
+            return [value]
+        import torch.distributed as dist
+        out = [None] * self.world
+        dist.all_gather_object(out, value)
+        return out
+
+    def worker_name(self) -> str:
+        """The trace's worker name: TensorBoard's plugin tells the ranks apart by it."""
+        return f"rank{self.rank}" if self.distributed else "train"
+
+    def leave_error(self, line: str) -> bool:
+        """Leaves this rank's one-line error for the launcher, which prints the line of
+        the rank that failed first; False when no launcher asked for it."""
+        folder = os.environ.get(ERRORS_ENV)
+        if not (self.distributed and folder):
+            return False
+        Path(folder, f"rank{self.rank}.txt").write_text(line + "\n")
+        return True
+
+
+def from_env() -> Ranks:
+    """This process's place, from the variables torchrun sets."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Ranks()
+    return Ranks(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def stop() -> None:
+    """Leaves the process group, if this process joined one (torch may not even be
+    installed: train.py --help)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
