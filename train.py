@@ -136,8 +136,9 @@ def validate(cfg: Config, world: int = 1) -> None:
         raise UserError(f"--lr must be a positive number, got {cfg.lr}")
     steps = cfg.wait + cfg.warmup + cfg.active
     if steps * cfg.batch_size * world > cfg.dataset_length:
-        raise UserError(f"{steps} steps of {cfg.batch_size} on {world} rank(s) need more "
-                        f"than the {cfg.dataset_length} samples of --dataset-length")
+        ranks = f" on each of {world} ranks" if world > 1 else ""
+        raise UserError(f"{steps} steps of {cfg.batch_size}{ranks} need more than the "
+                        f"{cfg.dataset_length} samples of --dataset-length")
     if cfg.backend == "cuda" and cfg.loss in FUSED:
         from kernels.cuda_giou import unavailable_reason
         if unavailable_reason():
@@ -301,6 +302,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)  # SIGTERM ends a run as Ctrl-C does
     try:
         run(parse_config(argv))
+        from training.ranks import stop
+        stop()  # leaves the process group of a torchrun job
     except KeyboardInterrupt as exc:  # the harness's RunInterrupted, or before the run
         _report(str(exc) or "interrupted")
         return 130
@@ -322,9 +325,6 @@ def main(argv=None) -> int:
         _report(one_line(exc))
         user = isinstance(exc, USER_ERRORS) or isinstance(exc.__cause__, USER_ERRORS)
         return 2 if user else 1
-    finally:
-        from training.ranks import stop
-        stop()  # leaves the process group of a torchrun job
     return 0
 
 

@@ -13,6 +13,11 @@
 #     sweep     make sweep (each loss alone over batch, capacity, boxes per image) into
 #               profiles/sweep-device/
 #     blocks    bench/conditional_blocks.py (the conditional kernel's block shapes)
+#     ddptests  the two-GPU tests (tests/test_gpu_distributed.py) and the two-rank trace
+#               fixtures of TensorBoard's Distributed view (bench/record_fixtures.sh ddp)
+#     scaling   one GPU against two (make profile GPUS=2) for padded and kernel/cuda at
+#               the GPU preset, then each DDP knob on padded; SCALING_KNOBS= picks the
+#               knob runs ("" for none); profiles/scaling-device/, scaling.md
 # DEADLINE (seconds from the start, default 570) stops a stage that would run past it, so
 # the archives still get written. The device's copy of the tree carries a stale .git:
 # export GIT_COMMIT=<sha of the tree sent> first so that every summary names its commit.
@@ -72,7 +77,37 @@ for stage in "$@"; do
         timeout "$(left)" python3 -m profiling.range_timeline "$run" --range loss --steps 2
       done > "$out/timeline.txt" 2>&1
       head -c 3000 "$out/timeline.txt" ;;
-    *) echo "unknown stage $stage: tests, overhead, compare, ladder or timeline" >&2; exit 2 ;;
+    ddptests)
+      timeout "$(left)" python3 -m pytest -q -m gpu tests/test_gpu_distributed.py \
+        > "$out/ddptests.log" 2>&1
+      stamp "two-GPU tests: exit $?"; tail -3 "$out/ddptests.log"
+      timeout "$(left)" bash bench/record_fixtures.sh tests/fixtures ddp > "$out/fixtures.log" 2>&1
+      stamp "fixtures: exit $?"; tail -4 "$out/fixtures.log"
+      tar czf "$out/ddp_fixtures.tgz" tests/fixtures/gpu_ddp_* ;;
+    scaling)
+      sc=profiles/scaling-device
+      run_one() { timeout "$(left)" python3 train.py --out-dir $sc "$@" 2>&1 | grep -vE "step [0-9]|USDT"; }
+      run_two() { timeout "$(left)" python3 -m training.launch --nproc 2 train.py --out-dir $sc "$@" 2>&1 | grep -vE "step [0-9]|USDT"; }
+      {
+        for lb in padded:triton kernel:cuda; do
+          l=${lb%:*}; b=${lb#*:}
+          run_one --loss "$l" --backend "$b" --run-name "one-$l"
+          run_two --loss "$l" --backend "$b" --run-name "two-$l" --scaling-baseline "$sc/one-$l"
+        done
+        for knob in ${SCALING_KNOBS-bucket-view bucket-mb-100 comm-hook-bf16 no-overlap}; do
+          case $knob in
+            bucket-view) flags=(--bucket-view) ;;
+            bucket-mb-*) flags=(--bucket-mb "${knob#bucket-mb-}") ;;
+            comm-hook-bf16) flags=(--comm-hook bf16) ;;
+            no-overlap) flags=(--no-overlap) ;;
+          esac
+          run_two --loss padded --run-name "two-padded-$knob" --scaling-baseline "$sc/one-padded" "${flags[@]}"
+        done
+      } > "$out/scaling.log"
+      python3 bench/scaling_table.py $sc/* > "$out/scaling.md" 2>&1
+      tar czf "$out/scaling.tgz" "$sc"/*/summary.json 2>/dev/null
+      cat "$out/scaling.md" ;;
+    *) echo "unknown stage $stage: see the list at the top" >&2; exit 2 ;;
   esac
 done
 stamp "done"

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Records the small GPU trace fixtures under tests/fixtures (run on the device; commit the
 # result). A few steps of a small batch: real torch 2.11 CUDA traces that stay small.
+# `record_fixtures.sh DEST ddp` records only the two-rank fixtures (two GPUs): each rank's
+# trace of a make profile GPUS=2 run and its summary, for TensorBoard's Distributed view.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-tests/fixtures}
@@ -8,6 +10,15 @@ mkdir -p "$dest"
 tmp=$(mktemp -d)
 common=(--preset gpu --batch-size 32 --image-size 64 --hidden 256 --num-workers 2
         --wait 1 --warmup 1 --active 2 --no-compile --out-dir "$tmp")
+if [ "${2:-}" = ddp ]; then
+  # hidden 4096: lin1's gradient (16 M elements) is an all-reduce long enough to see.
+  python3 -m training.launch --nproc 2 train.py "${common[@]}" --hidden 4096 --loss padded \
+    --run-name ddp >/dev/null
+  for r in 0 1; do cp "$tmp"/ddp/rank$r.*.pt.trace.json.gz "$dest/gpu_ddp_rank$r.pt.trace.json.gz"; done
+  cp "$tmp/ddp/summary.json" "$dest/gpu_ddp_train.summary.json"
+  ls -la "$dest"/gpu_ddp_*
+  exit 0
+fi
 for loss in padded kernel; do
   python3 train.py "${common[@]}" --loss "$loss" --run-name "$loss" >/dev/null
   cp "$tmp/$loss"/*.pt.trace.json.gz "$dest/gpu_${loss}_train.pt.trace.json.gz"

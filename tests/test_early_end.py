@@ -119,7 +119,7 @@ def test_a_bug_before_any_profiled_step_keeps_only_its_traceback(tmp_path, monke
 def test_a_failed_trace_write_leaves_nothing_half_written(tmp_path, monkeypatch):
     import profiling.harness
 
-    def disk_full(run_dir):
+    def disk_full(run_dir, worker="*"):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(profiling.harness, "gzip_traces", disk_full)
     with pytest.raises(RunFailed) as failed:

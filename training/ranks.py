@@ -91,8 +91,12 @@ def from_env() -> Ranks:
 
 
 def stop() -> None:
-    """Leaves the process group, if this process joined one (torch may not even be
-    installed: train.py --help)."""
+    """Leaves the process group after a job that ended well, once every rank is done with
+    it (torch may not even be installed: train.py --help). A rank that left while a peer
+    was still using the group was seen to abort in gloo's teardown ('terminate called
+    without an active exception'). After an early end nothing is waited for: torchrun
+    stops the job."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()

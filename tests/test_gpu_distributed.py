@@ -1,0 +1,38 @@
+"""make profile GPUS=2 on two GPUs (make test-gpu on a machine with two): NCCL ranks train
+as one GPU on the global batch, and the summary holds each rank's NCCL time."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train
+from tests.test_gpu import SMALL
+from tests.test_train import REPO
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="needs two GPUs (nvidia-h200-x2)")]
+PER_RANK = ["--batch-size", "32", "--active", "3"]
+
+
+@pytest.mark.parametrize("loss,backend", [("padded", "triton"), ("kernel", "cuda")])
+def test_two_gpus_train_as_one_on_the_global_batch(tmp_path, loss, backend):
+    common = ["--loss", loss, "--backend", backend, "--out-dir", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", "train.py",
+                           *SMALL, *PER_RANK, *common, "--run-name", "job"], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = json.loads((tmp_path / "job" / "summary.json").read_text())
+    one = train.run(train.parse_config(SMALL + PER_RANK + common + ["--batch-size", "64"]))
+    # bf16 autocast: the two GEMM shapes round differently; the losses agree to bf16.
+    assert job["losses"] == pytest.approx(one["losses"], rel=1e-2)
+    ranks = job["distributed"]
+    assert ranks["backend"] == "nccl" and ranks["world"] == 2
+    for rank in ranks["ranks"]:
+        comm = rank["communication"]
+        assert comm["gpu"] and comm["comm_ms"] > 0 and comm["collectives"] >= 2
+        assert comm["by_phase_ms"]["backward"] > 0  # DDP's all-reduces, in the backward
+        assert comm["overlapped_ms"] + comm["exposed_ms"] == pytest.approx(comm["comm_ms"])
+    assert job["environment"]["device"] == torch.cuda.get_device_name(0)
