@@ -13,6 +13,19 @@ Two changes in the traces since 0.4.3, each found on a torch 2.11 GPU trace of t
    step with no cost: the Overview then divides by its zero total (ZeroDivisionError).
    Only the host-side ProfilerStep ranges are steps.
 
+Two more, found on a torch 2.11 two-GPU trace (tests/fixtures/gpu_ddp_rank*.pt.trace.json.gz),
+break the Distributed view (computation/communication overlap, communication ops):
+
+4. A collective's host op `nccl:all_reduce` has its own External id, but the NCCL kernel
+   carries the id of the op around it (`record_param_comms`: pytorch/kineto issue 782).
+   0.4.3 ties kernels to collectives by External id, so no kernel was tied: the view's
+   communication read 0 and every NCCL kernel counted as computation (its overlap with
+   itself). Each NCCL kernel, and the runtime call that launched it, now carry the id of
+   the collective op that encloses the launch on the launching thread.
+5. Each collective also has a GPU-side `gpu_user_annotation` twin with the op's name,
+   which 0.4.3 took for a second collective (and its GPU span for host time). Only the
+   host-side ops are collectives, as only the host-side ProfilerStep ranges are steps (2).
+
 3. The plugin's page draws its charts with Google Charts, loaded from the internet. A
    browser that cannot reach it stopped at "google is not defined" and showed a spinner
    for ever. The page is now served with a stand-in that lets everything but the charts
@@ -29,6 +42,50 @@ import json
 import os
 
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
+# The collectives 0.4.3 knows (its trace.NcclOpNameSet and GlooOpNameSet).
+COLLECTIVE_OPS = tuple(f"{lib}:{op}" for lib in ("nccl", "gloo") for op in
+                       ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter"))
+
+
+def tie_collective_kernels(events) -> int:
+    """Gives each NCCL kernel, and its launching runtime call, the External id of the
+    collective op that encloses the launch on the launching thread (4). events are the
+    plugin's parsed events; returns how many kernels were tied."""
+    from torch_tb_profiler.profiler.trace import EventTypes
+    ops_by_thread = {}
+    runtime_by_corr = {}
+    kernels = []
+    for e in events:
+        if e.type == EventTypes.RUNTIME:
+            runtime_by_corr[e.correlation_id] = e
+        elif e.type == EventTypes.KERNEL and str(e.name).startswith("nccl"):
+            kernels.append(e)
+        elif e.name in COLLECTIVE_OPS and getattr(e, "duration", None) is not None:
+            ops_by_thread.setdefault(e.tid, []).append(e)
+    tied = 0
+    for kernel in kernels:
+        launch = runtime_by_corr.get(kernel.correlation_id)
+        if launch is None:
+            continue
+        for op in ops_by_thread.get(launch.tid, ()):
+            if op.ts <= launch.ts <= op.ts + op.duration:
+                kernel.external_id = launch.external_id = op.external_id
+                tied += 1
+                break
+    return tied
+
+
+def _patch_collectives(parser_cls) -> None:
+    original = parser_cls.parse
+    if getattr(original, "_ragged_compat", False):
+        return
+
+    def parse(self, events, fwd_bwd_map):
+        tie_collective_kernels(events)
+        return original(self, events, fwd_bwd_map)
+
+    parse._ragged_compat = True
+    parser_cls.parse = parse
 
 
 # Injected right after the page's Google Charts loader: when that did not load, an inert
@@ -108,13 +165,15 @@ def apply() -> None:
     original = trace.create_trace_event
 
     def create_trace_event(event, is_pytorch_lightning):
-        if event.get("cat") == "gpu_user_annotation" and \
-                str(event.get("name", "")).startswith("ProfilerStep#"):
-            return None  # the GPU-side twin of a step, not a step
+        if event.get("cat") == "gpu_user_annotation":
+            name = str(event.get("name", ""))
+            if name.startswith("ProfilerStep#") or name in COLLECTIVE_OPS:
+                return None  # the GPU-side twin of a step or collective (2, 5)
         return original(event, is_pytorch_lightning)
 
     create_trace_event._ragged_compat = True
     trace.create_trace_event = create_trace_event
+    _patch_collectives(event_parser.EventParser)
     # event_parser imported the function by name; point it at the patched one too.
     if getattr(event_parser, "create_trace_event", None) is original:
         event_parser.create_trace_event = create_trace_event

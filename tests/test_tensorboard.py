@@ -40,13 +40,18 @@ def _get(base: str, path: str):
 
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory):
-    """Three real H100 traces (fixtures) and a CPU run made here, one folder each."""
+    """Three real H100 traces and a two-H200 DDP run's two (fixtures), and a CPU run made
+    here, one folder each."""
     logdir = tmp_path_factory.mktemp("logdir")
     for name in ("kernel", "padded", "graph"):
         run = logdir / f"gpu_{name}"
         run.mkdir()
         shutil.copy(FIXTURES / f"gpu_{name}_train.pt.trace.json.gz",
                     run / "train.1.pt.trace.json.gz")
+    (logdir / "gpu_ddp").mkdir()
+    for rank in (0, 1):
+        shutil.copy(FIXTURES / f"gpu_ddp_rank{rank}.pt.trace.json.gz",
+                    logdir / "gpu_ddp" / f"rank{rank}.1.pt.trace.json.gz")
     train.run(train.parse_config(["--preset", "cpu", "--batch-size", "4", "--image-size",
                                   "32", "--hidden", "32", "--num-workers", "0", "--wait",
                                   "0", "--warmup", "1", "--active", "2", "--run-name",
@@ -67,7 +72,7 @@ def server(logdir):
         while True:
             try:
                 runs = _get(base, "/runs")
-                if not runs["loading"] and len(runs["runs"]) == 4:  # 3 fixtures + the CPU run
+                if not runs["loading"] and len(runs["runs"]) == 5:  # 4 fixtures + the CPU run
                     break
             except OSError:
                 pass
@@ -151,6 +156,49 @@ def test_a_cuda_graph_runs_views_open_with_the_replays_kernels(server):
     assert "cudaGraphLaunch" in {e.get("name") for e in events}
 
 
+def _distributed(base, path):
+    return _get(base, f"/distributed/{path}?run=gpu_ddp&worker=All&span=1")["data"]
+
+
+def _host_collectives_us(rank: int) -> float:
+    """Per profiled step, the host time of rank's collective ops (nccl:all_reduce ranges),
+    which the plugin counts as communication besides the NCCL kernels."""
+    from profiling.trace_summary import host_ranges, load_trace
+    events = load_trace(FIXTURES / f"gpu_ddp_rank{rank}.pt.trace.json.gz")
+    _, steps = host_ranges(events, ())
+    inside = sum(float(e["dur"]) for e in events if e.get("cat") == "user_annotation"
+                 and e.get("name") == "nccl:all_reduce"
+                 and any(s <= float(e["ts"]) <= t for s, t, _ in steps))
+    return inside / len(steps)
+
+
+def test_the_distributed_view_of_a_two_gpu_run(server):
+    """Both ranks listed, NCCL time tied to the collectives, and the view's split of it
+    against ours (summary.json of the same run, profiling/communication.py): the plugin
+    also counts the host ranges of the collective ops as communication."""
+    assert "Distributed" in _get(server, "/views?run=gpu_ddp")
+    ours = json.loads((FIXTURES / "gpu_ddp_train.summary.json").read_text())
+    overlap = _distributed(server, "overlap")["all"]
+    assert sorted(overlap) == ["rank0", "rank1"]
+    for rank, name in enumerate(("rank0", "rank1")):
+        compute_only, overlapped, comm_only, _other = overlap[name]
+        comm = ours["distributed"]["ranks"][rank]["communication"]
+        comm_us, ours_overlapped_us = comm["comm_ms"] * 1e3, comm["overlapped_ms"] * 1e3
+        assert comm_us > 0 and compute_only > 0
+        plugin_comm = overlapped + comm_only
+        assert comm_us * 0.95 <= plugin_comm <= (comm_us + _host_collectives_us(rank)) * 1.05, \
+            (name, plugin_comm, comm_us)
+        assert abs(overlapped - ours_overlapped_us) <= 0.05 * comm_us + 25, (name, overlapped)
+    ops = _distributed(server, "commops")
+    for name in ("rank0", "rank1"):
+        (row,) = ops[name]["rows"]
+        assert row[0] == "nccl:all_reduce" and row[1] == 6  # 3 a step, 2 profiled steps
+        assert row[4] > 0  # its total latency
+    gpus = _distributed(server, "gpuinfo")
+    assert sorted(gpus) == ["rank0", "rank1"]
+    assert "NVIDIA H200" in json.dumps(gpus)
+
+
 def test_the_page_says_why_charts_are_missing_offline(server):
     """The page is served with the offline stand-in right after the Charts loader."""
     with urllib.request.urlopen(server + PLUGIN + "/index.html", timeout=60) as response:
@@ -193,6 +241,23 @@ print(ops["aten::mm"]["device_self_duration"])
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.strip().splitlines()[-1]) == 0
+
+
+def test_the_unpatched_plugin_ties_no_nccl_kernel_to_its_collective():
+    """Plain 0.4.3 on a rank of the two-GPU run: each collective holds only its own host
+    range (no kernel), and the NCCL kernels count as computation."""
+    code = """
+import sys
+from torch_tb_profiler.profiler.data import RunProfileData
+data = RunProfileData.parse("rank0", "1", sys.argv[1], "/tmp")
+data.process(); data.analyze()
+print(max(len(n.kernel_ranges) for n in data.comm_node_list))
+"""
+    trace = FIXTURES / "gpu_ddp_rank0.pt.trace.json.gz"
+    out = subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "1"
 
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
