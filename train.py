@@ -177,6 +177,7 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None):
         images, targets = batch
         images = images.to(device, non_blocking=True)
         targets = strategy.to_device(targets, device)
+        across.count(targets, device)  # several ranks: their box counts, in the background
         close_range()
         return images, targets
 
@@ -188,7 +189,7 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None):
         with phase("loss"):
             # On several ranks: the mean over every rank's boxes, and what this rank
             # backpropagates so that DDP's average is the global batch's gradient.
-            loss, shown = across.loss(strategy.loss(pred, targets), targets, device)
+            loss = across.loss(strategy.loss(pred, targets))
             close_range()
         if not forward_only:
             # The backward in two ranges, so the loss's own backward shows apart from
@@ -201,9 +202,9 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None):
             with phase("optimizer"):
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-        # In forward mode `shown` holds the forward's autograd graph through pred until the
-        # caller drops it (outside every phase).
-        return shown
+        # In forward mode the loss holds the forward's autograd graph through pred until
+        # the caller drops it (outside every phase).
+        return across.shown(loss)
 
     return to_device, train_step
 
@@ -242,7 +243,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
         wrap_key=(ranks.world, *ddp.knobs(cfg).values()))
     t_model = time.perf_counter() - t_model
     across = GlobalBatch(cfg.loss, ranks, model,
-                         reduce_after=ranks.distributed and cfg.mode == "train" and not cfg.overlap)
+                         reduce_after=ranks.distributed and cfg.mode == "train" and not cfg.overlap,
+                         averaged=ddp.averages(cfg))
     to_device, train_step = make_step(cfg, strategy, runner, optimizer, device, across)
     phase = torch.profiler.record_function
 

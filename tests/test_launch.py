@@ -81,6 +81,19 @@ def test_two_ranks_train_as_one_process_on_the_global_batch(tmp_path, loss):
     assert "2 ranks (gloo), global batch 4" in out
 
 
+@pytest.mark.parametrize("knob", (["--comm-hook", "sum"], ["--no-overlap"],
+                                  ["--bucket-view", "--bucket-mb", "0.01"]))
+def test_every_gradient_reduction_trains_as_one_process(tmp_path, knob):
+    """The sum hook and --no-overlap sum the gradients (the loss is scaled for it); DDP's
+    own reduction averages; tiny buckets with bucket views: the same training."""
+    code, _, err = _finish(_launch(tmp_path / "two", "--run-name", "job", *knob))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "two" / "job" / "summary.json").read_text())
+    one = train.run(train.parse_config(RANK_ARGS + ["--batch-size", "4", "--out-dir",
+                                                    str(tmp_path / "one")]))
+    assert summary["losses"] == pytest.approx(one["losses"], rel=2e-5), knob
+
+
 def test_the_scaling_against_a_one_process_run_is_in_the_summary(tmp_path):
     base = train.run(train.parse_config(RANK_ARGS + ["--out-dir", str(tmp_path)]))
     code, out, err = _finish(_launch(tmp_path, "--run-name", "job", "--scaling-baseline",

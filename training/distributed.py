@@ -5,11 +5,15 @@ job needs so that N ranks with batch b train exactly as one process with batch N
 - Data: RankShare gives rank r the samples r*b .. r*b+b-1 of each global batch of N*b, in
   the one-process order (the loader keeps its batch size b, in order).
 - Loss: every strategy returns sum(terms) / max(local boxes, 1). The global batch's loss
-  is sum over ranks of the sums / max(global boxes, 1); DDP averages the ranks'
-  gradients, so each rank backpropagates N * local sum / max(global boxes, 1), and the
-  average is the one-process gradient. The two numbers the ranks share (their sums and
-  box counts) are all-reduced as one tensor on the loss's device: asynchronous on NCCL,
-  no host-device sync.
+  is the sum over ranks of the sums / max(global boxes, 1). Each rank backpropagates
+  scale * local sum / max(global boxes, 1), where scale undoes what the gradient
+  reduction does: N where it averages (DDP's own, its bf16 hook), 1 where it sums (the
+  sum hook, --no-overlap); either way the ranks' reduced gradient is the one-process one.
+- Communication (GlobalBatch): the box counts are all-reduced as soon as the targets are
+  on the device, in the background, so the wait for the slowest rank overlaps the
+  forward instead of stalling the loss; the loss sums are all-reduced after the loss and
+  only read at the step's end (they change no gradient). On NCCL every wait is a stream
+  dependency, never a host-device sync.
 """
 
 import torch
@@ -48,36 +52,76 @@ def local_boxes(loss_name: str, targets, device) -> torch.Tensor:
     return targets[1].sum(dtype=torch.int64)
 
 
-def global_mean(loss: torch.Tensor, boxes: torch.Tensor,
-                group=None) -> tuple[torch.Tensor, torch.Tensor]:
+def global_mean(loss: torch.Tensor, boxes: torch.Tensor, group=None,
+                averaged: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(what this rank backpropagates, the global batch's loss) from this rank's loss
-    (sum / max(boxes, 1)) and its box count; see the module's docstring."""
-    world = dist.get_world_size(group)
-    local_sum = loss * boxes.clamp(min=1).to(loss.dtype)
-    shared = torch.stack([local_sum.detach().double(), boxes.double()])
-    dist.all_reduce(shared, group=group)
-    denominator = shared[1].clamp(min=1)
-    scaled = local_sum * (world / denominator).to(loss.dtype)
-    return scaled, (shared[0] / denominator).to(loss.dtype)
+    (sum / max(boxes, 1)) and its box count, in one call (GlobalBatch does the same in
+    the background); see the module's docstring."""
+    total = boxes.double()
+    dist.all_reduce(total, group=group)
+    local_sum = _local_sum(loss, boxes)
+    summed = local_sum.detach().double()
+    dist.all_reduce(summed, group=group)
+    scale = dist.get_world_size(group) if averaged else 1
+    return _backpropagated(local_sum, total, scale), _mean(summed, total, loss.dtype)
+
+
+def _local_sum(loss: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+    return loss * boxes.clamp(min=1).to(loss.dtype)
+
+
+def _backpropagated(local_sum, total, scale: int) -> torch.Tensor:
+    return local_sum * (scale / total.clamp(min=1)).to(local_sum.dtype)
+
+
+def _mean(summed, total, dtype) -> torch.Tensor:
+    return (summed / total.clamp(min=1)).to(dtype)
 
 
 class GlobalBatch:
-    """What a training step adds on several ranks; nothing on one.
+    """What a training step adds on several ranks; nothing on one. In step order:
 
-    loss(): the global batch's loss (shown) and what this rank backpropagates;
-    after_backward(): with reduce_after (--no-overlap), every gradient all-reduced now."""
+    count(targets, device)  after the copy: this rank's boxes, all-reduced in the background
+    loss(loss)              what this rank backpropagates (waits for the count)
+    after_backward()        with reduce_after (--no-overlap): every gradient all-reduced
+    shown(loss)             the global batch's loss (waits for the sums' all-reduce)
 
-    def __init__(self, loss_name: str, ranks=None, model=None, reduce_after: bool = False):
+    averaged: the gradient reduction averages (scale N), else it sums (scale 1)."""
+
+    def __init__(self, loss_name: str, ranks=None, model=None, reduce_after: bool = False,
+                 averaged: bool = True):
         from training.ranks import Ranks
         self.loss_name, self.ranks = loss_name, ranks or Ranks()
         self.model, self.reduce_after = model, reduce_after
+        self.scale = self.ranks.world if averaged else 1
+        self._boxes = self._total = self._summed = None
+        self._works = []
 
-    def loss(self, loss: torch.Tensor, targets, device) -> tuple[torch.Tensor, torch.Tensor]:
+    def count(self, targets, device) -> None:
         if not self.ranks.distributed:
-            return loss, loss
-        return global_mean(loss, local_boxes(self.loss_name, targets, device))
+            return
+        self._boxes = local_boxes(self.loss_name, targets, device)
+        self._total = self._boxes.double()
+        self._works = [dist.all_reduce(self._total, async_op=True)]
+
+    def loss(self, loss: torch.Tensor) -> torch.Tensor:
+        if not self.ranks.distributed:
+            return loss
+        self._works.pop(0).wait()  # NCCL: the current stream waits; no host sync
+        local_sum = _local_sum(loss, self._boxes)
+        self._summed = local_sum.detach().double()
+        self._works.append(dist.all_reduce(self._summed, async_op=True))
+        return _backpropagated(local_sum, self._total, self.scale)
 
     def after_backward(self) -> None:
         if self.reduce_after:
             from training.ddp import reduce_after_backward
-            reduce_after_backward(self.model, self.ranks.world)
+            reduce_after_backward(self.model)
+
+    def shown(self, loss: torch.Tensor) -> torch.Tensor:
+        if not self.ranks.distributed:
+            return loss
+        self._works.pop(0).wait()
+        shown = _mean(self._summed, self._total, loss.dtype)
+        self._boxes = self._total = self._summed = None
+        return shown
