@@ -34,7 +34,7 @@ profile: $(SETUP)
 # comparison from finished runs without running anything.
 RUNS ?=
 compare: $(SETUP)
-	$(PYTHON) -m profiling.run_comparison $(if $(RUNS),--runs $(RUNS),) $(ARGS)
+	$(if $(RUNS),$(PYTHON),$(LAUNCH)) -m profiling.run_comparison $(if $(RUNS),--runs $(RUNS),) $(ARGS)
 
 # The step's speed-ups added one at a time from --baseline (profiling/run_ladder.py).
 LADDER ?= padded,kernel:cuda

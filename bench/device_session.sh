@@ -87,22 +87,29 @@ for stage in "$@"; do
     scaling)
       sc=profiles/scaling-device
       run_one() { timeout "$(left)" python3 train.py --out-dir $sc "$@" 2>&1 | grep -vE "step [0-9]|USDT"; }
-      run_two() { timeout "$(left)" python3 -m training.launch --nproc 2 train.py --out-dir $sc "$@" 2>&1 | grep -vE "step [0-9]|USDT"; }
+      nccl=()  # NCCL_* settings of one knob's run
+      run_two() { timeout "$(left)" env "${nccl[@]}" python3 -m training.launch --nproc 2 train.py --out-dir $sc "$@" 2>&1 | grep -vE "step [0-9]|USDT"; }
       {
         for lb in padded:triton kernel:cuda; do
           l=${lb%:*}; b=${lb#*:}
           run_one --loss "$l" --backend "$b" --run-name "one-$l"
           run_two --loss "$l" --backend "$b" --run-name "two-$l" --scaling-baseline "$sc/one-$l"
         done
-        for knob in ${SCALING_KNOBS-bucket-view bucket-mb-100 comm-hook-bf16 no-overlap}; do
+        for knob in ${SCALING_KNOBS-bucket-view bucket-mb-100 bucket-mb-5 comm-hook-sum comm-hook-bf16 no-overlap nccl-simple sum-bucket-view}; do
+          nccl=()
           case $knob in
             bucket-view) flags=(--bucket-view) ;;
             bucket-mb-*) flags=(--bucket-mb "${knob#bucket-mb-}") ;;
-            comm-hook-bf16) flags=(--comm-hook bf16) ;;
+            comm-hook-*) flags=(--comm-hook "${knob#comm-hook-}") ;;
             no-overlap) flags=(--no-overlap) ;;
+            nccl-simple) flags=(); nccl=(NCCL_PROTO=Simple) ;;
+            sum-bucket-view) flags=(--comm-hook sum --bucket-view) ;;
           esac
           run_two --loss padded --run-name "two-padded-$knob" --scaling-baseline "$sc/one-padded" "${flags[@]}"
         done
+        nccl=()
+        run_two --loss kernel --backend cuda --run-name two-kernel-sum-bucket-view \
+          --scaling-baseline "$sc/one-kernel" --comm-hook sum --bucket-view
       } > "$out/scaling.log"
       python3 bench/scaling_table.py $sc/* > "$out/scaling.md" 2>&1
       tar czf "$out/scaling.tgz" "$sc"/*/summary.json 2>/dev/null

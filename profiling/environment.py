@@ -40,4 +40,6 @@ def environment() -> dict:
         "commit": copied or _git("rev-parse", "HEAD"),
         "dirty": None if status is None else bool(status),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        # NCCL's settings change what a several-GPU run measures (its protocol, NVLS).
+        "nccl_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
     }

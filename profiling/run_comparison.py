@@ -11,6 +11,11 @@ summary.json files, and every row names the folder it came from. The loop strate
 warmup and 2 profiled steps (seconds per step at batch 1024); the table's 'profiled steps'
 column says so. Where the CUDA kernel backend cannot run (no GPU or no nvcc), its rows say
 why. A comparison never overwrites another: each goes into a new folder.
+
+Under torchrun (make compare GPUS=N, training/launch.py) every rank makes the same runs,
+each a job of N ranks (train.py's), and rank 0 alone prints and writes the comparison. A
+run that fails on a rank ends the whole job there: the ranks must make their runs in
+step.
 """
 
 import argparse
@@ -27,6 +32,7 @@ from profiling.chart import loss_chart
 from profiling.compare import compare_rows, load_summary, skipped_row, to_csv, to_markdown
 from profiling.harness import USER_ERRORS
 from profiling.run_folder import check_out_dir, display, new_run_dir, utc_stamp
+from training.ranks import from_env
 
 # The loop runs seconds per step at batch 1024 and its trace holds ~10^5 events a step.
 LOOP_STEPS = {"--warmup": 1, "--active": 2}
@@ -52,12 +58,14 @@ def _name(strategy: str, mode: str) -> str:
 
 def attempt(args: list[str], label: str) -> tuple[dict | None, str | None]:
     """One train.run in this process: (its summary, None), or (None, why it failed). One
-    run's failure is a row of the table, not the end of it."""
+    run's failure is a row of the table, not the end of it (on one rank)."""
     try:
         # In this process: the model, its compiled form and CUDA's start-up are shared
         # by every run (model/build.py re-initialises the weights for each).
         return train.run(train.parse_config(args), reuse=True), None
     except Exception as exc:
+        if from_env().distributed:
+            raise  # the other ranks would wait for this one in the next run's collectives
         if not isinstance(exc.__cause__ or exc, USER_ERRORS):
             traceback.print_exc()
         print(f"{label}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
@@ -72,24 +80,25 @@ def run_all(out: Path, train_args: list[str], strategies=variants(),
     cuda_reason = unavailable_reason()
     plan = [(s, m) for m in modes for s in strategies]
     runs, skipped, started = [], [], time.time()
+    say = print if from_env().main else (lambda *a, **k: None)
     for i, (strategy, mode) in enumerate(plan, 1):
         loss, _, backend = strategy.partition(":")
         label = f"[{i}/{len(plan)}] {strategy} {mode}"
         if backend == "cuda" and cuda_reason:
-            print(f"{label}: skipped ({cuda_reason})", flush=True)
+            say(f"{label}: skipped ({cuda_reason})", flush=True)
             skipped.append(skipped_row(describe(loss, "cuda"), mode, cuda_reason))
             continue
         extra = loop_steps(train_args) if loss == "loop" else []
         args = ["--loss", loss, "--backend", backend or BACKENDS[0], "--mode", mode,
                 "--out-dir", str(out), "--run-name", _name(strategy, mode), *extra,
                 *train_args]
-        print(f"{label} ({time.time() - started:.0f} s so far)", flush=True)
+        say(f"{label} ({time.time() - started:.0f} s so far)", flush=True)
         record, reason = attempt(args, label)
         if record is None:
             skipped.append(skipped_row(describe(loss, backend or BACKENDS[0]), mode, reason))
             continue
         runs.append(Path(record["run_dir"]))
-    print(f"all runs done in {time.time() - started:.0f} s", flush=True)
+    say(f"all runs done in {time.time() - started:.0f} s", flush=True)
     return runs, skipped
 
 
@@ -133,7 +142,7 @@ def _check_train_args(train_args: list[str]) -> None:
                                "the same); choose runs with --strategies and --modes, and "
                                "the folder with --out")
     try:  # the shared train.py options, checked once before any run starts
-        train.validate(train.parse_config(train_args))
+        train.validate(train.parse_config(train_args), from_env().world)
     except UserError as exc:
         raise CompareError(one_line(exc)) from None
 
@@ -193,12 +202,19 @@ def main(argv=None) -> int:
             out = _fresh_out(args.out)
         else:
             _check_train_args(train_args)
-            out = _fresh_out(args.out)
+            ranks = from_env()
+            if ranks.distributed:
+                import torch
+                ranks.start(torch.cuda.is_available())
+            # Rank 0 makes the folder; the others are told its name.
+            out = ranks.share(_fresh_out(args.out) if ranks.main else None)
     except (CompareError, UserError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     if not args.runs:
         runs, skipped = run_all(out, train_args, strategies, modes)
+        if not from_env().main:
+            return 0  # rank 0 writes the comparison
         # Kept so that a rebuild from these run folders lists the skipped runs too.
         (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
     print(write_comparison(out, runs, skipped))

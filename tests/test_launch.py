@@ -108,6 +108,21 @@ def test_the_scaling_against_a_one_process_run_is_in_the_summary(tmp_path):
     assert "scaling against" in out
 
 
+def test_make_compare_on_two_ranks(tmp_path):
+    """make compare GPUS=2: every rank makes the runs, rank 0 writes the comparison."""
+    done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", "-m",
+                           "profiling.run_comparison", "--strategies", "padded,concat",
+                           "--modes", "train", "--out", str(tmp_path / "cmp"),
+                           *RANK_ARGS], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("all runs done") == 1 and done.stdout.count("written:") == 3
+    table = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "| padded | train |" in table and "| concat | train |" in table
+    for run in ("padded-train", "concat-train"):
+        summary = json.loads((tmp_path / "cmp" / run / "summary.json").read_text())
+        assert summary["distributed"]["world"] == 2
+
+
 def test_a_user_error_on_a_rank_ends_the_job_with_one_line(tmp_path):
     t0 = time.time()
     code, _, err = _finish(_launch(tmp_path, "--max-boxes", "1", "--batch-size", "16"))
