@@ -68,9 +68,10 @@ class Config:
     cuda_graph: str = option("off", SPEEDUP_HELP["cuda_graph"], choices=("auto", "on", "off"))
     # Several GPUs (make profile GPUS=N starts this script on N ranks; training/ddp.py):
     # --batch-size stays per rank, so the global batch is N times it.
+    # Defaults: the fastest measured on two H200s (RESULTS.md section 10).
     bucket_mb: float = option(25.0, DDP_HELP["bucket_mb"])
-    bucket_view: bool = option(False, DDP_HELP["bucket_view"])
-    comm_hook: str = option("none", DDP_HELP["comm_hook"], choices=COMM_HOOKS)
+    bucket_view: bool = option(True, DDP_HELP["bucket_view"])
+    comm_hook: str = option("sum", DDP_HELP["comm_hook"], choices=COMM_HOOKS)
     overlap: bool = option(True, DDP_HELP["overlap"])
     scaling_baseline: str = option("", "a one-GPU run folder of the same batch size per GPU: "
                                    "summary.json gives this run's scaling against it")

@@ -74,18 +74,18 @@ def test_two_ranks_train_as_one_process_on_the_global_batch(tmp_path, loss):
         assert rank["steps"] == 2 and rank["step"]["cpu_ms"] > 0
         assert set(rank["phases"]) == set(summary["phases"])
     assert ranks["samples_per_s"] == pytest.approx(4 / (summary["step"]["cpu_ms"] / 1e3))
-    assert summary["ddp"] == {"bucket_mb": 25.0, "bucket_view": False, "comm_hook": "none",
+    assert summary["ddp"] == {"bucket_mb": 25.0, "bucket_view": True, "comm_hook": "sum",
                               "overlap": True}
     # Only rank 0 prints: one header, one table.
     assert out.count("speed-ups:") == 1 and out.count("| **step**") == 1, out
     assert "2 ranks (gloo), global batch 4" in out
 
 
-@pytest.mark.parametrize("knob", (["--comm-hook", "sum"], ["--no-overlap"],
-                                  ["--bucket-view", "--bucket-mb", "0.01"]))
+@pytest.mark.parametrize("knob", (["--comm-hook", "none", "--no-bucket-view"], ["--no-overlap"],
+                                  ["--bucket-mb", "0.01"]))
 def test_every_gradient_reduction_trains_as_one_process(tmp_path, knob):
-    """The sum hook and --no-overlap sum the gradients (the loss is scaled for it); DDP's
-    own reduction averages; tiny buckets with bucket views: the same training."""
+    """DDP's own reduction averages (the loss is scaled for it); the default sum hook and
+    --no-overlap sum; tiny buckets with bucket views: the same training."""
     code, _, err = _finish(_launch(tmp_path / "two", "--run-name", "job", *knob))
     assert code == 0, err
     summary = json.loads((tmp_path / "two" / "job" / "summary.json").read_text())

@@ -91,6 +91,10 @@ def _one_line_and_nothing_written(result, out: Path, message: str, code: int = 2
     (["--image-size", "40"], "image size 40 must be a multiple of 16"),
     (["--run-name", "../escaped"], "--run-name '../escaped' must be a plain folder name"),
     (["--run-name", "x-failed"], "ends like a run that ended early"),
+    (["--bucket-mb", "0"], "--bucket-mb must be a positive number, got 0.0"),
+    (["--comm-hook", "bf16", "--no-overlap"], "--comm-hook bf16 is a DDP hook"),
+    (["--scaling-baseline", "/nonexistent"], "--scaling-baseline /nonexistent: no readable "
+                                             "summary.json there"),
     # Found in the first batch, after the run folder was made: the folder goes again.
     (["--max-boxes", "1", "--num-workers", "1", "--batch-size", "16"],
      "boxes but the model predicts only 1: raise --max-boxes"),
