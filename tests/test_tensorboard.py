@@ -346,3 +346,13 @@ def test_profiler_page_in_chromium(server, browser, tmp_path):
     browser.execute_script("arguments[0].scrollIntoView(true);", table)
     browser.save_screenshot(str(shots / "tensorboard-operator.png"))
     assert "aten::cudnn_convolution" in browser.find_element(By.TAG_NAME, "body").text
+
+    # The two-H200 DDP run: its Distributed view lists both ranks' GPUs and collectives.
+    _choose(browser, "Runs", "gpu_ddp", {"gpu_ddp", "gpu_kernel"})
+    _choose(browser, "Views", "Distributed", {"Overview", "Distributed"})
+    # Offline its charts and the collectives' table (Google Charts) stay empty; their
+    # figures are checked through the endpoints (test_the_distributed_view_of_...).
+    for text in ("Device Information", "rank1", "NVIDIA H200",
+                 "Computation/Communication Overview", "Synchronizing/Communication Overview"):
+        _wait_for_text(browser, text)
+    browser.save_screenshot(str(shots / "tensorboard-distributed.png"))
