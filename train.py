@@ -189,7 +189,7 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None):
             close_range()
         with phase("loss"):
             # On several ranks: the mean over every rank's boxes, and what this rank
-            # backpropagates so that DDP's average is the global batch's gradient.
+            # backpropagates so that the reduced gradient is the global batch's.
             loss = across.loss(strategy.loss(pred, targets))
             close_range()
         if not forward_only:
@@ -227,25 +227,19 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     validate(cfg, ranks.world)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     cuda = torch.cuda.is_available()
-    device = ranks.device(cuda)
-    ranks.start(cuda)
+    device = ranks.start(cuda)  # this rank's GPU (or the CPU), in the process group
     speed = speedups.resolve(cfg, cuda)
     used = speed["on"]
     speedups.apply_backend_flags(used, cuda, many_runs=reuse)
-    share = (RankShare(cfg.dataset_length, cfg.batch_size, ranks.rank, ranks.world)
-             if ranks.distributed else None)
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
                          cfg.batch_size, cfg.num_workers, strategy.collate,
                          pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores,
-                         sampler=share)
+                         sampler=RankShare.of(cfg, ranks))
     t_model = time.perf_counter()
-    model, runner, optimizer = speedups.build(
-        cfg, used, device, reuse, wrap=lambda m: ddp.wrap(m, cfg, ranks, device),
-        wrap_key=(ranks.world, *ddp.knobs(cfg).values()))
+    model, runner, optimizer = speedups.build(cfg, used, device, reuse,
+                                              *ddp.wrapper(cfg, ranks, device))
     t_model = time.perf_counter() - t_model
-    across = GlobalBatch(cfg.loss, ranks, model,
-                         reduce_after=ranks.distributed and cfg.mode == "train" and not cfg.overlap,
-                         averaged=ddp.averages(cfg))
+    across = GlobalBatch.of(cfg, ranks, model)
     to_device, train_step = make_step(cfg, strategy, runner, optimizer, device, across)
     phase = torch.profiler.record_function
 
@@ -259,10 +253,10 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     with ProfiledRun(cfg, label, phases_of(cfg.mode, graphed is not None), cuda,
                      check_out_dir(cfg.out_dir), name, speedups=speed, ranks=ranks) as prof:
         params = sum(p.numel() for p in model.parameters())
-        where = f"{ranks.world} ranks of" if ranks.distributed else "on"
+        where = f"{ranks.world} ranks ({device.type})" if ranks.distributed else device
         prof.say(f"{cfg.mode} mode, {cfg.preset} preset, batch {cfg.batch_size}, {prof.total} "
                  f"steps ({cfg.wait} wait, {cfg.warmup} warmup, {cfg.active} profiled) "
-                 f"{where} {device} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
+                 f"on {where} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
                  f"parameters built in {t_model:.1f} s")
         prof.say(f"speed-ups: {speedups.describe_used(speed)}")
         batches = iter(loader)

@@ -44,6 +44,7 @@ from profiling.scaling import combine, format_ranks, scaling
 from profiling.table import format_table
 from profiling.trace_summary import find_trace, load_trace, summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
+from training.ddp import knobs
 from training.ranks import Ranks
 
 
@@ -259,8 +260,7 @@ class ProfiledRun:
             return None
         import torch.distributed as dist
         job = combine(record, per_rank, self.ranks.world, dist.get_backend())
-        job["ddp"] = {name: job["config"][name] for name in
-                      ("bucket_mb", "bucket_view", "comm_hook", "overlap")}
+        job["ddp"] = knobs(self.cfg)
         if self.cfg.scaling_baseline:
             job["distributed"]["scaling"] = scaling(job, self.cfg.scaling_baseline)
         return job

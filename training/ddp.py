@@ -50,6 +50,14 @@ def knobs(cfg) -> dict:
     return {name: getattr(cfg, name) for name in HELP}
 
 
+def wrapper(cfg, ranks, device) -> tuple:
+    """(wrap, wrap_key) for model/build.py: the function that wraps the model, and what
+    the kept model of make compare must match to be reused."""
+    return (lambda model: wrap(model, cfg, ranks, device),
+            # one process: the model itself in both modes; several: DDP in train mode only
+            (ranks.world, cfg.mode if ranks.distributed else None, *knobs(cfg).values()))
+
+
 def wrap(model, cfg, ranks, device):
     """The module the step runs: DDP around the model on several ranks in train mode
     with overlap, else the model itself (forward mode has no gradients to reduce)."""

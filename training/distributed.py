@@ -32,6 +32,13 @@ class RankShare(Sampler):
             raise ValueError(f"rank {rank} is outside a world of {world}")
         self.length, self.batch, self.rank, self.world = length, batch, rank, world
 
+    @classmethod
+    def of(cls, cfg, ranks) -> "RankShare | None":
+        """A run's share on several ranks; None (the loader's own order) on one."""
+        if not ranks.distributed:
+            return None
+        return cls(cfg.dataset_length, cfg.batch_size, ranks.rank, ranks.world)
+
     def __len__(self) -> int:
         return self.length // (self.batch * self.world) * self.batch
 
@@ -96,6 +103,15 @@ class GlobalBatch:
         self.scale = self.ranks.world if averaged else 1
         self._boxes = self._total = self._summed = None
         self._works = []
+
+    @classmethod
+    def of(cls, cfg, ranks, model) -> "GlobalBatch":
+        """A run's: its gradients reduced after the backward with --no-overlap in train
+        mode, the loss scaled for the reduction training/ddp.py chose."""
+        from training.ddp import averages
+        return cls(cfg.loss, ranks, model,
+                   reduce_after=ranks.distributed and cfg.mode == "train" and not cfg.overlap,
+                   averaged=averages(cfg))
 
     def count(self, targets, device) -> None:
         if not self.ranks.distributed:

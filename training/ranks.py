@@ -40,14 +40,16 @@ class Ranks:
         torch.cuda.set_device(self.local_rank)
         return torch.device("cuda", self.local_rank)
 
-    def start(self, cuda: bool) -> None:
-        """Joins the process group: NCCL between GPUs, gloo between CPU processes. Once
-        per process (make compare runs many runs in one)."""
+    def start(self, cuda: bool):
+        """This rank's device, and the process group joined: NCCL between GPUs, gloo
+        between CPU processes. Joined once per process (make compare runs many runs)."""
         import torch.distributed as dist
+        device = self.device(cuda)
         if self.distributed and not dist.is_initialized():
             # The step's collectives finish in milliseconds; a rank that waits minutes is
             # waiting for a dead peer, which torchrun kills sooner anyway.
             dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=5))
+        return device
 
     def share(self, value):
         """Rank 0's value, on every rank (a picklable object; a collective: every rank
