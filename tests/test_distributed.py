@@ -13,7 +13,8 @@ import torch.multiprocessing as mp
 import losses
 from data import SyntheticFaces
 from model import build_model
-from training.distributed import RankShare, global_mean, local_boxes
+from training.distributed import GlobalBatch, RankShare, local_boxes
+from training.ranks import Ranks
 
 STRATEGIES = [("padded", "triton"), ("concat", "triton"), ("kernel", "triton")]
 PER_RANK, WORLD, SIGMA = 3, 2, 4.0
@@ -35,8 +36,11 @@ def _rank(rank: int, port: int, seed: int, out: str) -> None:
             ddp = torch.nn.parallel.DistributedDataParallel(model)
             share = list(RankShare(len(dataset), PER_RANK, rank, WORLD))[:PER_RANK]
             images, targets = strategy.collate([dataset[i] for i in share])
+            across = GlobalBatch(name, Ranks(rank, WORLD))  # DDP averages: scale WORLD
+            across.count(targets, "cpu")
             loss = strategy.loss(ddp(images), targets)
-            scaled, global_loss = global_mean(loss, local_boxes(name, targets, "cpu"))
+            scaled = across.loss(loss)
+            global_loss = across.shown(loss)
             scaled.backward()
             if rank == 0:
                 torch.save({"loss": global_loss.detach(),
@@ -83,7 +87,10 @@ def test_a_rank_without_boxes_adds_nothing_but_its_count():
     try:
         pred = torch.rand(2, 4, 4, requires_grad=True)
         loss = pred.sum() * 0  # a strategy's loss with no valid box: 0 / max(0, 1)
-        scaled, global_loss = global_mean(loss, torch.tensor(0))
+        # A rank of two in form (so GlobalBatch communicates), in a group of one here.
+        across = GlobalBatch("padded", Ranks(0, 2))
+        across.count((torch.zeros(2, 4, 4), torch.zeros(2, dtype=torch.int32)), "cpu")
+        scaled, global_loss = across.loss(loss), across.shown(loss)
         scaled.backward()
         assert global_loss.item() == 0 and (pred.grad == 0).all()
         assert local_boxes("concat", [torch.zeros(0, 4), torch.zeros(3, 4)], "cpu").item() == 3

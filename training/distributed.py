@@ -59,20 +59,6 @@ def local_boxes(loss_name: str, targets, device) -> torch.Tensor:
     return targets[1].sum(dtype=torch.int64)
 
 
-def global_mean(loss: torch.Tensor, boxes: torch.Tensor, group=None,
-                averaged: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(what this rank backpropagates, the global batch's loss) from this rank's loss
-    (sum / max(boxes, 1)) and its box count, in one call (GlobalBatch does the same in
-    the background); see the module's docstring."""
-    total = boxes.double()
-    dist.all_reduce(total, group=group)
-    local_sum = _local_sum(loss, boxes)
-    summed = local_sum.detach().double()
-    dist.all_reduce(summed, group=group)
-    scale = dist.get_world_size(group) if averaged else 1
-    return _backpropagated(local_sum, total, scale), _mean(summed, total, loss.dtype)
-
-
 def _local_sum(loss: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     return loss * boxes.clamp(min=1).to(loss.dtype)
 
