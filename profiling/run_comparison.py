@@ -32,7 +32,7 @@ from profiling.chart import loss_chart
 from profiling.compare import compare_rows, load_summary, skipped_row, to_csv, to_markdown
 from profiling.harness import USER_ERRORS
 from profiling.run_folder import check_out_dir, display, new_run_dir, utc_stamp
-from training.ranks import from_env
+from training.ranks import from_env, stop
 
 # The loop runs seconds per step at batch 1024 and its trace holds ~10^5 events a step.
 LOOP_STEPS = {"--warmup": 1, "--active": 2}
@@ -213,6 +213,7 @@ def main(argv=None) -> int:
         return 2
     if not args.runs:
         runs, skipped = run_all(out, train_args, strategies, modes)
+        stop()  # every rank done with the process group (train.main does the same)
         if not from_env().main:
             return 0  # rank 0 writes the comparison
         # Kept so that a rebuild from these run folders lists the skipped runs too.

@@ -31,10 +31,11 @@ def _launch(out: Path, *args, nproc: int = 2, **popen):
 
 def _finish(proc, timeout=240):
     """(exit code, stdout, stderr's lines without torch's own warnings: the profiler's
-    CPU allocator notes on long runs come from every rank as '[rankN]:[W...')."""
+    CPU allocator notes on long runs come from every rank as '[rankN]:[W...', and the
+    blank lines between ranks' interleaved output)."""
     out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, [line for line in our_lines(err)
-                                  if not re.match(r"\[rank\d+\]:\[W", line)]
+    return proc.returncode, out, [line for line in our_lines(err) if line.strip()
+                                  and not re.match(r"\[rank\d+\]:\[W", line)]
 
 
 def _ranks_of(launcher_pid: int) -> dict[int, int]:
