@@ -12,7 +12,9 @@
 #               of the padded-layout strategies
 #     sweep     make sweep (each loss alone over batch, capacity, boxes per image) into
 #               profiles/sweep-device/
-#     blocks    bench/conditional_blocks.py (the conditional kernel's block shapes)
+#     blocks    bench/conditional_blocks.py (the Triton kernels' shapes, both variants)
+#     kernels   bench/loss_kernels.py (a fused loss call's GPU time kernel by kernel, both
+#               backends, beside a memset of its gradient's bytes)
 #     ddptests  the two-GPU tests (tests/test_gpu_distributed.py) and the two-rank trace
 #               fixtures of TensorBoard's Distributed view (bench/record_fixtures.sh ddp)
 #     scaling   one GPU against two (make profile GPUS=2) for padded and kernel/cuda at
@@ -70,6 +72,10 @@ for stage in "$@"; do
       timeout "$(left)" python3 bench/conditional_blocks.py 2>&1 | grep -v USDT \
         > "$out/conditional_blocks.txt"
       cat "$out/conditional_blocks.txt" ;;
+    kernels)
+      timeout "$(left)" python3 bench/loss_kernels.py 2>&1 | grep -vE "USDT|UserWarning|_warn_once" \
+        > "$out/loss_kernels.txt"
+      cat "$out/loss_kernels.txt" ;;
     timeline)
       for run in "$cmp"/{padded,compiled,kernel-*,conditional-*}-forward; do  # not the
         # loop's or concat's: thousands of operators per range

@@ -6,10 +6,13 @@ any integer or float dtype, counts [B] int32/int64. Slot i of sample b is valid 
 i < counts[b]. Nothing is cast or copied before the kernels: each loads its own dtype and
 computes in fp32 (fp64 for fp64 predictions).
 
-Grid: (B, cdiv(M, BLOCK)). `kernel` variant (CONDITIONAL=False): every program loads and
-computes its BLOCK slots and zeroes the invalid ones. `conditional` variant: a program
-whose first slot is past the sample's count neither loads nor computes; it writes a zero
-partial (forward) or zero gradients (backward); loads are masked to the valid slots.
+Grid: (B, cdiv(M, CHUNK)); a program owns CHUNK slots of one sample and walks them BLOCK
+at a time (SHAPES below). `kernel` variant (CONDITIONAL=False): every program loads and
+computes all its slots and zeroes the invalid ones. `conditional` variant: a program walks
+only the valid slots of its chunk (the loop ends at the sample's count), so its forward
+reads nothing past the count; its backward then writes the rest of its chunk's gradient
+as whole zero rows ([ZERO_BLOCK, 4] tiles), with no loads and no maths. A sparse sample
+thus costs one program a chunk whatever M is, and a chunk past the count only its zeros.
 
 Counts outside [0, M] cannot be checked on the host without a sync; the kernels make the
 loss (and that sample's gradients) NaN instead, so a bad count is never a silent wrong
@@ -18,14 +21,14 @@ answer and never an out-of-bounds read. A slot past the count gets a gradient of
 
 Byte ledger at B=1024, M=256, bf16 predictions, uint8 targets, 1.915 valid boxes per image
 on average (the dataset's E[floor(|N(0, 3)|)]):
-  forward  `kernel`: reads B*M*(8+4) + 4B = 3.15 MB, writes 4*B*cdiv(M,BLOCK) partials;
+  forward  `kernel`: reads B*M*(8+4) + 4B = 3.15 MB, writes 4*B*cdiv(M,CHUNK) partials;
            `conditional`: reads ~B*1.915*12 + 4B = 28 KB (plus partials).
-  finalize: reads the partials (4 KB at BLOCK=256) and counts (4 KB), writes 8 bytes.
+  finalize: reads the partials (4 KB) and counts (4 KB), writes 8 bytes.
   backward `kernel`: reads 3.15 MB, writes B*M*8 = 2.1 MB of gradient;
            `conditional`: reads ~28 KB, still writes the full 2.1 MB (zeros past the count:
            the gradient tensor must be fully defined).
-At ~3 TB/s that is about 1-2 us of memory traffic, against several us per launch: the
-launches, not the bytes, set the cost at this size.
+At ~3 TB/s that is about 1-2 us of memory traffic, against several us per launch: at this
+size the launches, not the bytes, set the cost; at M = 4096 the bytes do (RESULTS.md 9).
 """
 
 import torch
@@ -36,12 +39,15 @@ from torch.library import triton_op, wrap_triton
 from core.checks import check_padded
 from core.giou_rules import EPS, compute_dtype
 
-# Slots per program. conditional: 128 slots on 4 warps, chosen with make sweep's point on the
-# H100 (bench/conditional_blocks.py; RESULTS.md 9): its first shape, one-warp blocks of 32
-# slots, was 1.7-2.9x slower than `kernel` (at M = 4096, 178 against 68 us); 128/4 was the
-# fastest of 8 shapes from 32/1 to 1024/8 at M = 256, 1024 and 4096 (48 us at 4096).
-BLOCK_SLOTS = {False: 256, True: 128}
-NUM_WARPS = {False: 4, True: 4}
+# Per variant: slots per program (CHUNK), slots per loop step (BLOCK), slots per step of
+# conditional's zero stores (ZERO_BLOCK), warps, and one pipeline stage (the loops' loads
+# are not worth staging: 1 and 3 stages measured the same). Chosen on the H100 with make
+# sweep's points (bench/conditional_blocks.py; RESULTS.md 9c). Before, the conditional
+# variant ran one program per 128 slots: at M = 4096 its forward spent 21 us loading
+# counts and writing partials in 32,768 programs, and its backward's zero stores (four
+# strided stores a slot) ran at half a memset's speed; now 3.9 and 10.0 us (memset: 10.8).
+SHAPES = {False: dict(CHUNK=1024, BLOCK=256, ZERO_BLOCK=256, num_warps=4, num_stages=1),
+          True: dict(CHUNK=1024, BLOCK=128, ZERO_BLOCK=512, num_warps=4, num_stages=1)}
 FINALIZE_BLOCK = 1024
 
 
@@ -52,19 +58,34 @@ def _d_max(a, b):
 
 
 @triton.jit
-def _load_boxes(pred_ptr, target_ptr, b, slots, mask, spb, spm, spc, stb, stm, stc,
-                COMPUTE: tl.constexpr):
-    p = pred_ptr + b * spb + slots * spm
-    t = target_ptr + b * stb + slots * stm
-    px1 = tl.load(p, mask=mask, other=0).to(COMPUTE)
-    py1 = tl.load(p + spc, mask=mask, other=0).to(COMPUTE)
-    px2 = tl.load(p + 2 * spc, mask=mask, other=0).to(COMPUTE)
-    py2 = tl.load(p + 3 * spc, mask=mask, other=0).to(COMPUTE)
-    gx1 = tl.load(t, mask=mask, other=0).to(COMPUTE)
-    gy1 = tl.load(t + stc, mask=mask, other=0).to(COMPUTE)
-    gx2 = tl.load(t + 2 * stc, mask=mask, other=0).to(COMPUTE)
-    gy2 = tl.load(t + 3 * stc, mask=mask, other=0).to(COMPUTE)
-    return px1, py1, px2, py2, gx1, gy1, gx2, gy2
+def _load_coords(ptr, b, slots, mask, sb, sm, sc, COMPUTE: tl.constexpr):
+    """The 4 coordinates of each slot as [BLOCK] columns x1, y1, x2, y2, four strided
+    loads. (One [BLOCK, 4] load split into columns was slower on the H100: RESULTS.md 9c.)"""
+    p = ptr + b * sb + slots * sm
+    x1 = tl.load(p, mask=mask, other=0).to(COMPUTE)
+    y1 = tl.load(p + sc, mask=mask, other=0).to(COMPUTE)
+    x2 = tl.load(p + 2 * sc, mask=mask, other=0).to(COMPUTE)
+    y2 = tl.load(p + 3 * sc, mask=mask, other=0).to(COMPUTE)
+    return x1, y1, x2, y2
+
+
+@triton.jit
+def _store_grads(grad_ptr, b, M, slots, mask, g1, g2, g3, g4):
+    """Four [BLOCK] gradient columns stored as the rows of these slots (grad is
+    contiguous)."""
+    out = grad_ptr + (b * M + slots) * 4
+    ty = grad_ptr.dtype.element_ty
+    tl.store(out, g1.to(ty), mask=mask)
+    tl.store(out + 1, g2.to(ty), mask=mask)
+    tl.store(out + 2, g3.to(ty), mask=mask)
+    tl.store(out + 3, g4.to(ty), mask=mask)
+
+
+@triton.jit
+def _store_rows(grad_ptr, b, M, slots, mask, rows):
+    """A [ZERO_BLOCK, 4] tile stored as whole gradient rows: contiguous, vector stores."""
+    offs = (b * M + slots)[:, None] * 4 + tl.arange(0, 4)[None, :]
+    tl.store(grad_ptr + offs, rows.to(grad_ptr.dtype.element_ty), mask=mask[:, None])
 
 
 @triton.jit
@@ -83,47 +104,49 @@ def _giou_parts(px1, py1, px2, py2, gx1, gy1, gx2, gy2):
 
 
 @triton.jit
-def _block_limits(counts_ptr, b, blk, M, BLOCK: tl.constexpr, CONDITIONAL: tl.constexpr):
-    """Slots of this program, which are valid, which to load, whether to work at all."""
-    n = tl.load(counts_ptr + b).to(tl.int32)
-    bad = (n < 0) | (n > M)
-    n = tl.minimum(tl.maximum(n, 0), M)
-    slots = blk * BLOCK + tl.arange(0, BLOCK)
-    valid = slots < n
+def _chunk_limits(counts_ptr, b, chunk, M, CHUNK: tl.constexpr, CONDITIONAL: tl.constexpr):
+    """This program's slots [lo, hi), the end of those it loads and computes (work_hi: the
+    chunk's end for `kernel`, the sample's count within the chunk for `conditional`), the
+    sample's count clamped to [0, M], and whether it was outside (checked before any cast,
+    so an int64 count past 2^31 is not wrapped into range)."""
+    raw = tl.load(counts_ptr + b)
+    bad = (raw < 0) | (raw > M)
+    n = tl.minimum(tl.maximum(raw, 0), M).to(tl.int32)
+    lo = chunk * CHUNK
+    hi = tl.minimum(lo + CHUNK, M)
     if CONDITIONAL:
-        load_mask = valid
-        active = blk * BLOCK < n
+        work_hi = tl.maximum(tl.minimum(hi, n), lo)
     else:
-        load_mask = slots < M
-        active = blk * BLOCK < M
-    return slots, valid, load_mask, active, bad
+        work_hi = hi
+    return lo, hi, work_hi, n, bad
 
 
 @triton.jit
 def _giou_fwd_kernel(pred_ptr, target_ptr, counts_ptr, partial_ptr, M,
                      spb, spm, spc, stb, stm, stc,
-                     EPS_: tl.constexpr, BLOCK: tl.constexpr, CONDITIONAL: tl.constexpr,
-                     COMPUTE: tl.constexpr):
-    """partial[b, blk] = sum over this block's valid slots of 1 - GIoU (NaN on a bad count).
+                     EPS_: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                     CONDITIONAL: tl.constexpr, COMPUTE: tl.constexpr):
+    """partial[b, chunk] = sum over the chunk's valid slots of 1 - GIoU (NaN on a bad count).
 
     I = relu(min(px2,gx2) - max(px1,gx1)) * relu(min(py2,gy2) - max(py1,gy1))
     U = (px2-px1)(py2-py1) + (gx2-gx1)(gy2-gy1) - I,  C = hull width * hull height
     term = 1 - I/(U+eps) + (C-U)/(C+eps)
     """
     b = tl.program_id(0)
-    blk = tl.program_id(1)
-    slots, valid, load_mask, active, bad = _block_limits(counts_ptr, b, blk, M, BLOCK,
-                                                         CONDITIONAL)
+    chunk = tl.program_id(1)
+    lo, hi, work_hi, n, bad = _chunk_limits(counts_ptr, b, chunk, M, CHUNK, CONDITIONAL)
     terms = tl.zeros((BLOCK,), dtype=COMPUTE)
-    if active:
-        px1, py1, px2, py2, gx1, gy1, gx2, gy2 = _load_boxes(
-            pred_ptr, target_ptr, b, slots, load_mask, spb, spm, spc, stb, stm, stc, COMPUTE)
+    for start in range(lo, work_hi, BLOCK):
+        slots = start + tl.arange(0, BLOCK)
+        load = slots < work_hi
+        px1, py1, px2, py2 = _load_coords(pred_ptr, b, slots, load, spb, spm, spc, COMPUTE)
+        gx1, gy1, gx2, gy2 = _load_coords(target_ptr, b, slots, load, stb, stm, stc, COMPUTE)
         _, _, _, _, inter, union, cw, ch = _giou_parts(px1, py1, px2, py2, gx1, gy1, gx2, gy2)
         hull = cw * ch
         term = 1.0 - inter / (union + EPS_) + (hull - union) / (hull + EPS_)
-        terms = tl.where(valid, term, 0.0)
+        terms += tl.where(slots < n, term, 0.0)
     partial = tl.where(bad, float("nan"), tl.sum(terms, axis=0))
-    tl.store(partial_ptr + b * tl.num_programs(1) + blk, partial)
+    tl.store(partial_ptr + b * tl.num_programs(1) + chunk, partial)
 
 
 @triton.jit
@@ -148,7 +171,8 @@ def _giou_finalize_kernel(partial_ptr, counts_ptr, loss_ptr, denom_ptr, P, B,
 @triton.jit
 def _giou_bwd_kernel(grad_loss_ptr, denom_ptr, pred_ptr, target_ptr, counts_ptr, grad_ptr,
                      M, spb, spm, spc, stb, stm, stc,
-                     EPS_: tl.constexpr, BLOCK: tl.constexpr, CONDITIONAL: tl.constexpr,
+                     EPS_: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                     ZERO_BLOCK: tl.constexpr, CONDITIONAL: tl.constexpr,
                      COMPUTE: tl.constexpr):
     """grad[b, i, :] = -dGIoU/dp * grad_loss / denom for valid slots, 0 elsewhere.
 
@@ -164,18 +188,16 @@ def _giou_bwd_kernel(grad_loss_ptr, denom_ptr, pred_ptr, target_ptr, counts_ptr,
     dmax/dmin send 1 to the strict winner and 1/2 to each side of a tie (PyTorch's rule).
     """
     b = tl.program_id(0)
-    blk = tl.program_id(1)
-    slots, valid, load_mask, active, bad = _block_limits(counts_ptr, b, blk, M, BLOCK,
-                                                         CONDITIONAL)
-    zero = tl.zeros((BLOCK,), dtype=COMPUTE)
-    g1 = zero
-    g2 = zero
-    g3 = zero
-    g4 = zero
-    if active:
-        scale = tl.load(grad_loss_ptr).to(COMPUTE) / tl.load(denom_ptr).to(COMPUTE)
-        px1, py1, px2, py2, gx1, gy1, gx2, gy2 = _load_boxes(
-            pred_ptr, target_ptr, b, slots, load_mask, spb, spm, spc, stb, stm, stc, COMPUTE)
+    chunk = tl.program_id(1)
+    lo, hi, work_hi, n, bad = _chunk_limits(counts_ptr, b, chunk, M, CHUNK, CONDITIONAL)
+    nan = tl.where(bad, float("nan"), 0.0)  # a bad count poisons this sample's gradient
+    # dLoss/dp = -dGIoU/dp * scale.
+    s = -(tl.load(grad_loss_ptr).to(COMPUTE) / tl.load(denom_ptr).to(COMPUTE))
+    for start in range(lo, work_hi, BLOCK):
+        slots = start + tl.arange(0, BLOCK)
+        load = slots < work_hi
+        px1, py1, px2, py2 = _load_coords(pred_ptr, b, slots, load, spb, spm, spc, COMPUTE)
+        gx1, gy1, gx2, gy2 = _load_coords(target_ptr, b, slots, load, stb, stm, stc, COMPUTE)
         wp = px2 - px1
         hp = py2 - py1
         iw_raw, ih_raw, iw, ih, inter, union, cw, ch = _giou_parts(
@@ -187,25 +209,22 @@ def _giou_bwd_kernel(grad_loss_ptr, denom_ptr, pred_ptr, target_ptr, counts_ptr,
         g_c = -(union + EPS_) * c * c
         mw = tl.where(iw_raw >= 0, 1.0, 0.0)
         mh = tl.where(ih_raw >= 0, 1.0, 0.0)
-        # dLoss/dp = -dGIoU/dp * scale. Invalid slots get exactly zero by selection, not by
-        # a zero factor: a NaN or inf in a padding slot times 0 would still be NaN.
-        s = -scale
         g1 = s * (-g_u * hp - g_i * ih * mw * _d_max(px1, gx1) - g_c * ch * _d_max(gx1, px1))
         g2 = s * (-g_u * wp - g_i * iw * mh * _d_max(py1, gy1) - g_c * cw * _d_max(gy1, py1))
         g3 = s * (g_u * hp + g_i * ih * mw * _d_max(gx2, px2) + g_c * ch * _d_max(px2, gx2))
         g4 = s * (g_u * wp + g_i * iw * mh * _d_max(gy2, py2) + g_c * cw * _d_max(py2, gy2))
-        g1 = tl.where(valid, g1, 0.0)
-        g2 = tl.where(valid, g2, 0.0)
-        g3 = tl.where(valid, g3, 0.0)
-        g4 = tl.where(valid, g4, 0.0)
-    nan = tl.where(bad, float("nan"), 0.0)  # a bad count poisons this sample's gradient
-    out = grad_ptr + b * M * 4 + slots * 4
-    in_range = slots < M
-    ty = grad_ptr.dtype.element_ty
-    tl.store(out, (g1 + nan).to(ty), mask=in_range)
-    tl.store(out + 1, (g2 + nan).to(ty), mask=in_range)
-    tl.store(out + 2, (g3 + nan).to(ty), mask=in_range)
-    tl.store(out + 3, (g4 + nan).to(ty), mask=in_range)
+        # Invalid slots get exactly zero by selection, not by a zero factor: a NaN or inf
+        # in a padding slot times 0 would still be NaN.
+        valid = slots < n
+        _store_grads(grad_ptr, b, M, slots, load, tl.where(valid, g1, 0.0) + nan,
+                     tl.where(valid, g2, 0.0) + nan, tl.where(valid, g3, 0.0) + nan,
+                     tl.where(valid, g4, 0.0) + nan)
+    # conditional: the chunk's slots past the count (none for `kernel`) get zeros, stored
+    # without a load or a flop. A loop of its own, so these steps are plain stores.
+    zero = tl.zeros((ZERO_BLOCK, 4), dtype=COMPUTE) + nan
+    for start in range(work_hi, hi, ZERO_BLOCK):
+        slots = start + tl.arange(0, ZERO_BLOCK)
+        _store_rows(grad_ptr, b, M, slots, slots < hi, zero)
 
 
 def _is_interpreted(kernel) -> bool:
@@ -233,13 +252,15 @@ def _tl_compute(pred: torch.Tensor):
 
 
 def _grid(pred, conditional):
-    return (pred.shape[0], triton.cdiv(pred.shape[1], BLOCK_SLOTS[conditional]))
+    return (pred.shape[0], triton.cdiv(pred.shape[1], SHAPES[conditional]["CHUNK"]))
 
 
-def _slot_kernel_meta(pred, conditional) -> dict:
-    """Compile-time parameters shared by the forward and backward slot kernels."""
-    return dict(EPS_=EPS, BLOCK=BLOCK_SLOTS[conditional], CONDITIONAL=conditional,
-                COMPUTE=_tl_compute(pred), num_warps=NUM_WARPS[conditional])
+def _slot_kernel_meta(pred, conditional, backward: bool) -> dict:
+    """Compile-time parameters of the forward or backward slot kernel."""
+    shape = dict(SHAPES[conditional])
+    if not backward:  # the forward writes no gradient
+        del shape["ZERO_BLOCK"]
+    return dict(EPS_=EPS, CONDITIONAL=conditional, COMPUTE=_tl_compute(pred), **shape)
 
 
 @_define_op("giou::triton_loss", mutates_args=())
@@ -254,7 +275,7 @@ def triton_loss(pred: torch.Tensor, target: torch.Tensor, counts: torch.Tensor,
     denom = torch.empty((), dtype=dt, device=pred.device)
     _launch(_giou_fwd_kernel, grid,
         pred, target, counts, partial, pred.shape[1], *pred.stride(), *target.stride(),
-        **_slot_kernel_meta(pred, conditional))
+        **_slot_kernel_meta(pred, conditional, backward=False))
     _launch(_giou_finalize_kernel, (1,),
         partial, counts, loss, denom, partial.numel(), counts.shape[0],
         BLOCK=FINALIZE_BLOCK, COMPUTE=_tl_compute(pred), num_warps=4)
@@ -269,7 +290,8 @@ def triton_loss_backward(grad_loss: torch.Tensor, denom: torch.Tensor, pred: tor
     grad = torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)
     _launch(_giou_bwd_kernel, _grid(pred, conditional),
         grad_loss, denom, pred, target, counts, grad, pred.shape[1],
-        *pred.stride(), *target.stride(), **_slot_kernel_meta(pred, conditional))
+        *pred.stride(), *target.stride(),
+        **_slot_kernel_meta(pred, conditional, backward=True))
     return grad
 
 

@@ -25,6 +25,7 @@ def main() -> int:
                                         (3, 7, torch.bfloat16, "mixed"),
                                         (5, 256, torch.float16, "mixed"),
                                         (2, 1000, torch.bfloat16, "full"),
+                                        (3, 2051, torch.bfloat16, "mixed"),  # 3 chunks
                                         (4, 33, torch.float32, "empty")):
                 case = make_case("mixed", B, M, dtype, counts=counts).to("cuda")
                 pred = case.pred.clone().requires_grad_(True)

@@ -39,6 +39,50 @@ def test_kernel_counts_zero_and_full(backend, device, variant, counts):
 
 
 @pytest.mark.parametrize("backend,device", TARGETS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_counts_at_chunk_boundaries(backend, device, variant):
+    """Samples longer than a program's chunk (kernels/triton_giou.py SHAPES: 1024 slots,
+    walked 128 at a time; the CUDA kernels' blocks are 128 slots): counts just below, at
+    and past each chunk's and each step's edge, in three chunks, the last one partial."""
+    from kernels.triton_giou import SHAPES
+    chunk, step = SHAPES[True]["CHUNK"], SHAPES[True]["BLOCK"]
+    M = 2 * chunk + step // 2 + 3
+    counts = [0, 1, step - 1, step, step + 1, chunk - 1, chunk, chunk + 1, 2 * chunk,
+              2 * chunk + 1, M - 1, M]
+    case = make_case("mixed", len(counts), M, torch.bfloat16)
+    case.counts = torch.tensor(counts, dtype=torch.int32)
+    case.targets = [case.boxes[b, :n].clone() for b, n in enumerate(counts)]
+    check_against_reference(losses.get(variant, backend=backend), case, device)
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_gradient_slot_is_written(backend, device, variant, monkeypatch):
+    """The gradient is an uninitialised allocation, so the kernels must write every slot,
+    valid or not. Fresh memory often reads as zeros, which would hide a skipped slot; here
+    it holds NaN instead: torch.empty is patched for the Triton op (Python), and for the
+    CUDA op a NaN block of the gradient's size is freed just before, which CUDA's caching
+    allocator hands back to the op's at::empty."""
+    from kernels.triton_giou import SHAPES
+    case = make_case("mixed", 4, SHAPES[True]["CHUNK"] + 37, torch.bfloat16).to(device)
+    pred = case.pred.clone().requires_grad_(True)
+    loss = giou_loss(pred, case.boxes, case.counts, backend, variant == "conditional")
+    real_empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", poisoned)
+    if device == "cuda":
+        torch.full(pred.shape, float("nan"), dtype=pred.dtype, device=device)  # freed now
+    loss.backward()
+    monkeypatch.undo()
+    assert torch.isfinite(pred.grad).all()
+    for b, n in enumerate(case.counts.tolist()):
+        assert (pred.grad[b, n:] == 0).all(), (b, n)
+
+
+@pytest.mark.parametrize("backend,device", TARGETS)
 @pytest.mark.parametrize("target_dtype", (torch.uint8, torch.int16, torch.int32, torch.int64,
                                           torch.float16, torch.float32), ids=str)
 def test_any_target_dtype_and_int64_counts(backend, device, target_dtype):
@@ -59,10 +103,15 @@ def test_strided_predictions_are_read_in_place(backend, device, variant):
 
 @pytest.mark.parametrize("backend,device", TARGETS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_bad_counts_poison_the_loss_instead_of_reading_out_of_bounds(backend, device, variant):
-    """Counts cannot be range-checked without a sync; a bad one makes the loss NaN."""
-    case = make_case("random", 3, 16, torch.float32).to(device)
-    for bad in (-1, 17):
+@pytest.mark.parametrize("M", (16, 2051))  # one chunk; three (conditional's 1024 slots)
+def test_bad_counts_poison_the_loss_instead_of_reading_out_of_bounds(backend, device, variant,
+                                                                     M):
+    """Counts cannot be range-checked without a sync; a bad one makes the loss NaN, and
+    every slot of that sample's gradient, in every chunk."""
+    case = make_case("random", 3, M, torch.float32).to(device)
+    for bad in (-1, M + 1, 2**32 + 1):  # the last one wraps to 1 in int32
+        if bad > 2**31 and case.counts.dtype != torch.int64:
+            case.counts = case.counts.long()
         counts = case.counts.clone()
         counts[1] = bad
         pred = case.pred.clone().requires_grad_(True)
