@@ -1,8 +1,9 @@
 """kernel and conditional: one fused GIoU kernel over the padded batch (Triton or CUDA).
 
 `kernel` computes every slot and zeroes the invalid ones (the original's design);
-`conditional` skips the slots past each sample's count, so whole blocks of empty slots
-are never loaded or computed.
+`conditional` skips the slots past each sample's count: they are never loaded or
+computed, and its backward only writes their zero gradients (the Triton kernels walk
+chunks of 1024 slots up to the count; the CUDA ones skip whole 128-slot blocks past it).
 """
 
 from functools import partial
