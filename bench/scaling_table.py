@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from core.names import describe  # noqa: E402
 from profiling.scaling import samples_per_s  # noqa: E402
 
 
@@ -20,17 +21,16 @@ def row(folder: Path) -> str:
     knobs = ", ".join(f"{k}={v}" for k, v in s.get("ddp", {}).items()) if job else "-"
     comm = job["ranks"][0]["communication"] if job else None
     scale = job.get("scaling") if job else None
-    cells = [folder.name, str(world), s["config"]["loss"] + (
-        f"/{s['config']['backend']}" if s["config"]["loss"] in ("kernel", "conditional")
-        else ""), knobs, f"{s['step']['cpu_ms']:.2f}",
-        f"{sorted(s['step']['cpu_ms_each'])[len(s['step']['cpu_ms_each']) // 2]:.2f}",
-        f"{s['step']['gpu_ms']:.2f}",
-        f"{comm['comm_ms']:.2f}" if comm else "-",
-        f"{comm['overlapped_ms']:.2f}" if comm else "-",
-        f"{comm['exposed_ms']:.2f}" if comm else "-",
-        f"{samples_per_s(s):.0f}",
-        f"{scale['factor']:.2f}x" if scale else "-",
-        f"{s['peak_gpu_memory_gb']:.1f}" if s.get("peak_gpu_memory_gb") else "-"]
+    cells = [folder.name, str(world), describe(s["config"]["loss"], s["config"]["backend"]),
+             knobs, f"{s['step']['cpu_ms']:.2f}",
+             f"{sorted(s['step']['cpu_ms_each'])[len(s['step']['cpu_ms_each']) // 2]:.2f}",
+             f"{s['step']['gpu_ms']:.2f}",
+             f"{comm['comm_ms']:.2f}" if comm else "-",
+             f"{comm['overlapped_ms']:.2f}" if comm else "-",
+             f"{comm['exposed_ms']:.2f}" if comm else "-",
+             f"{samples_per_s(s):.0f}",
+             f"{scale['factor']:.2f}x" if scale else "-",
+             f"{s['peak_gpu_memory_gb']:.1f}" if s.get("peak_gpu_memory_gb") else "-"]
     return "| " + " | ".join(cells) + " |"
 
 

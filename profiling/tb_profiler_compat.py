@@ -52,13 +52,15 @@ def tie_collective_kernels(events) -> int:
     collective op that encloses the launch on the launching thread (4). events are the
     plugin's parsed events; returns how many kernels were tied."""
     from torch_tb_profiler.profiler.trace import EventTypes
+
+    from profiling.communication import is_collective_kernel
     ops_by_thread = {}
     runtime_by_corr = {}
     kernels = []
     for e in events:
         if e.type == EventTypes.RUNTIME:
             runtime_by_corr[e.correlation_id] = e
-        elif e.type == EventTypes.KERNEL and str(e.name).startswith("nccl"):
+        elif e.type == EventTypes.KERNEL and is_collective_kernel(str(e.name)):
             kernels.append(e)
         elif e.name in COLLECTIVE_OPS and getattr(e, "duration", None) is not None:
             ops_by_thread.setdefault(e.tid, []).append(e)

@@ -58,10 +58,19 @@ def wrapper(cfg, ranks, device) -> tuple:
             (ranks.world, cfg.mode if ranks.distributed else None, *knobs(cfg).values()))
 
 
+def reduction(cfg, ranks) -> str | None:
+    """How a run's gradients are reduced over the ranks: "ddp" (DDP, during the backward),
+    "after" (--no-overlap: after it, without DDP), or None (one rank, or forward mode:
+    no gradients to reduce)."""
+    if not (ranks.distributed and cfg.mode == "train"):
+        return None
+    return "ddp" if cfg.overlap else "after"
+
+
 def wrap(model, cfg, ranks, device):
-    """The module the step runs: DDP around the model on several ranks in train mode
-    with overlap, else the model itself (forward mode has no gradients to reduce)."""
-    if not (ranks.distributed and cfg.mode == "train" and cfg.overlap):
+    """The module the step runs: DDP around the model where reduction() says so, else the
+    model itself."""
+    if reduction(cfg, ranks) != "ddp":
         return model
     import warnings
     from torch.nn.parallel import DistributedDataParallel

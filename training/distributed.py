@@ -94,9 +94,8 @@ class GlobalBatch:
     def of(cls, cfg, ranks, model) -> "GlobalBatch":
         """A run's: its gradients reduced after the backward with --no-overlap in train
         mode, the loss scaled for the reduction training/ddp.py chose."""
-        from training.ddp import averages
-        return cls(cfg.loss, ranks, model,
-                   reduce_after=ranks.distributed and cfg.mode == "train" and not cfg.overlap,
+        from training.ddp import averages, reduction
+        return cls(cfg.loss, ranks, model, reduce_after=reduction(cfg, ranks) == "after",
                    averaged=averages(cfg))
 
     def count(self, targets, device) -> None:

@@ -34,8 +34,6 @@ their order are core.names.SPEEDUPS; adding one is a Config field, a line here, 
 use where the step is built.
 """
 
-import os
-
 from core.names import GPU_ONLY_SPEEDUPS, RAGGED, SPEEDUPS
 from errors import UserError
 
@@ -72,7 +70,8 @@ def graph_refusal(cfg, cuda: bool) -> str | None:
                 "cannot hold")
     if not cuda:
         return "CUDA graphs need a CUDA GPU"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    from training.ranks import from_env
+    if from_env().distributed:
         return ("a step with DDP's all-reduces is not captured as a CUDA graph here (one "
                 "GPU only)")
     if cfg.wait < 2:
