@@ -15,7 +15,7 @@ sys.path.insert(0, ".")
 import kernels.triton_giou as tg  # noqa: E402
 import losses  # noqa: E402
 from bench.loss_kernels import per_call  # noqa: E402
-from profiling.sweep_point import predictions, samples  # noqa: E402
+from profiling.sweep_point import loss_call, predictions, samples  # noqa: E402
 
 POINTS = [(1024, 256, 3.0), (1024, 1024, 3.0), (1024, 4096, 3.0), (1024, 1024, math.inf),
           (1024, 4096, math.inf)]
@@ -48,10 +48,7 @@ def main():
         for variant, conditional in (("kernel", False), ("conditional", True)):
             strategy = losses.get(variant, "triton", capacity=capacity)
             targets = strategy.to_device(strategy.collate(pairs)[1], device)
-
-            def run():
-                pred.grad = None
-                strategy.loss(pred, targets).backward()
+            run = loss_call(strategy, pred, targets)
             line = []
             for shape in SHAPES[variant]:
                 tg.SHAPES[conditional] = dict(zip(KEYS, shape))

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, ".")
 import losses  # noqa: E402
-from profiling.sweep_point import predictions, samples  # noqa: E402
+from profiling.sweep_point import loss_call, predictions, samples  # noqa: E402
 from profiling.trace_summary import GPU_CATS, load_trace  # noqa: E402
 
 STRATEGIES = [("kernel", "triton"), ("conditional", "triton"), ("kernel", "cuda"),
@@ -81,10 +81,7 @@ def main():
         for loss, backend in STRATEGIES:
             strategy = losses.get(loss, backend, capacity=capacity)
             targets = strategy.to_device(strategy.collate(pairs)[1], device)
-
-            def run():
-                pred.grad = None
-                strategy.loss(pred, targets).backward()
+            run = loss_call(strategy, pred, targets)
             print(line(f"{loss}/{backend}", per_call(run)), flush=True)
 
 

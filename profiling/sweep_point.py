@@ -168,6 +168,15 @@ def per_round(events: list[dict], calls: int) -> dict:
             "h2d": statistics.median(h2d)}
 
 
+def loss_call(strategy, pred: torch.Tensor, targets):
+    """One call as a sweep point measures it: the loss and its backward, the previous
+    call's gradient dropped first."""
+    def call():
+        pred.grad = None
+        strategy.loss(pred, targets).backward()
+    return call
+
+
 def measure(loss: str, backend: str, batch: int, capacity: int, sigma: float,
             pairs: list, device, dtype, seed: int, rep_ms: int) -> dict:
     """Every figure of one point for one strategy (raises if the strategy fails there)."""
@@ -176,10 +185,7 @@ def measure(loss: str, backend: str, batch: int, capacity: int, sigma: float,
     pred = predictions(batch, capacity, device, dtype, seed)
     targets = strategy.to_device(host_targets, device)
 
-    def call():
-        pred.grad = None
-        strategy.loss(pred, targets).backward()
-
+    call = loss_call(strategy, pred, targets)
     call()  # compile, build, allocate: outside every figure
     elapsed, e20, e80, timer = _elapsed(call, device, rep_ms)
     host = _host_ms(call, device)
