@@ -241,7 +241,6 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     t_model = time.perf_counter() - t_model
     across = GlobalBatch.of(cfg, ranks, model)
     to_device, train_step = make_step(cfg, strategy, runner, optimizer, device, across)
-    phase = torch.profiler.record_function
 
     graphed = None
     if used["cuda_graph"]:
@@ -259,26 +258,33 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                  f"on {where} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
                  f"parameters built in {t_model:.1f} s")
         prof.say(f"speed-ups: {speedups.describe_used(speed)}")
-        batches = iter(loader)
-        for step in prof.steps():
-            t0 = time.perf_counter()
-            with phase("data"):
-                images, targets = next(batches)
-            if graphed is not None:
-                loss = graphed.step(step, images, targets)
-            else:
-                with phase("copy"):
-                    batch = to_device((images, targets))
-                loss = train_step(*batch)
-                del batch
-            # host-device sync: once per step, outside the phases. It makes the step's wall
-            # time its real time and keeps the host from running ahead of the GPU.
-            value = loss.item()
-            # Release this step's tensors here, outside every phase: kept, they would be
-            # freed by the next step's assignments inside its ranges.
-            del images, targets, loss
-            prof.end_step(step, value, t0)
+        _steps(prof, loader, graphed, to_device, train_step)
     return prof.record
+
+
+def _steps(prof, loader, graphed, to_device, train_step) -> None:
+    """The run's steps under the profiler: each its data, copy and step phases (or the
+    CUDA graph's replay), then the loss read on the host."""
+    phase = torch.profiler.record_function
+    batches = iter(loader)
+    for step in prof.steps():
+        t0 = time.perf_counter()
+        with phase("data"):
+            images, targets = next(batches)
+        if graphed is not None:
+            loss = graphed.step(step, images, targets)
+        else:
+            with phase("copy"):
+                batch = to_device((images, targets))
+            loss = train_step(*batch)
+            del batch
+        # host-device sync: once per step, outside the phases. It makes the step's wall
+        # time its real time and keeps the host from running ahead of the GPU.
+        value = loss.item()
+        # Release this step's tensors here, outside every phase: kept, they would be
+        # freed by the next step's assignments inside its ranges.
+        del images, targets, loss
+        prof.end_step(step, value, t0)
 
 
 def _stop_on_sigterm(signum, frame):
