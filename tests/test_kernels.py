@@ -42,7 +42,8 @@ def test_kernel_counts_zero_and_full(backend, device, variant, counts):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_counts_at_chunk_boundaries(backend, device, variant):
     """Samples longer than a program's chunk (kernels/triton_giou.py SHAPES: 1024 slots,
-    walked 128 at a time; the CUDA kernels' blocks are 128 slots): counts just below, at
+    walked 128 at a time; giou.cu's conditional blocks the same, its kernel blocks 256
+    slots): counts just below, at
     and past each chunk's and each step's edge, in three chunks, the last one partial."""
     from kernels.triton_giou import SHAPES
     chunk, step = SHAPES[True]["CHUNK"], SHAPES[True]["BLOCK"]
@@ -193,14 +194,15 @@ def test_cuda_op_called_directly_rejects_bad_inputs(requires_grad):
         for conditional in (False, True):
             with pytest.raises(RuntimeError, match=message):
                 op(*args, conditional)
-    # The grid's second dimension holds at most 65535 blocks of a sample's slots: 128 slots
-    # a block in the conditional variant (giou.cu block_slots), so 8,388,481 slots are one
-    # too many.
-    M = 65535 * 128 + 1
+    # The grid's second dimension holds at most 65535 chunks of a sample's slots: 256 slots
+    # a chunk in the kernel variant, 1024 in the conditional one (giou.cu Shape), so one
+    # slot more is an error. Expanded views: nothing that size is allocated.
     big = make_case("random", 1, 1, torch.float32).to("cuda")
-    pred, boxes = big.pred.expand(1, M, 4), big.boxes.expand(1, M, 4)
-    with pytest.raises(RuntimeError, match=f"too many slots per sample: {M}"):
-        op(pred, boxes, big.counts, True)
+    for conditional, chunk in ((False, 256), (True, 1024)):
+        M = 65535 * chunk + 1
+        pred, boxes = big.pred.expand(1, M, 4), big.boxes.expand(1, M, 4)
+        with pytest.raises(RuntimeError, match=f"too many slots per sample: {M} "):
+            op(pred, boxes, big.counts, conditional)
 
 
 def test_cuda_backend_without_gpu_says_what_it_needs():

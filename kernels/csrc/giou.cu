@@ -1,4 +1,4 @@
-// Fused GIoU loss in CUDA C++: forward (per-block partial sums + one finalize block) and
+// Fused GIoU loss in CUDA C++: forward (per-chunk partial sums + one finalize block) and
 // backward, for the padded batch with per-sample counts. The maths, the gradient and the
 // byte ledger are those of kernels/triton_giou.py (see its docstrings); this file mirrors
 // that design so the two backends can be compared launch for launch.
@@ -15,16 +15,31 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 namespace {
 
 constexpr float kEps = 1e-7f;
 constexpr int kFinalizeThreads = 1024;
 
-// Threads (= slots) per block: the conditional variant's blocks past a sample's count are
-// whole and skipped. 128, as the Triton variant's shape measured best (kernels/
-// triton_giou.py BLOCK_SLOTS; one-warp blocks of 32 were 2-3x slower than `kernel`).
-inline int block_slots(bool conditional) { return conditional ? 128 : 256; }
+// Per variant: the slots a block owns (kChunk) and its threads (kThreads); a block walks
+// its chunk kThreads slots at a time. `kernel`: one slot a thread, 256-slot blocks (its
+// shape since it was written). `conditional`: the Triton variant's shape
+// (kernels/triton_giou.py SHAPES[True]): 1024 slots, 128 at a time, so a sparse sample
+// costs one block per 1024 slots, not per 128. Its blocks walk only the slots below the
+// count; the backward then writes the rest of its chunk as whole zero rows.
+template <bool kConditional>
+struct Shape;
+template <>
+struct Shape<false> {
+  static constexpr int kChunk = 256, kThreads = 256;
+};
+template <>
+struct Shape<true> {
+  static constexpr int kChunk = 1024, kThreads = 128;
+};
+// gridDim.y holds a sample's chunks.
+constexpr int64_t kMaxChunks = 65535;
 
 // d max(a, b) / da with PyTorch's tie rule: half the gradient to each side of a tie.
 template <typename T>
@@ -48,6 +63,20 @@ __device__ __forceinline__ SampleCount sample_count(const void* counts, bool cou
                                                     int64_t b, int64_t M) {
   const int64_t raw = load_count(counts, counts64, b);
   return {raw < 0 ? 0 : (raw > M ? M : raw), raw < 0 || raw > M};
+}
+
+// This block's slots [lo, hi) and the end of those it loads and computes (work_hi: hi for
+// `kernel`, the sample's count within the chunk for `conditional`).
+struct ChunkLimits {
+  int64_t lo, hi, work_hi;
+};
+
+template <bool kConditional>
+__device__ __forceinline__ ChunkLimits chunk_limits(int64_t n, int64_t M) {
+  const int64_t lo = static_cast<int64_t>(blockIdx.y) * Shape<kConditional>::kChunk;
+  const int64_t hi = lo + Shape<kConditional>::kChunk < M ? lo + Shape<kConditional>::kChunk : M;
+  const int64_t work_hi = kConditional ? (n < lo ? lo : (n < hi ? n : hi)) : hi;
+  return {lo, hi, work_hi};
 }
 
 struct Strides {
@@ -101,31 +130,31 @@ __device__ acc_t block_sum(acc_t v) {
   return warp == 0 ? warp_sum(v) : acc_t(0);
 }
 
-// Grid (B, cdiv(M, blockDim.x)); one thread per slot. partial[b * gridDim.y + blk].
-template <typename scalar_t, typename target_t, typename acc_t>
-__global__ void giou_fwd_kernel(const scalar_t* __restrict__ pred,
-                                const target_t* __restrict__ target, const void* counts,
-                                bool counts64, acc_t* __restrict__ partial, int64_t M,
-                                Strides s, bool conditional) {
+// Grid (B, cdiv(M, kChunk)); partial[b * gridDim.y + chunk] is the sum over the chunk's
+// valid slots of 1 - GIoU (NaN on a bad count).
+template <bool kConditional, typename scalar_t, typename target_t, typename acc_t>
+__global__ void __launch_bounds__(Shape<kConditional>::kThreads)
+    giou_fwd_kernel(const scalar_t* __restrict__ pred, const target_t* __restrict__ target,
+                    const void* counts, bool counts64, acc_t* __restrict__ partial, int64_t M,
+                    Strides s) {
   const int64_t b = blockIdx.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x;
   const SampleCount count = sample_count(counts, counts64, b, M);
-  const int64_t n = count.n;
-  const bool bad = count.bad;
+  const ChunkLimits c = chunk_limits<kConditional>(count.n, M);
   acc_t* out = partial + b * gridDim.y + blockIdx.y;
-  if (conditional && first >= n) {  // a whole block of empty slots: no load, no maths
-    if (threadIdx.x == 0) *out = bad ? acc_t(NAN) : acc_t(0);
+  if (c.work_hi == c.lo) {  // the whole chunk is past the count: no load, no maths (the
+    // test is uniform over the block, so no thread waits in block_sum below)
+    if (threadIdx.x == 0) *out = count.bad ? acc_t(NAN) : acc_t(0);
     return;
   }
-  const int64_t slot = first + threadIdx.x;
-  acc_t term = 0;
-  // The kernel variant computes every slot in range and zeroes the invalid ones after.
-  if (conditional ? slot < n : slot < M) {
-    term = giou_term(load_boxes<scalar_t, target_t, acc_t>(pred, target, b, slot, s));
-    if (slot >= n) term = 0;
+  acc_t terms = 0;
+  // The kernel variant computes every slot of its chunk and drops the invalid ones.
+#pragma unroll 1
+  for (int64_t slot = c.lo + threadIdx.x; slot < c.work_hi; slot += blockDim.x) {
+    const acc_t term = giou_term(load_boxes<scalar_t, target_t, acc_t>(pred, target, b, slot, s));
+    if (slot < count.n) terms += term;
   }
-  const acc_t total = block_sum(term);
-  if (threadIdx.x == 0) *out = bad ? acc_t(NAN) : total;
+  const acc_t total = block_sum(terms);
+  if (threadIdx.x == 0) *out = count.bad ? acc_t(NAN) : total;
 }
 
 // One block: loss = sum(partials) / max(sum(counts), 1), in a fixed order (deterministic).
@@ -147,46 +176,78 @@ __global__ void giou_finalize_kernel(const acc_t* __restrict__ partial, int64_t 
   }
 }
 
-// Gradient of the loss w.r.t. the predictions; the maths is in triton_giou.py's
-// _giou_bwd_kernel docstring. Conditional blocks past the count write zeros only.
-template <typename scalar_t, typename target_t, typename acc_t>
-__global__ void giou_bwd_kernel(const acc_t* __restrict__ grad_loss,
-                                const acc_t* __restrict__ denom,
-                                const scalar_t* __restrict__ pred,
-                                const target_t* __restrict__ target, const void* counts,
-                                bool counts64, scalar_t* __restrict__ grad, int64_t M,
-                                Strides s, bool conditional) {
-  const int64_t b = blockIdx.x;
-  const int64_t slot = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (slot >= M) return;
-  const SampleCount count = sample_count(counts, counts64, b, M);
-  const int64_t n = count.n;
-  const bool bad = count.bad;
-  const int64_t first = static_cast<int64_t>(blockIdx.y) * blockDim.x;
-  acc_t g[4] = {0, 0, 0, 0};
-  const bool active = conditional ? first < n : true;
-  if (active && slot < n) {
-    const auto x = load_boxes<scalar_t, target_t, acc_t>(pred, target, b, slot, s);
-    const acc_t eps = static_cast<acc_t>(kEps);
-    const acc_t scale = -(*grad_loss) / (*denom);  // dLoss = -dGIoU * grad / denom
-    const acc_t wp = x.px2 - x.px1, hp = x.py2 - x.py1;
-    const acc_t iw_raw = fmin(x.px2, x.gx2) - fmax(x.px1, x.gx1);
-    const acc_t ih_raw = fmin(x.py2, x.gy2) - fmax(x.py1, x.gy1);
-    const acc_t iw = fmax(iw_raw, acc_t(0)), ih = fmax(ih_raw, acc_t(0));
-    const acc_t inter = iw * ih;
-    const acc_t uni = wp * hp + (x.gx2 - x.gx1) * (x.gy2 - x.gy1) - inter;
-    const acc_t cw = fmax(x.px2, x.gx2) - fmin(x.px1, x.gx1);
-    const acc_t ch = fmax(x.py2, x.gy2) - fmin(x.py1, x.gy1);
-    const acc_t a = acc_t(1) / (uni + eps), c = acc_t(1) / (cw * ch + eps);
-    const acc_t gu = c - inter * a * a, gi = a - gu, gc = -(uni + eps) * c * c;
-    const acc_t mw = iw_raw >= 0 ? acc_t(1) : acc_t(0), mh = ih_raw >= 0 ? acc_t(1) : acc_t(0);
-    g[0] = scale * (-gu * hp - gi * ih * mw * d_max(x.px1, x.gx1) - gc * ch * d_max(x.gx1, x.px1));
-    g[1] = scale * (-gu * wp - gi * iw * mh * d_max(x.py1, x.gy1) - gc * cw * d_max(x.gy1, x.py1));
-    g[2] = scale * (gu * hp + gi * ih * mw * d_max(x.gx2, x.px2) + gc * ch * d_max(x.px2, x.gx2));
-    g[3] = scale * (gu * wp + gi * iw * mh * d_max(x.gy2, x.py2) + gc * cw * d_max(x.py2, x.gy2));
+// One gradient row (4 values) as whole 8-, 16- or 2x16-byte stores rather than four
+// scalar ones (__stwb: a plain write-back store, but always one vector instruction; nvcc
+// split a vector assignment here into 4-byte stores) (those ran the zero rows at half a memset's speed in Triton, RESULTS
+// 9c). The gradient is ours (at::empty, contiguous, 512-byte aligned blocks), so each row
+// is aligned to its own size.
+template <typename scalar_t, typename acc_t>
+__device__ __forceinline__ void store_row(scalar_t* out, const acc_t (&g)[4]) {
+  if constexpr (sizeof(scalar_t) == 2) {  // fp16, bf16: their bits packed into one uint2
+    const auto bits = [](acc_t v) { return static_cast<uint32_t>(static_cast<scalar_t>(v).x); };
+    __stwb(reinterpret_cast<uint2*>(out),
+           make_uint2(bits(g[0]) | bits(g[1]) << 16, bits(g[2]) | bits(g[3]) << 16));
+  } else if constexpr (sizeof(scalar_t) == 4) {
+    __stwb(reinterpret_cast<float4*>(out), make_float4(g[0], g[1], g[2], g[3]));
+  } else {
+    __stwb(reinterpret_cast<double2*>(out), make_double2(g[0], g[1]));
+    __stwb(reinterpret_cast<double2*>(out) + 1, make_double2(g[2], g[3]));
   }
-  scalar_t* out = grad + (b * M + slot) * 4;
-  for (int k = 0; k < 4; ++k) out[k] = static_cast<scalar_t>(bad ? acc_t(NAN) : g[k]);
+}
+
+// dLoss/dp of one valid slot; the maths is in triton_giou.py's _giou_bwd_kernel docstring.
+template <typename acc_t>
+__device__ __forceinline__ void slot_gradient(const Boxes<acc_t>& x, acc_t scale, acc_t (&g)[4]) {
+  const acc_t eps = static_cast<acc_t>(kEps);
+  const acc_t wp = x.px2 - x.px1, hp = x.py2 - x.py1;
+  const acc_t iw_raw = fmin(x.px2, x.gx2) - fmax(x.px1, x.gx1);
+  const acc_t ih_raw = fmin(x.py2, x.gy2) - fmax(x.py1, x.gy1);
+  const acc_t iw = fmax(iw_raw, acc_t(0)), ih = fmax(ih_raw, acc_t(0));
+  const acc_t inter = iw * ih;
+  const acc_t uni = wp * hp + (x.gx2 - x.gx1) * (x.gy2 - x.gy1) - inter;
+  const acc_t cw = fmax(x.px2, x.gx2) - fmin(x.px1, x.gx1);
+  const acc_t ch = fmax(x.py2, x.gy2) - fmin(x.py1, x.gy1);
+  const acc_t a = acc_t(1) / (uni + eps), c = acc_t(1) / (cw * ch + eps);
+  const acc_t gu = c - inter * a * a, gi = a - gu, gc = -(uni + eps) * c * c;
+  const acc_t mw = iw_raw >= 0 ? acc_t(1) : acc_t(0), mh = ih_raw >= 0 ? acc_t(1) : acc_t(0);
+  g[0] = scale * (-gu * hp - gi * ih * mw * d_max(x.px1, x.gx1) - gc * ch * d_max(x.gx1, x.px1));
+  g[1] = scale * (-gu * wp - gi * iw * mh * d_max(x.py1, x.gy1) - gc * cw * d_max(x.gy1, x.py1));
+  g[2] = scale * (gu * hp + gi * ih * mw * d_max(x.gx2, x.px2) + gc * ch * d_max(x.px2, x.gx2));
+  g[3] = scale * (gu * wp + gi * iw * mh * d_max(x.gy2, x.py2) + gc * cw * d_max(x.py2, x.gy2));
+}
+
+// Gradient of the loss w.r.t. the predictions, grid as the forward's. Both variants load
+// only the valid slots: `kernel`'s threads past the count skip their loads, as they have
+// since it was written (the Triton `kernel` loads every slot). `conditional` then writes
+// the rest of its chunk as zero rows in a loop of its own: plain stores, no loads, no
+// maths.
+template <bool kConditional, typename scalar_t, typename target_t, typename acc_t>
+__global__ void __launch_bounds__(Shape<kConditional>::kThreads)
+    giou_bwd_kernel(const acc_t* __restrict__ grad_loss, const acc_t* __restrict__ denom,
+                    const scalar_t* __restrict__ pred, const target_t* __restrict__ target,
+                    const void* counts, bool counts64, scalar_t* __restrict__ grad, int64_t M,
+                    Strides s) {
+  const int64_t b = blockIdx.x;
+  const SampleCount count = sample_count(counts, counts64, b, M);
+  const ChunkLimits c = chunk_limits<kConditional>(count.n, M);
+  scalar_t* rows = grad + b * M * 4;
+  // A bad count poisons the sample's gradient; valid or not, a slot past the count gets
+  // exactly 0 by selection (a NaN in padding times 0 would still be NaN).
+  const acc_t poison = count.bad ? acc_t(NAN) : acc_t(0);
+  const acc_t scale = -(*grad_loss) / (*denom);  // dLoss = -dGIoU * grad / denom
+#pragma unroll 1
+  for (int64_t slot = c.lo + threadIdx.x; slot < c.work_hi; slot += blockDim.x) {
+    acc_t g[4] = {poison, poison, poison, poison};
+    if (slot < count.n) {
+      slot_gradient(load_boxes<scalar_t, target_t, acc_t>(pred, target, b, slot, s), scale, g);
+      for (int k = 0; k < 4; ++k) g[k] += poison;
+    }
+    store_row(rows + slot * 4, g);
+  }
+  const acc_t zero[4] = {poison, poison, poison, poison};
+#pragma unroll 1
+  for (int64_t slot = c.work_hi + threadIdx.x; slot < c.hi; slot += blockDim.x)
+    store_row(rows + slot * 4, zero);
 }
 
 // Numbers in the check messages below are text made here (std::to_string), never
@@ -240,29 +301,50 @@ at::ScalarType acc_type_of(const at::Tensor& pred) {
                                [&] { using target_t = scalar_t; __VA_ARGS__(); });         \
   })
 
+// A sample's chunks (the grid's second dimension) in the variant's shape.
+int64_t chunks_per_sample(int64_t M, bool conditional) {
+  const int64_t chunk = conditional ? Shape<true>::kChunk : Shape<false>::kChunk;
+  const int64_t chunks = std::max<int64_t>((M + chunk - 1) / chunk, 1);
+  TORCH_CHECK(chunks <= kMaxChunks, "giou_cuda: too many slots per sample: ", std::to_string(M),
+              " (the ", conditional ? "conditional" : "kernel", " variant takes at most ",
+              std::to_string(kMaxChunks * chunk), ")");
+  return chunks;
+}
+
+// Calls launch(std::integral_constant<bool, conditional>): the variant is a compile-time
+// parameter of the kernels, so `kernel`'s code has no trace of conditional's loops.
+template <typename Launch>
+void with_variant(bool conditional, Launch&& launch) {
+  if (conditional) {
+    launch(std::true_type{});
+  } else {
+    launch(std::false_type{});
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> giou_loss_cuda(const at::Tensor& pred,
                                                   const at::Tensor& target,
                                                   const at::Tensor& counts, bool conditional) {
   check_inputs(pred, target, counts);
   const c10::cuda::CUDAGuard guard(pred.device());
   const int64_t B = pred.size(0), M = pred.size(1);
-  const int threads = block_slots(conditional);
-  const int64_t blocks_per_sample = std::max<int64_t>((M + threads - 1) / threads, 1);
-  TORCH_CHECK(blocks_per_sample <= 65535,
-              "giou_cuda: too many slots per sample: ", std::to_string(M));
+  const int64_t chunks = chunks_per_sample(M, conditional);
   const auto opts = pred.options().dtype(acc_type_of(pred));
-  at::Tensor partial = at::empty({B * blocks_per_sample}, opts);
+  at::Tensor partial = at::empty({B * chunks}, opts);
   at::Tensor loss = at::empty({}, opts), denom = at::empty({}, opts);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const Strides s = strides_of(pred, target);
   const bool counts64 = counts.scalar_type() == at::kLong;
   GIOU_DISPATCH(pred, target, "giou_loss_cuda", [&] {
     if (B > 0) {
-      giou_fwd_kernel<pred_t, target_t, acc_t>
-          <<<dim3(B, blocks_per_sample), threads, 0, stream>>>(
-              pred.data_ptr<pred_t>(), target.data_ptr<target_t>(), counts.data_ptr(),
-              counts64, partial.data_ptr<acc_t>(), M, s, conditional);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      with_variant(conditional, [&](auto variant) {
+        constexpr bool kConditional = decltype(variant)::value;
+        giou_fwd_kernel<kConditional, pred_t, target_t, acc_t>
+            <<<dim3(B, chunks), Shape<kConditional>::kThreads, 0, stream>>>(
+                pred.data_ptr<pred_t>(), target.data_ptr<target_t>(), counts.data_ptr(),
+                counts64, partial.data_ptr<acc_t>(), M, s);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
     }
     giou_finalize_kernel<acc_t><<<1, kFinalizeThreads, 0, stream>>>(
         partial.data_ptr<acc_t>(), partial.numel(), counts.data_ptr(), counts64, B,
@@ -284,22 +366,22 @@ at::Tensor giou_loss_backward_cuda(const at::Tensor& grad_loss, const at::Tensor
   // The upstream gradient usually arrives in acc dtype already; .to() is then a no-op.
   const at::Tensor g = grad_loss.to(acc).contiguous(), d = denom.to(acc).contiguous();
   const int64_t B = pred.size(0), M = pred.size(1);
-  const int threads = block_slots(conditional);
-  const int64_t blocks_per_sample = (M + threads - 1) / threads;
   at::Tensor grad = at::empty(pred.sizes(), pred.options().memory_format(at::MemoryFormat::Contiguous));
   if (B == 0 || M == 0) return grad;
-  TORCH_CHECK(blocks_per_sample <= 65535,
-              "giou_cuda: too many slots per sample: ", std::to_string(M));
+  const int64_t chunks = chunks_per_sample(M, conditional);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const Strides s = strides_of(pred, target);
   const bool counts64 = counts.scalar_type() == at::kLong;
   GIOU_DISPATCH(pred, target, "giou_loss_backward_cuda", [&] {
-    giou_bwd_kernel<pred_t, target_t, acc_t>
-        <<<dim3(B, blocks_per_sample), threads, 0, stream>>>(
-            g.data_ptr<acc_t>(), d.data_ptr<acc_t>(), pred.data_ptr<pred_t>(),
-            target.data_ptr<target_t>(), counts.data_ptr(), counts64,
-            grad.data_ptr<pred_t>(), M, s, conditional);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    with_variant(conditional, [&](auto variant) {
+      constexpr bool kConditional = decltype(variant)::value;
+      giou_bwd_kernel<kConditional, pred_t, target_t, acc_t>
+          <<<dim3(B, chunks), Shape<kConditional>::kThreads, 0, stream>>>(
+              g.data_ptr<acc_t>(), d.data_ptr<acc_t>(), pred.data_ptr<pred_t>(),
+              target.data_ptr<target_t>(), counts.data_ptr(), counts64,
+              grad.data_ptr<pred_t>(), M, s);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
   return grad;
 }
