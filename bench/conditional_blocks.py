@@ -3,7 +3,8 @@ slots per loop step, slots per step of conditional's zero stores, warps, pipelin
 for each variant, over box capacity and boxes per image at batch 1024: the loss alone,
 forward + backward, on make sweep's inputs; GPU µs per call from the profiler's kernel
 events (bench/loss_kernels.per_call), total and (forward, backward). The CUDA kernels'
-block shapes are compile-time constants in giou.cu, not probed here.
+shapes are compile-time constants in giou.cu (Shape<>; conditional's copies the Triton
+one), not probed here.
 Run on the device: python3 bench/conditional_blocks.py"""
 
 import math

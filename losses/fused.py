@@ -2,8 +2,8 @@
 
 `kernel` computes every slot and zeroes the invalid ones (the original's design);
 `conditional` skips the slots past each sample's count: they are never loaded or
-computed, and its backward only writes their zero gradients (the Triton kernels walk
-chunks of 1024 slots up to the count; the CUDA ones skip whole 128-slot blocks past it).
+computed, and its backward only writes their zero gradients (both backends' kernels walk
+chunks of 1024 slots up to the count and write the rest of the chunk as zero rows).
 """
 
 from functools import partial
