@@ -43,8 +43,8 @@ def test_kernel_counts_zero_and_full(backend, device, variant, counts):
 def test_counts_at_chunk_boundaries(backend, device, variant):
     """Samples longer than a program's chunk (kernels/triton_giou.py SHAPES: 1024 slots,
     walked 128 at a time; giou.cu's conditional blocks the same, its kernel blocks 256
-    slots): counts just below, at
-    and past each chunk's and each step's edge, in three chunks, the last one partial."""
+    slots): counts just below, at and past each chunk's and each step's edge, in three
+    chunks, the last one partial."""
     from kernels.triton_giou import SHAPES
     chunk, step = SHAPES[True]["CHUNK"], SHAPES[True]["BLOCK"]
     M = 2 * chunk + step // 2 + 3

@@ -176,11 +176,12 @@ __global__ void giou_finalize_kernel(const acc_t* __restrict__ partial, int64_t 
   }
 }
 
-// One gradient row (4 values) as whole 8-, 16- or 2x16-byte stores rather than four
-// scalar ones (__stwb: a plain write-back store, but always one vector instruction; nvcc
-// split a vector assignment here into 4-byte stores) (those ran the zero rows at half a memset's speed in Triton, RESULTS
-// 9c). The gradient is ours (at::empty, contiguous, 512-byte aligned blocks), so each row
-// is aligned to its own size.
+// One gradient row (4 values) as one 8- or 16-byte store (two for fp64) rather than four
+// scalar ones: in Triton the scalar stores ran the zero rows at half a memset's speed
+// (RESULTS.md 9c). __stwb is a plain write-back store that is always one vector
+// instruction; here nvcc split a vector assignment (or a memcpy) into 4-byte stores. The
+// gradient is ours (at::empty, contiguous, blocks aligned to 512 bytes), so each row is
+// aligned to its own size.
 template <typename scalar_t, typename acc_t>
 __device__ __forceinline__ void store_row(scalar_t* out, const acc_t (&g)[4]) {
   if constexpr (sizeof(scalar_t) == 2) {  // fp16, bf16: their bits packed into one uint2
@@ -312,7 +313,9 @@ int64_t chunks_per_sample(int64_t M, bool conditional) {
 }
 
 // Calls launch(std::integral_constant<bool, conditional>): the variant is a compile-time
-// parameter of the kernels, so `kernel`'s code has no trace of conditional's loops.
+// parameter of the kernels, so each variant's code is built for its own shape (a first
+// port with a runtime flag slowed `kernel` 1.4-1.5x, not all of it explained: RESULTS.md
+// 9c).
 template <typename Launch>
 void with_variant(bool conditional, Launch&& launch) {
   if (conditional) {
