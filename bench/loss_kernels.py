@@ -9,9 +9,7 @@ import argparse
 import re
 import statistics
 import sys
-import tempfile
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -19,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, ".")
 import losses  # noqa: E402
 from profiling.sweep_point import loss_call, predictions, samples  # noqa: E402
-from profiling.trace_summary import GPU_CATS, load_trace  # noqa: E402
+from profiling.trace_summary import GPU_CATS, profiler_events  # noqa: E402
 
 STRATEGIES = [("kernel", "triton"), ("conditional", "triton"), ("kernel", "cuda"),
               ("conditional", "cuda")]
@@ -43,12 +41,8 @@ def per_call(run, calls: int = CALLS) -> dict[str, float]:
             with record_function(f"call{i}"):
                 run()
         torch.cuda.synchronize()  # host-device sync: every activity in the trace
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "t.json"
-        prof.export_chrome_trace(str(path))
-        events = load_trace(path)
     by_name = defaultdict(list)
-    for e in events:
+    for e in profiler_events(prof):
         if e.get("ph") == "X" and e.get("cat") in GPU_CATS:
             by_name[short(e["name"])].append(float(e.get("dur", 0)))
     return {k: statistics.median(v) * len(v) / calls for k, v in by_name.items()}

@@ -23,9 +23,7 @@ every slot filled). Predictions are valid boxes made on the device in the model'
 
 import math
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
@@ -34,7 +32,7 @@ from core.names import RAGGED
 from data import SyntheticFaces
 from model.boxnet import boxes_from_raw
 from profiling.trace_summary import (GPU_CATS, RUNTIME_CATS, _is_h2d, _is_launch, _Windows,
-                                     load_trace)
+                                     profiler_events)
 
 IMAGE_SIZE = 256  # the workload's: box coordinates in [0, 255]
 _NO_IMAGE = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the loss never sees the images
@@ -127,10 +125,7 @@ def _profiled_calls(copy, call, device, calls: int) -> dict:
                 call()
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # host-device sync: every activity in the trace
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        return per_round(load_trace(path), calls)
+    return per_round(profiler_events(prof), calls)
 
 
 def per_round(events: list[dict], calls: int) -> dict:

@@ -40,6 +40,16 @@ def load_trace(path: Path) -> list[dict]:
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
+def profiler_events(prof) -> list[dict]:
+    """The events of a finished torch.profiler profile, as load_trace reads them from a
+    trace file (written to a temporary one: the profiler's only export of them)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return load_trace(path)
+
+
 def _is_launch(name: str) -> bool:
     return "LaunchKernel" in name or "LaunchCooperativeKernel" in name or \
         name in {"cudaGraphLaunch", "cuGraphLaunch"}
