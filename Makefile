@@ -25,7 +25,7 @@ else
 LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS)
 endif
 
-.PHONY: profile compare ladder sweep test test-gpu test-browser tensorboard setup clean-build
+.PHONY: profile compare ladder sweep test test-gpu test-browser lint tensorboard setup clean-build
 
 profile: $(SETUP)
 	$(LAUNCH) train.py --loss $(LOSS) --backend $(BACKEND) --mode $(MODE) $(ARGS)
@@ -34,40 +34,47 @@ profile: $(SETUP)
 # comparison from finished runs without running anything.
 RUNS ?=
 compare: $(SETUP)
-	$(if $(RUNS),$(PYTHON),$(LAUNCH)) -m profiling.run_comparison $(if $(RUNS),--runs $(RUNS),) $(ARGS)
+	$(if $(RUNS),$(PYTHON),$(LAUNCH)) -m studies.compare $(if $(RUNS),--runs $(RUNS),) $(ARGS)
 
-# The step's speed-ups added one at a time from --baseline (profiling/run_ladder.py).
+# The step's speed-ups added one at a time from --baseline (studies/ladder.py).
 LADDER ?= padded,kernel:cuda
 ladder: $(SETUP)
-	$(PYTHON) -m profiling.run_ladder --strategies $(LADDER) $(ARGS)
+	$(PYTHON) -m studies.ladder --strategies $(LADDER) $(ARGS)
 
 # Each loss strategy alone (forward + backward) over batch size, box capacity and boxes per
-# image (profiling/run_sweep.py); ARGS="--batch 64,1024 --capacity 256,4096" and so on.
+# image (studies/sweep.py); ARGS="--batch 64,1024 --capacity 256,4096" and so on.
 sweep: $(SETUP)
-	$(PYTHON) -m profiling.run_sweep $(ARGS)
+	$(PYTHON) -m studies.sweep $(ARGS)
 
 # The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
 # test-browser's.
 test: $(SETUP)
+	@echo "make test: the CPU suite, about 5 minutes on 2 cores (pytest prints a dot a test)"
 	$(PYTHON) -m pytest -q -m "not browser" tests
+
+# ruff over the project's Python (ruff.toml); make setup installs it, CI runs it first.
+lint: $(SETUP)
+	$(PYTHON) -m ruff check .
 
 # On the GPU machine: the GPU-marked tests, then compute-sanitizer over both kernels.
 test-gpu: $(SETUP)
+	@echo "make test-gpu: the GPU tests, then compute-sanitizer: several minutes on an H100"
 	$(PYTHON) -m pytest -q -m gpu --durations=15 tests
 	compute-sanitizer --tool memcheck --error-exitcode 1 $(PYTHON) tests/sanitize_kernels.py
 
 # The TensorBoard page in headless Chromium (Debian's chromium + chromium-driver, installed
 # here when missing: needs root or sudo); screenshots land in profiles/screenshots.
 test-browser: $(SETUP)
+	@echo "make test-browser: TensorBoard in headless Chromium (installs chromium first when missing)"
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } || \
 	  { echo "error: could not install chromium and chromium-driver (apt-get as root)"; exit 2; }
 	REQUIRE_BROWSER=1 SCREENSHOT_DIR=profiles/screenshots $(PYTHON) -m pytest -q -m browser tests
 
 # TensorBoard with the profiler plugin on the runs, on localhost only, fixed for torch 2.x
-# GPU traces and for browsers without internet (profiling/tb_profiler_compat.py).
+# GPU traces and for browsers without internet (viewer/tb_profiler_compat.py).
 tensorboard: $(SETUP)
-	$(PYTHON) -m profiling.serve_tensorboard --logdir $(LOGDIR) --port $(PORT)
+	$(PYTHON) -m viewer.serve --logdir $(LOGDIR) --port $(PORT)
 
 setup: $(SETUP)
 

@@ -1,6 +1,6 @@
 """The case study's training loop under torch.profiler, one loss strategy per run.
 
-    python3 train.py --loss padded                 # full step: copy, forward, loss, backward, optimizer
+    python3 train.py --loss padded                 # copy, forward, loss, backward, optimizer
     python3 train.py --loss loop --mode forward    # the original's measurement
     python3 train.py --help                        # every knob, generated from Config
 
@@ -16,11 +16,25 @@ import sys
 import time
 from dataclasses import dataclass
 
-from core.cli import UsageError, config_parser, option
-from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
-from errors import UserError, one_line
-from training.ddp import COMM_HOOKS, HELP as DDP_HELP
-from training.speedups import HELP as SPEEDUP_HELP, baseline_values
+from core.cli import config_parser, option
+from core.errors import ProjectError, UserError, exit_code, one_line
+from core.names import (
+    BACKENDS,
+    FUSED,
+    INTERPRETER_SLOW_SPEEDUPS,
+    MODES,
+    STRATEGIES,
+    describe,
+    phases_of,
+)
+from profiling.run_folder import check_out_dir, check_run_name, display, utc_stamp
+from profiling.scaling import check_baseline
+from training import ddp, speedups
+from training.ddp import COMM_HOOKS
+from training.ddp import HELP as DDP_HELP
+from training.ranks import from_env, stop
+from training.speedups import HELP as SPEEDUP_HELP
+from training.speedups import baseline_values
 
 try:
     import torch
@@ -64,11 +78,11 @@ class Config:
     triton_second_block: bool = option(True, SPEEDUP_HELP["triton_second_block"])
     bf16_shadow: bool = option(True, SPEEDUP_HELP["bf16_shadow"])
     # Off by default: measured on the H100, the replay saved no GPU time (the step is
-    # GPU-bound) and its step wall time was less steady (RESULTS.md section 8).
+    # GPU-bound) and its step wall time was less steady (results/step.md).
     cuda_graph: str = option("off", SPEEDUP_HELP["cuda_graph"], choices=("auto", "on", "off"))
     # Several GPUs (make profile GPUS=N starts this script on N ranks; training/ddp.py):
     # --batch-size stays per rank, so the global batch is N times it.
-    # Defaults: the fastest measured on two H200s (RESULTS.md section 10).
+    # Defaults: the fastest measured on two H200s (results/several-gpus.md).
     bucket_mb: float = option(25.0, DDP_HELP["bucket_mb"])
     bucket_view: bool = option(True, DDP_HELP["bucket_view"])
     comm_hook: str = option("sum", DDP_HELP["comm_hook"], choices=COMM_HOOKS)
@@ -89,17 +103,25 @@ PRESETS = {
     # Finishes in about a minute on 2 CPU cores.
     "cpu": dict(batch_size=32, num_workers=2, image_size=64, hidden=512, wait=1, warmup=1,
                 active=3, compile=False, amp=False, pin_memory=False,
-                cudnn_benchmark=False, triton_first_block=False, triton_second_block=False,
-                bf16_shadow=False),
+                cudnn_benchmark=False, bf16_shadow=False,
+                **{name: False for name in INTERPRETER_SLOW_SPEEDUPS}),
 }
 
 
+def given_options(argv=None) -> dict:
+    """The options given on the command line, by Config field (a UsageError for a flag
+    the parser refuses): what make compare and make ladder check before making their
+    runs' configs from them."""
+    return vars(config_parser(Config, PRESETS, __doc__.split("\n\n")[0]).parse_args(argv))
+
+
 def parse_config(argv=None) -> Config:
-    parser = config_parser(Config, PRESETS, __doc__.split("\n\n")[0])
-    try:
-        given = vars(parser.parse_args(argv))
-    except UsageError as exc:
-        raise UserError(str(exc)) from None
+    return make_config(given_options(argv))
+
+
+def make_config(given: dict) -> Config:
+    """The Config of these given options: the dataclass's defaults, the preset's, the
+    baseline's, then each option given."""
     if torch is None:
         raise UserError(f"torch is not installed for {sys.executable}: run `make setup` and "
                         "use .venv/bin/python, or run `make profile`")
@@ -109,7 +131,6 @@ def parse_config(argv=None) -> Config:
     if preset == "gpu" and not torch.cuda.is_available():
         raise UserError("the gpu preset needs a CUDA GPU; use --preset cpu (the default "
                         "without a GPU)")
-    # Precedence: the dataclass, the preset, --baseline, then each option given.
     off = baseline_values() if given.get("baseline") else {}
     return Config(**{**PRESETS[preset], **off, **given, "preset": preset})
 
@@ -117,9 +138,6 @@ def parse_config(argv=None) -> Config:
 def validate(cfg: Config, world: int = 1) -> None:
     """Every mistake that can be found before anything is written (world: the ranks of a
     torchrun job, each reading --batch-size samples a step)."""
-    from profiling.run_folder import check_out_dir, check_run_name
-    from profiling.scaling import check_baseline
-    from training import ddp
     # The command line refuses these already; a Config made in Python is checked here.
     for name, allowed in (("loss", STRATEGIES), ("backend", BACKENDS), ("mode", MODES)):
         if getattr(cfg, name) not in allowed:
@@ -147,7 +165,6 @@ def validate(cfg: Config, world: int = 1) -> None:
     if cfg.run_name:
         check_run_name(cfg.run_name)
     check_out_dir(cfg.out_dir)
-    from training import speedups
     speedups.check(cfg, torch.cuda.is_available())
     ddp.check(cfg)
     if cfg.scaling_baseline:
@@ -217,11 +234,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     from data import SyntheticFaces
     from data.loader import make_loader
     from profiling.harness import ProfiledRun
-    from profiling.run_folder import check_out_dir, display, utc_stamp
-    from training import ddp, speedups
     from training.cuda_graph import GraphedStep
     from training.distributed import GlobalBatch, RankShare
-    from training.ranks import from_env
 
     ranks = from_env()  # torchrun's rank and world; a world of one otherwise
     validate(cfg, ranks.world)
@@ -294,7 +308,6 @@ def _stop_on_sigterm(signum, frame):
 def _report(line: str) -> None:
     """The one line of an early end: on stderr, or, on a rank of training/launch.py's
     job, left for the launcher, which prints the line of the rank that failed first."""
-    from training.ranks import from_env
     ranks = from_env()
     if not ranks.leave_error(line):
         where = f"rank {ranks.rank}: " if ranks.distributed else ""
@@ -305,29 +318,18 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, _stop_on_sigterm)  # SIGTERM ends a run as Ctrl-C does
     try:
         run(parse_config(argv))
-        from training.ranks import stop
         stop()  # leaves the process group of a torchrun job
-    except KeyboardInterrupt as exc:  # the harness's RunInterrupted, or before the run
-        _report(str(exc) or "interrupted")
-        return 130
-    except UserError as exc:  # an option, found before anything was written
-        _report(one_line(exc))
-        return 2
-    except Exception as exc:
-        # User mistakes, a backend this machine lacks, and the harness's RunFailed (whose
-        # message says where the run's files went) are one line; anything else is a bug
-        # and keeps its traceback.
-        from core.checks import InputError
-        from kernels import BackendUnavailable
-        from profiling.harness import RunFailed, USER_ERRORS
-        if not isinstance(exc, (UserError, InputError, BackendUnavailable, RunFailed)):
-            from training.ranks import from_env
-            from_env().leave_error(f"{type(exc).__name__}: {one_line(exc)} (a bug: its "
-                                   "traceback is in the job's output)")
-            raise
-        _report(one_line(exc))
-        user = isinstance(exc, USER_ERRORS) or isinstance(exc.__cause__, USER_ERRORS)
-        return 2 if user else 1
+    except (KeyboardInterrupt, ProjectError) as exc:
+        # Ctrl-C (the harness's RunInterrupted, or before the run), a user's mistake, a
+        # backend this machine lacks, a run that failed (its line says where its files
+        # went): core/errors.py gives each its line and exit code.
+        _report(str(exc) or "interrupted" if isinstance(exc, KeyboardInterrupt)
+                else one_line(exc))
+        return exit_code(exc)
+    except Exception as exc:  # a bug: its traceback stays
+        from_env().leave_error(f"{type(exc).__name__}: {one_line(exc)} (a bug: its "
+                               "traceback is in the job's output)")
+        raise
     return 0
 
 

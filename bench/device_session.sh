@@ -15,6 +15,8 @@
 #     blocks    bench/conditional_blocks.py (the Triton kernels' shapes, both variants)
 #     kernels   bench/loss_kernels.py (a fused loss call's GPU time kernel by kernel, both
 #               backends, beside a memset of its gradient's bytes)
+#     loader    bench/loader_rate.py (the data loader alone: where a batch's host time goes,
+#               batches/s at 8, 16 and 32 workers, pinned and not)
 #     ddptests  the two-GPU tests (tests/test_gpu_distributed.py) and the two-rank trace
 #               fixtures of TensorBoard's Distributed view (bench/record_fixtures.sh ddp)
 #     scaling   one GPU against two (make profile GPUS=2) for padded and kernel/cuda at
@@ -83,6 +85,11 @@ for stage in "$@"; do
         timeout "$(left)" python3 -m profiling.range_timeline "$run" --range loss --steps 2
       done > "$out/timeline.txt" 2>&1
       head -c 3000 "$out/timeline.txt" ;;
+    loader)
+      { timeout "$(left)" python3 bench/loader_rate.py
+        timeout "$(left)" python3 bench/loader_rate.py --workers 16 --no-pin; } \
+        > "$out/loader_rate.md" 2>&1
+      cat "$out/loader_rate.md" ;;
     ddptests)
       timeout "$(left)" python3 -m pytest -q -m gpu tests/test_gpu_distributed.py \
         > "$out/ddptests.log" 2>&1

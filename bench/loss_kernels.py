@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, ".")
 import losses  # noqa: E402
 from profiling.sweep_point import loss_call, predictions, samples  # noqa: E402
-from profiling.trace_summary import GPU_CATS, profiler_events  # noqa: E402
+from profiling.trace_events import GPU_CATS, profiler_events  # noqa: E402
 
 STRATEGIES = [("kernel", "triton"), ("conditional", "triton"), ("kernel", "cuda"),
               ("conditional", "cuda")]

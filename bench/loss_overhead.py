@@ -18,7 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import losses  # noqa: E402
-from tests.cases import make_case  # noqa: E402
+from core.tables import markdown  # noqa: E402
+from studies.sweep_point import predictions, samples  # noqa: E402
 
 N = 200
 
@@ -34,9 +35,11 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    case = make_case("mixed", 1024, 256, torch.bfloat16, seed=0).to("cuda")
-    targets = (case.boxes, case.counts)
-    pred = case.pred.clone().requires_grad_(True)
+    # The workload's batch: its dataset's boxes, padded by the padded layout's collate.
+    device = torch.device("cuda")
+    _, host_targets = losses.get("padded").collate(samples(1024, 256, 3.0, seed=0))
+    targets = tuple(t.to(device) for t in host_targets)
+    pred = predictions(1024, 256, device, torch.bfloat16, seed=0)
     rows = []
     for name, kernel in (("padded", "triton"), ("kernel", "triton"), ("conditional", "triton"),
                          ("kernel", "cuda"), ("conditional", "cuda")):
@@ -59,10 +62,8 @@ def main() -> None:
         rows.append((f"{name}/{kernel}" if name != "padded" else name, *results))
     print(f"loss + sync, median of {N}, ms, batch 1024, bf16 predictions, "
           f"predictions requiring grad, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| strategy | bare | +range | +profiler | +memory |")
-    print("|---|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r[0]} | " + " | ".join(f"{v:.3f}" for v in r[1:]) + " |")
+    print(markdown(["strategy", "bare", "+range", "+profiler", "+memory"], rows,
+                   left={"strategy"}))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ def kernel_ms(fn, calls=10) -> dict:
 def shapes(B=1024, S=128):
     """Each kernel's GPU time over its launch shapes (module constants patched)."""
     import itertools
+
     import kernels.triton_second_block as sb
     x = torch.randn(B, 4, S, S, device="cuda").bfloat16().to(memory_format=torch.channels_last)
     w = torch.randn(16, 4, 3, 3, device="cuda") * 0.3

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from profiling.trace_summary import (GPU_CATS, RUNTIME_CATS, _Windows, find_trace,  # noqa: E402
-                                     load_trace)
+from profiling.trace_events import GPU_CATS, Windows, find_trace, host_ranges, launchers, load_trace  # noqa: E402
 
 
 def main() -> None:
@@ -20,15 +19,8 @@ def main() -> None:
     parser.add_argument("--gaps", type=int, default=5)
     args = parser.parse_args()
     events = load_trace(find_trace(args.run))
-    steps = _Windows([(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"])
-                      for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
-                      and e["name"].startswith("ProfilerStep#")])
-    step_of = {}
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in RUNTIME_CATS:
-            corr = e.get("args", {}).get("correlation")
-            if corr is not None:
-                step_of[corr] = steps.find(float(e["ts"]))
+    steps = Windows(host_ranges(events, ())[1])
+    step_of = {corr: step for corr, (_, step) in launchers(events, Windows([]), steps).items()}
     by_step = {}
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in GPU_CATS:
@@ -47,7 +39,8 @@ def main() -> None:
             busy += max(0.0, e - max(s, last_end))
             if e > last_end:
                 last_end, last_name = e, n
-        print(f"{name}: wall {(end - start) / 1e3:.2f} ms; GPU from +{(acts[0][0] - start) / 1e3:.2f}"
+        first = (acts[0][0] - start) / 1e3
+        print(f"{name}: wall {(end - start) / 1e3:.2f} ms; GPU from +{first:.2f}"
               f" to +{(last_end - start) / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms, "
               f"{len(acts)} activities")
         for gap, before, after in sorted(gaps, reverse=True)[:args.gaps]:

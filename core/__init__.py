@@ -1,2 +1,3 @@
-"""The bottom layer: names, GIoU rules and input checks that data/, losses/, kernels/,
-profiling/ and train.py all use. It imports nothing of the project's own."""
+"""The bottom layer: names, GIoU rules, input checks, errors, the command line generated from
+a config, and Markdown/CSV tables, which every other folder uses. It imports nothing of the
+project's own."""

@@ -1,17 +1,14 @@
 """Input checks shared by every strategy and kernel: one clear error per mistake.
 
 They read only shapes, dtypes and devices (host metadata), so they cost no sync and work
-on the fake tensors torch.compile traces with. They raise InputError, an ordinary
+on the fake tensors torch.compile traces with. They raise core.errors.InputError, also a
 ValueError: the command line prints it as one line, a library caller catches it as such.
 """
 
 import torch
 
+from core.errors import InputError
 from core.giou_rules import FLOAT_DTYPES
-
-
-class InputError(ValueError):
-    """Tensors a loss or kernel cannot take; the message says what it needs."""
 
 
 def _check_target_dtype(dtype: torch.dtype, what: str) -> None:

@@ -5,9 +5,7 @@ them. Nothing here imports torch, so --help works on a machine without it."""
 import argparse
 import dataclasses
 
-
-class UsageError(Exception):
-    """A flag the parser refused; the message is one line for the user."""
+from core.errors import UsageError
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -30,7 +28,8 @@ def _default_text(f, presets: dict) -> str:
 def config_parser(config_cls, presets: dict, description: str) -> argparse.ArgumentParser:
     """Flags of config_cls; a flag left out is absent from the parsed namespace, so the
     preset and then the dataclass supply it."""
-    parser = _OneLineParser(description=description)
+    # Options exactly as spelled: a prefix must not slip past a check on the full name.
+    parser = _OneLineParser(description=description, allow_abbrev=False)
     for f in dataclasses.fields(config_cls):
         meta = f.metadata
         flags = ["--" + f.name.replace("_", "-"), *meta.get("aliases", ())]

@@ -1,6 +1,8 @@
 """One home for every list of names: strategies, kernel backends, modes, profiler phases.
 Everything else (the registry, the command line, make compare, the tests) imports them."""
 
+from core.errors import UserError
+
 # The loss strategies, in the order tables list them.
 STRATEGIES = ("loop", "concat", "padded", "compiled", "kernel", "conditional")
 RAGGED = ("loop", "concat")              # targets stay a list of per-sample tensors
@@ -24,6 +26,9 @@ PHASES = TRAIN_PHASES + ("graph",)
 SPEEDUPS = ("cudnn_benchmark", "fused_sgd", "channels_last", "triton_first_block",
             "triton_second_block", "bf16_shadow", "cuda_graph")
 GPU_ONLY_SPEEDUPS = ("cudnn_benchmark", "bf16_shadow", "cuda_graph")
+# Triton kernels that Triton's interpreter runs at ~100 s a step on a 2-core CPU: the CPU
+# preset leaves them off, and make ladder skips their rungs there.
+INTERPRETER_SLOW_SPEEDUPS = ("triton_first_block", "triton_second_block")
 # The strategies whose tensors keep their shapes from step to step: a CUDA graph can
 # replay their step. The ragged ones (RAGGED) cannot be captured.
 STATIC_SHAPE = tuple(s for s in STRATEGIES if s not in RAGGED)
@@ -46,3 +51,23 @@ def variants() -> tuple[str, ...]:
     'padded' or 'kernel:triton'."""
     plain = [s for s in STRATEGIES if s not in FUSED]
     return tuple(plain + [f"{s}:{b}" for b in BACKENDS for s in FUSED])
+
+
+def parse_variant(text: str) -> tuple[str, str]:
+    """A strategy as make compare, ladder and sweep take it, '<loss>[:<backend>]', as
+    (loss, backend): 'kernel:cuda' -> ('kernel', 'cuda'), 'padded' -> ('padded',
+    'triton'). An unknown loss or backend is a UserError."""
+    loss, _, backend = text.partition(":")
+    if loss not in STRATEGIES or backend not in ("", *BACKENDS):
+        raise UserError(f"unknown strategy {text!r} in --strategies: use "
+                        f"<loss>[:{'|:'.join(BACKENDS)}] with a loss from "
+                        f"{', '.join(STRATEGIES)}")
+    return loss, backend or BACKENDS[0]
+
+
+def parse_variants(text: str) -> list[tuple[str, str]]:
+    """A comma-separated list of strategies (parse_variant); an empty one is refused."""
+    variants_given = [v for v in text.split(",") if v]
+    if not variants_given:
+        raise UserError("--strategies is empty: name at least one strategy")
+    return [parse_variant(v) for v in variants_given]

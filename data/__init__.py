@@ -1,8 +1,8 @@
 """Where the batches come from: a synthetic face dataset and the collates that shape its
 ragged targets (a list of per-sample tensors, or padded slots plus per-sample counts)."""
 
-from data.collate import collate_list, collate_padded, check_capacity
-from data.synthetic import SyntheticFaces, MAX_BOXES_PER_IMAGE
+from data.collate import check_capacity, collate_list, collate_padded
+from data.synthetic import MAX_BOXES_PER_IMAGE, SyntheticFaces
 
 __all__ = ["SyntheticFaces", "MAX_BOXES_PER_IMAGE", "collate_list", "collate_padded",
            "check_capacity"]

@@ -11,7 +11,7 @@ stack the images; they differ in the targets:
 
 import torch
 
-from errors import UserError
+from core.errors import UserError
 
 
 def check_capacity(samples, capacity: int) -> None:

@@ -3,7 +3,7 @@
 Data workers yield the CPU to the training process. Measured on the 16-core H100 host:
 with 16 busy workers at normal priority the main thread was preempted inside the timed
 ranges (a fused loss of 10 us of GPU work read 1.5-14 ms of CPU time, step times swung
-48-105 ms; RESULTS.md, "the host"); at nice 19 generation keeps up and the ranges are
+48-105 ms; results/host.md); at nice 19 generation keeps up and the ranges are
 steady.
 """
 
@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from errors import UserError
+from core.errors import UserError
 
 # Core affinity is a Linux call; elsewhere every process keeps the cores it has.
 _CAN_PIN = hasattr(os, "sched_getaffinity")

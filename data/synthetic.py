@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from errors import UserError
+from core.errors import UserError
 
 MAX_BOXES_PER_IMAGE = 255  # the workload's clip: a uint8 count
 

@@ -8,9 +8,9 @@ giou_loss -> the `kernel` and `conditional` strategies in losses/fused.py. A new
 is one module here with an op `(pred, target, counts, conditional) -> (loss, denom)`, a
 branch in bind_loss and its name in core.names.BACKENDS.
 
-Errors are ordinary exceptions: core.checks.InputError (a ValueError) for tensors the op
-cannot take, ValueError for an unknown backend, BackendUnavailable (a RuntimeError) where
-a backend cannot run. The command line checks its options first and prints one line.
+Errors (core/errors.py): InputError (also a ValueError) for tensors the op cannot take,
+ValueError for an unknown backend, BackendUnavailable (also a RuntimeError) where a
+backend cannot run. The command line checks its options first and prints one line.
 """
 
 import functools
@@ -19,13 +19,9 @@ import sys
 
 import torch
 
-from core.checks import InputError, check_padded
+from core.checks import check_padded
+from core.errors import BackendUnavailable, InputError
 from core.names import BACKENDS
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend cannot run on this machine; the message says what it needs."""
-
 
 # Triton compiles for GPUs only; on a CPU-only machine its interpreter runs the same
 # kernels on CPU tensors. The variable must be set before triton is imported (triton

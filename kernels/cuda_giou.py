@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from core.errors import BackendUnavailable
 
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("giou.cu", "giou_autograd.cpp")]
 BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "giou_cuda"
@@ -36,7 +37,6 @@ def load() -> None:
         return
     reason = unavailable_reason()
     if reason:
-        from kernels import BackendUnavailable
         raise BackendUnavailable(reason)
     from torch.utils.cpp_extension import load as load_extension
     BUILD_DIR.mkdir(parents=True, exist_ok=True)

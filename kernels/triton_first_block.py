@@ -34,10 +34,10 @@ About 0.07 ms each at ~3 TB/s; the compute (144 FMAs per pooled output per pass)
 import torch
 import triton
 import triton.language as tl
-from core.checks import InputError, check_conv_block
-# The same op registration as the GIoU kernels: a triton_op on a GPU, a custom_op with a
-# fake under Triton's interpreter.
-from kernels.triton_giou import INTERPRETED, _define_op, _launch
+
+from core.checks import check_conv_block
+from core.errors import InputError
+from kernels.triton_op import INTERPRETED, define_op, launch
 
 CHANNELS = 4            # conv1's output channels: the kernels are written for this block
 BLOCK = 1024            # pooled pixels per program
@@ -185,7 +185,7 @@ def _grid(images):
     return (B, triton.cdiv((H // 2) * (W // 2), BLOCK))
 
 
-@_define_op("boxnet::first_block", mutates_args=())
+@define_op("boxnet::first_block", mutates_args=())
 def first_block_op(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                    out_dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
     """relu(maxpool2(conv3x3(images / 255) + bias)) [B, 4, H/2, W/2]: one launch."""
@@ -193,13 +193,13 @@ def first_block_op(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     images = images.contiguous()
     out = _empty_out(images, out_dtype, channels_last)
     H, W = images.shape[2], images.shape[3]
-    _launch(_first_block_fwd_kernel, _grid(images), images, weight.contiguous(),
+    launch(_first_block_fwd_kernel, _grid(images), images, weight.contiguous(),
             bias.contiguous(), out, H, W, W // 2, (H // 2) * (W // 2), *out.stride(),
             BLOCK_=BLOCK, COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
     return out
 
 
-@_define_op("boxnet::first_block_backward", mutates_args=())
+@define_op("boxnet::first_block_backward", mutates_args=())
 def first_block_backward(grad: torch.Tensor, images: torch.Tensor, weight: torch.Tensor,
                          bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dL/dweight [4, 1, 3, 3], dL/dbias [4]) in the weight's dtype: one launch and one
@@ -209,7 +209,7 @@ def first_block_backward(grad: torch.Tensor, images: torch.Tensor, weight: torch
     parts = torch.empty((grid[0] * grid[1], PARTIALS), dtype=weight.dtype,
                         device=images.device)
     H, W = images.shape[2], images.shape[3]
-    _launch(_first_block_bwd_kernel, grid, images, weight.contiguous(), bias.contiguous(),
+    launch(_first_block_bwd_kernel, grid, images, weight.contiguous(), bias.contiguous(),
             grad, parts, H, W, W // 2, (H // 2) * (W // 2), *grad.stride(), BLOCK_=BLOCK,
             COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
     sums = parts.sum(0).view(CHANNELS, 10)

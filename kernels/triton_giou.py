@@ -28,24 +28,24 @@ on average (the dataset's E[floor(|N(0, 3)|)]):
            `conditional`: reads ~28 KB, still writes the full 2.1 MB (zeros past the count:
            the gradient tensor must be fully defined).
 At ~3 TB/s that is about 1-2 us of memory traffic, against several us per launch: at this
-size the launches, not the bytes, set the cost; at M = 4096 the bytes do (RESULTS.md 9).
+size the launches, not the bytes, set the cost; at M = 4096 the bytes do (results/sweep.md).
 """
 
 import torch
 import triton
 import triton.language as tl
-from torch.library import triton_op, wrap_triton
 
 from core.checks import check_padded
 from core.giou_rules import EPS, compute_dtype
+from kernels.triton_op import INTERPRETED, define_op, launch
 
 # Per variant: slots per program (CHUNK), slots per loop step (BLOCK), slots per step of
 # conditional's zero stores (ZERO_BLOCK), warps, and one pipeline stage (the loops' loads
 # are not worth staging: 1 and 3 stages measured the same). Chosen on the H100 with make
-# sweep's points (bench/conditional_blocks.py; RESULTS.md 9c). Before, the conditional
-# variant ran one program per 128 slots: at M = 4096 its forward spent 21 us loading
-# counts and writing partials in 32,768 programs, and its backward's zero stores (four
-# strided stores a slot) ran at half a memset's speed; now 3.9 and 10.0 us (memset: 10.8).
+# sweep's points (bench/conditional_blocks.py; results/sweep.md). Programs of 1024 slots,
+# not fewer: a grid of one small program per 128 slots spends its time loading counts and
+# writing partials (32,768 programs at M = 4096); zero rows as [ZERO_BLOCK, 4] tiles, not
+# four strided stores a slot, so the backward writes them near a memset's speed.
 SHAPES = {False: dict(CHUNK=1024, BLOCK=256, ZERO_BLOCK=256, num_warps=4, num_stages=1),
           True: dict(CHUNK=1024, BLOCK=128, ZERO_BLOCK=512, num_warps=4, num_stages=1)}
 FINALIZE_BLOCK = 1024
@@ -60,7 +60,7 @@ def _d_max(a, b):
 @triton.jit
 def _load_coords(ptr, b, slots, mask, sb, sm, sc, COMPUTE: tl.constexpr):
     """The 4 coordinates of each slot as [BLOCK] columns x1, y1, x2, y2, four strided
-    loads. (One [BLOCK, 4] load split into columns was slower on the H100: RESULTS.md 9c.)"""
+    loads. (One [BLOCK, 4] load split into columns was slower on the H100: results/sweep.md.)"""
     p = ptr + b * sb + slots * sm
     x1 = tl.load(p, mask=mask, other=0).to(COMPUTE)
     y1 = tl.load(p + sc, mask=mask, other=0).to(COMPUTE)
@@ -227,26 +227,6 @@ def _giou_bwd_kernel(grad_loss_ptr, denom_ptr, pred_ptr, target_ptr, counts_ptr,
         _store_rows(grad_ptr, b, M, slots, slots < hi, zero)
 
 
-def _is_interpreted(kernel) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(kernel, InterpretedFunction)
-
-
-# Under Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) torch cannot trace into
-# the kernels: wrap_triton hands back the raw kernel. There the launchers below are
-# registered as an opaque custom_op with an explicit fake; on a GPU they are a triton_op,
-# which torch.compile decomposes so Inductor sees the kernels themselves.
-INTERPRETED = _is_interpreted(_giou_fwd_kernel)
-_define_op = torch.library.custom_op if INTERPRETED else triton_op
-
-
-def _launch(kernel, grid, *args, **meta) -> None:
-    if INTERPRETED:
-        kernel[grid](*args, **meta)
-    else:
-        wrap_triton(kernel)[grid](*args, **meta)
-
-
 def _tl_compute(pred: torch.Tensor):
     return tl.float64 if compute_dtype(pred) == torch.float64 else tl.float32
 
@@ -263,7 +243,7 @@ def _slot_kernel_meta(pred, conditional, backward: bool) -> dict:
     return dict(EPS_=EPS, CONDITIONAL=conditional, COMPUTE=_tl_compute(pred), **shape)
 
 
-@_define_op("giou::triton_loss", mutates_args=())
+@define_op("giou::triton_loss", mutates_args=())
 def triton_loss(pred: torch.Tensor, target: torch.Tensor, counts: torch.Tensor,
                 conditional: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, denominator) of the padded batch: 2 launches, no sync."""
@@ -273,22 +253,22 @@ def triton_loss(pred: torch.Tensor, target: torch.Tensor, counts: torch.Tensor,
     partial = torch.empty(grid[0] * grid[1], dtype=dt, device=pred.device)
     loss = torch.empty((), dtype=dt, device=pred.device)
     denom = torch.empty((), dtype=dt, device=pred.device)
-    _launch(_giou_fwd_kernel, grid,
+    launch(_giou_fwd_kernel, grid,
         pred, target, counts, partial, pred.shape[1], *pred.stride(), *target.stride(),
         **_slot_kernel_meta(pred, conditional, backward=False))
-    _launch(_giou_finalize_kernel, (1,),
+    launch(_giou_finalize_kernel, (1,),
         partial, counts, loss, denom, partial.numel(), counts.shape[0],
         BLOCK=FINALIZE_BLOCK, COMPUTE=_tl_compute(pred), num_warps=4)
     return loss, denom
 
 
-@_define_op("giou::triton_loss_backward", mutates_args=())
+@define_op("giou::triton_loss_backward", mutates_args=())
 def triton_loss_backward(grad_loss: torch.Tensor, denom: torch.Tensor, pred: torch.Tensor,
                          target: torch.Tensor, counts: torch.Tensor,
                          conditional: bool) -> torch.Tensor:
     """Gradient w.r.t. the predictions, in their dtype: 1 launch, no sync."""
     grad = torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)
-    _launch(_giou_bwd_kernel, _grid(pred, conditional),
+    launch(_giou_bwd_kernel, _grid(pred, conditional),
         grad_loss, denom, pred, target, counts, grad, pred.shape[1],
         *pred.stride(), *target.stride(),
         **_slot_kernel_meta(pred, conditional, backward=True))

@@ -1,7 +1,7 @@
 """BoxNet's second block in Triton: Conv2d(4->16, 3x3, padding 1) + bias -> MaxPool2d(2) ->
 ReLU, forward in one kernel, backward in two (`--triton-second-block`).
 
-Why: at batch 1024 on the H100 cuDNN spent ~7 ms a step on this block (RESULTS.md 8a: a
+Why: at batch 1024 on the H100 cuDNN spent ~7 ms a step on this block (results/step.md: a
 2.76 ms direct forward kernel, a 1.87 ms input gradient whose tile computes 4 output
 channels in a 256x32 tile, a 1.15 ms weight gradient, 0.58 ms padding the 4 channels to
 8), and the eager pool and ReLU around it write and read the 537 MB full-resolution conv
@@ -52,10 +52,10 @@ tensor-core work, most of it on zeros of the padding and the masks.
 import torch
 import triton
 import triton.language as tl
-from core.checks import InputError, check_conv_block
-# The same op registration as the GIoU kernels: a triton_op on a GPU, a custom_op with a
-# fake under Triton's interpreter.
-from kernels.triton_giou import INTERPRETED, _define_op, _launch
+
+from core.checks import check_conv_block
+from core.errors import InputError
+from kernels.triton_op import INTERPRETED, define_op, launch
 
 C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
 # Launch shapes for bf16 and fp16 (bench/second_block_probe.py times the alternatives on
@@ -269,10 +269,10 @@ def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W
     k = tl.arange(0, 64)
     acc = tl.zeros((BLOCK_, 16), dtype=ACC)
     for n in tl.static_range(9):
-        I = i + (n // 3 - 1)
+        I = i + (n // 3 - 1)  # noqa: E741 (the pooled row, as in the docstring's maths)
         J = j + (n % 3 - 1)
         ok = mask & (I >= 0) & (I < H2) & (J >= 0) & (J < W2)
-        I = tl.where(ok, I, 0)
+        I = tl.where(ok, I, 0)  # noqa: E741
         J = tl.where(ok, J, 0)
         g = tl.load(grad_ptr + (b * sgb + I * sgh + J * sgw)[:, None]
                     + (k % 16)[None, :] * sgc, mask=ok[:, None], other=0)
@@ -318,7 +318,7 @@ def _pooled_shape(x):
     return B, H // 2, W // 2
 
 
-@_define_op("boxnet::second_block", mutates_args=())
+@define_op("boxnet::second_block", mutates_args=())
 def second_block_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """relu(maxpool2(conv3x3(x) + bias)) [B, 16, H/2, W/2] in x's dtype and memory format:
     one launch."""
@@ -327,7 +327,7 @@ def second_block_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -
     y = _empty_out(x)
     n_pooled = B * H2 * W2
     block, _ = _blocks(x)
-    _launch(_second_block_fwd_kernel, (triton.cdiv(n_pooled, block),), x, weight, bias, y,
+    launch(_second_block_fwd_kernel, (triton.cdiv(n_pooled, block),), x, weight, bias, y,
             n_pooled, x.shape[2], x.shape[3], H2, W2, *x.stride(), *weight.stride(),
             *y.stride(), BLOCK_=block, num_warps=NUM_WARPS, **_meta(x))
     return y
@@ -349,7 +349,7 @@ def _weight_grad(sums: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return d_w.permute(0, 3, 1, 2).contiguous().to(weight.dtype)
 
 
-@_define_op("boxnet::second_block_backward", mutates_args=())
+@define_op("boxnet::second_block_backward", mutates_args=())
 def second_block_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                           bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                        torch.Tensor]:
@@ -364,11 +364,11 @@ def second_block_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     parts = torch.empty((programs, PARTIALS), dtype=acc_dtype, device=x.device)
     sel = torch.empty((n_pooled, C_OUT), dtype=torch.int8, device=x.device)
     meta = _meta(x)
-    _launch(_second_block_wgrad_kernel, (programs,), x, weight, bias, grad, sel, parts,
+    launch(_second_block_wgrad_kernel, (programs,), x, weight, bias, grad, sel, parts,
             n_pooled, H, W, H2, W2, *x.stride(), *weight.stride(), *grad.stride(),
             BLOCK_=block, num_warps=NUM_WARPS, **meta)
     d_x = torch.empty_like(x)
-    _launch(_second_block_xgrad_kernel, (triton.cdiv(n_pooled, xgrad_block),), grad, sel,
+    launch(_second_block_xgrad_kernel, (triton.cdiv(n_pooled, xgrad_block),), grad, sel,
             weight, d_x, n_pooled, H2, W2, *grad.stride(), *weight.stride(),
             *d_x.stride(), BLOCK_=xgrad_block, num_warps=XGRAD_WARPS, **meta)
     sums = parts.sum(0)

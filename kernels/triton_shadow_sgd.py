@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from core.checks import InputError
+from core.errors import InputError
 
 BLOCK = 4096
 NUM_WARPS = 8

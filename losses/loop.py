@@ -2,8 +2,8 @@
 
 from functools import partial
 
-from data import collate_list
 from core.checks import check_list
+from data import collate_list
 from losses.giou import giou_loss_terms
 from losses.strategy import Strategy, list_to_device
 

@@ -13,6 +13,8 @@ each sigmoid-scaled to the image, so x2 >= x1 and y2 >= y1 always.
 import torch
 from torch import nn
 
+from kernels.triton_first_block import first_block
+from kernels.triton_second_block import second_block
 
 
 class BoxNet(nn.Module):
@@ -48,7 +50,6 @@ class BoxNet(nn.Module):
         # optimizer updates (training/bf16_shadow.py).
         self.bf16_shadow = bf16_shadow
         if bf16_shadow:
-            from training.bf16_shadow import make_shadow
             self.register_buffer("lin1_master", make_shadow(self.lin1))
 
     def shadowed(self) -> list:
@@ -58,14 +59,12 @@ class BoxNet(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, 1, S, S] -> boxes [B, capacity, 4] as (x1, y1, x2, y2) pixels."""
         if self.triton_first_block:
-            from kernels.triton_first_block import first_block
             conv = self.features[0]
             x = first_block(images, conv.weight, conv.bias, self.block_dtype,
                             self.channels_last)
         else:
             x = self.features[:3](images.float() * (1.0 / 255.0))
         if self.triton_second_block:
-            from kernels.triton_second_block import second_block
             conv = self.features[3]
             x = self.features[6:](second_block(x, conv.weight, conv.bias))
         else:
@@ -73,6 +72,14 @@ class BoxNet(nn.Module):
         x = x.flatten(1)
         raw = self.lin2(torch.relu(self.lin1(x))).view(-1, self.capacity, 4)
         return boxes_from_raw(raw, self.image_size)
+
+
+def make_shadow(linear: torch.nn.Linear) -> torch.Tensor:
+    """Turns linear.weight into a bf16 parameter; returns its fp32 master (the old storage:
+    nothing is copied but the bf16 cast)."""
+    master = linear.weight.data
+    linear.weight = torch.nn.Parameter(master.to(torch.bfloat16))
+    return master
 
 
 def boxes_from_raw(raw: torch.Tensor, image_size: int) -> torch.Tensor:

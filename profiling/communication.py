@@ -14,12 +14,12 @@ Definitions (each a mean over the profiled steps, in ms of GPU time):
 - collectives: NCCL kernels per step.
 On CPU ranks (gloo) there are no GPU kernels: the figures are 0 and `gpu` is False.
 TensorBoard's Distributed view computes its own split from the same trace
-(profiling/tb_profiler_compat.py); tests compare the two.
+(viewer/tb_profiler_compat.py); tests compare the two.
 """
 
 from collections import defaultdict
 
-from profiling.trace_summary import GPU_CATS, _Windows, host_ranges, launchers
+from profiling.trace_events import GPU_CATS, Windows, host_ranges, launchers
 
 
 def is_collective_kernel(name: str) -> bool:
@@ -58,7 +58,7 @@ def communication(events: list[dict], phases: tuple[str, ...],
                   max_steps: int | None = None) -> dict:
     """The rank's communication figures (see the module's docstring)."""
     phase_ranges, step_ranges = host_ranges(events, phases, max_steps)
-    launched = launchers(events, _Windows(phase_ranges), _Windows(step_ranges))
+    launched = launchers(events, Windows(phase_ranges), Windows(step_ranges))
     comm_by_step = defaultdict(list)
     by_phase = defaultdict(float)
     count = 0

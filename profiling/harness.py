@@ -35,33 +35,17 @@ from pathlib import Path
 
 import torch
 
-from core.checks import InputError
-from errors import UserError, one_line
+from core.errors import NonFiniteLoss, RunFailed, RunInterrupted, UserError, one_line
 from profiling import run_folder
 from profiling.communication import communication
 from profiling.environment import environment
 from profiling.scaling import combine, format_ranks, scaling
 from profiling.table import format_table
-from profiling.trace_summary import find_trace, load_trace, summarize
+from profiling.trace_events import find_trace, load_trace
+from profiling.trace_summary import summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
 from training.ddp import knobs
 from training.ranks import Ranks
-
-
-class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM ended the run; str() is the line to print."""
-
-
-class RunFailed(Exception):
-    """The run ended on an error; str() is the line to print, __cause__ the error."""
-
-
-class NonFiniteLoss(RuntimeError):
-    """The loss became NaN or inf: the steps after it would measure nothing useful."""
-
-
-# Errors the user can fix: their message is the line, and no traceback is kept.
-USER_ERRORS = (UserError, InputError)
 
 
 @contextlib.contextmanager
@@ -126,7 +110,7 @@ class _NoScalars:
 class ProfiledRun:
     def __init__(self, cfg, label: str, phases: tuple[str, ...], cuda: bool,
                  out_dir: Path, run_name: str, speedups: dict | None = None,
-                 ranks: Ranks = Ranks()):
+                 ranks: Ranks = Ranks()):  # noqa: B008 (a frozen dataclass: one process)
         self.cfg, self.label, self.phases, self.cuda = cfg, label, phases, cuda
         self.speedups = speedups  # what training/speedups.resolve says this run uses
         self.ranks = ranks
@@ -205,7 +189,7 @@ class ProfiledRun:
     def _write(self, summary: dict, exc: BaseException | None = None) -> None:
         """summary.json, and error.txt with the traceback of a bug (not of a user error)."""
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        if exc is not None and not isinstance(exc, USER_ERRORS):
+        if exc is not None and not isinstance(exc, UserError):
             (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
 
     # -- the end of a complete run -----------------------------------------------------
@@ -224,7 +208,8 @@ class ProfiledRun:
                 "environment": env, "trace": trace.name,
                 "table": format_table(summary, title, on_gpu=self.cuda),
                 "losses": self.losses,
-                "peak_gpu_memory_gb": torch.cuda.max_memory_allocated() / 1e9 if self.cuda else None,
+                "peak_gpu_memory_gb": (torch.cuda.max_memory_allocated() / 1e9 if self.cuda
+                                       else None),
                 **summary}
 
     def _finish(self) -> None:
@@ -269,7 +254,7 @@ class ProfiledRun:
     def _end_early(self, exc: BaseException):
         interrupted = isinstance(exc, KeyboardInterrupt)
         status = "interrupted" if interrupted else "failed"
-        user_error = isinstance(exc, USER_ERRORS)
+        user_error = isinstance(exc, UserError)
         at = (f"after step {self.done} of {self.total}" if self.done == self.total else
               f"at step {self.done + 1} of {self.total}")
         reason = f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else one_line(exc)

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from profiling.trace_summary import RUNTIME_CATS, find_trace, load_trace
+from profiling.trace_events import RUNTIME_CATS, find_trace, load_trace
 
 HOST_CATS = {"cpu_op", "user_annotation", "python_function"} | RUNTIME_CATS
 

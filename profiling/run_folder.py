@@ -11,7 +11,7 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
-from errors import UserError
+from core.errors import UserError
 
 EARLY_END_STATUSES = ("interrupted", "failed")
 

@@ -9,7 +9,7 @@ so rank 0's step is the job's).
 import json
 from pathlib import Path
 
-from errors import UserError
+from core.errors import UserError
 
 
 def samples_per_s(summary: dict) -> float:

@@ -120,3 +120,17 @@ def make_case(kind, B, M, dtype, counts="mixed", target_dtype=torch.uint8, seed=
     target = target.to(target_dtype)
     target_list = [target[b, :n[b]].clone() for b in range(B)]
     return Case(pred, target, n, target_list, seed)
+
+
+def second_block_inputs(B, H, W, device, dtype=torch.float32, channels_last=False):
+    """x in dtype; the weight and bias fp32 (fp64 for fp64 x) but exactly representable
+    in bf16 and fp16, so the kernel's cast of the weight to x's dtype (autocast's) changes
+    nothing and the reference sees the same numbers."""
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    x = torch.randn(B, 4, H, W, generator=gen).to(dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    wdt = torch.float64 if dtype == torch.float64 else torch.float32
+    weight = (torch.randn(16, 4, 3, 3, generator=gen) * 0.3).bfloat16().to(wdt)
+    bias = (torch.randn(16, generator=gen) * 0.1).bfloat16().to(wdt)
+    return x.to(device), weight.to(device), bias.to(device)

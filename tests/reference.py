@@ -3,6 +3,7 @@ time, gradients by float64 autograd. Tie and boundary conventions are PyTorch's 
 the gradient at a max/min tie, clamp passes at zero), which the kernels document."""
 
 import torch
+import torch.nn.functional as F
 
 
 def reference_loss(pred, boxes, counts):
@@ -75,3 +76,15 @@ def check_against_reference(strategy, case, device="cpu"):
     tol = GRAD_TOL[case.pred.dtype]
     floor = grad_floor(upstream, case.counts)
     assert rel_err(pred.grad, ref_grad * upstream, floor) < tol, where
+
+
+def first_block_reference(images, weight, bias):
+    """The model's first three modules in float64."""
+    x = images.double() / 255
+    return F.relu(F.max_pool2d(F.conv2d(x, weight.double(), bias.double(), padding=1), 2))
+
+
+def second_block_reference(x, weight, bias):
+    """The model's blocks[3:6] in float64."""
+    return F.relu(F.max_pool2d(F.conv2d(x.double(), weight.double(), bias.double(),
+                                        padding=1), 2))

@@ -13,8 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from kernels import giou_loss  # noqa: E402
-from tests.cases import make_case  # noqa: E402
-from tests.reference import reference_loss, rel_err  # noqa: E402
+from tests.cases import make_case, second_block_inputs  # noqa: E402
+from tests.reference import first_block_reference, reference_loss, rel_err, second_block_reference  # noqa: E402
 
 
 def main() -> int:
@@ -45,7 +45,6 @@ def main() -> int:
 def first_block_cases() -> int:
     """The Triton first block over odd sizes, both layouts, fp32 and bf16 outputs."""
     from kernels.triton_first_block import first_block
-    from tests.test_first_block import reference, rel
     failures = 0
     for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
                                           (3, 6, 10, torch.bfloat16, True),
@@ -57,7 +56,9 @@ def first_block_cases() -> int:
         out = first_block(images, weight, bias, dtype, channels_last)
         out.float().sum().backward()
         torch.cuda.synchronize()  # host-device sync: the check reads the results
-        err = rel(out.cpu(), reference(images.cpu(), weight.detach().cpu(), bias.detach().cpu()))
+        expected = first_block_reference(images.cpu(), weight.detach().cpu(),
+                                         bias.detach().cpu())
+        err = rel_err(out.cpu(), expected)
         ok = err < (1e-6 if dtype == torch.float32 else 1e-2) and \
             torch.isfinite(weight.grad).all().item()  # host-device sync
         failures += not ok
@@ -69,20 +70,20 @@ def first_block_cases() -> int:
 def second_block_cases() -> int:
     """The Triton second block over odd sizes, both layouts, fp32 and bf16, the model's
     size last (B=64 of its 128x128 inputs)."""
-    from tests.test_second_block import _inputs, reference, rel
     from kernels.triton_second_block import second_block
     failures = 0
     for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
                                           (3, 6, 10, torch.bfloat16, True),
                                           (2, 66, 34, torch.float32, True),
                                           (64, 128, 128, torch.bfloat16, True)):
-        x, weight, bias = _inputs(B, H, W, "cuda", dtype, channels_last)
+        x, weight, bias = second_block_inputs(B, H, W, "cuda", dtype, channels_last)
         x.requires_grad_(True)
         weight.requires_grad_(True)
         out = second_block(x, weight, bias)
         out.float().sum().backward()
         torch.cuda.synchronize()  # host-device sync: the check reads the results
-        err = rel(out.cpu(), reference(x.detach().cpu(), weight.detach().cpu(), bias.cpu()))
+        expected = second_block_reference(x.detach().cpu(), weight.detach().cpu(), bias.cpu())
+        err = rel_err(out.cpu(), expected)
         ok = err < (1e-6 if dtype == torch.float32 else 1e-2) and \
             torch.isfinite(weight.grad).all().item() and \
             torch.isfinite(x.grad).all().item()  # host-device syncs

@@ -5,13 +5,13 @@ and update under bf16 autocast."""
 import pytest
 import torch
 
-from core.checks import InputError
+import losses
+from core.errors import InputError
 from data import SyntheticFaces
 from kernels.triton_shadow_sgd import shadow_sgd_step
 from model import build_model
 from training import speedups
 from training.bf16_shadow import MOMENTUM
-import losses
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 

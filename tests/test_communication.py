@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from profiling.communication import communication, intersection, merge
-from profiling.trace_summary import load_trace
+from profiling.trace_events import load_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PHASES = ("loss", "backward", "optimizer")

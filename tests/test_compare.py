@@ -6,17 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from profiling import run_comparison
-from profiling.compare import compare_rows, load_summary
+import train
+from studies import common, compare
+from studies.compare_rows import compare_rows, load_summary
+from tests.helpers import TINY
 
 FIXTURES = Path(__file__).parent / "fixtures"
-TINY = ["--preset", "cpu", "--batch-size", "4", "--image-size", "32", "--hidden", "32",
-        "--num-workers", "0", "--wait", "0", "--warmup", "1", "--active", "2"]
 
 
 def test_compare_runs_then_rebuilds_the_same_table(tmp_path, capsys):
     out = tmp_path / "cmp"
-    assert run_comparison.main(["--out", str(out), "--strategies", "loop,padded,kernel:cuda",
+    assert compare.main(["--out", str(out), "--strategies", "loop,padded,kernel:cuda",
                                 "--modes", "forward", *TINY]) == 0
     table = (out / "comparison.md").read_text()
     for name in ("comparison.csv", "comparison.png", "skipped.json"):
@@ -37,45 +37,56 @@ def test_compare_runs_then_rebuilds_the_same_table(tmp_path, capsys):
 
     # A rebuild goes into a new folder and never touches the comparison it came from.
     rebuilt = tmp_path / "rebuilt"
-    assert run_comparison.main(["--runs", str(out / "loop-forward"), str(out / "padded-forward"),
+    assert compare.main(["--runs", str(out / "loop-forward"), str(out / "padded-forward"),
                                 "--out", str(rebuilt)]) == 0
     assert (rebuilt / "comparison.md").read_text() == table
     assert (out / "comparison.md").read_text() == table
     # Only the given runs, and skipped rows of their modes only.
     single = tmp_path / "single"
-    assert run_comparison.main(["--runs", str(out / "padded-forward"), "--out", str(single)]) == 0
+    assert compare.main(["--runs", str(out / "padded-forward"), "--out", str(single)]) == 0
     rows = (single / "comparison.md").read_text()
     assert "| padded | forward |" in rows and "| loop |" not in rows
     # An existing comparison is never overwritten.
-    assert run_comparison.main(["--runs", str(out / "padded-forward"), "--out", str(single)]) == 2
+    assert compare.main(["--runs", str(out / "padded-forward"), "--out", str(single)]) == 2
     assert "already holds a comparison" in capsys.readouterr().err
 
 
 def test_every_row_names_its_run_folder(tmp_path):
     out = tmp_path / "cmp"
-    assert run_comparison.main(["--out", str(out), "--strategies", "padded", "--modes",
+    assert compare.main(["--out", str(out), "--strategies", "padded", "--modes",
                                 "train", *TINY]) == 0
     assert str(out / "padded-train") in (out / "comparison.csv").read_text()
 
 
 def test_two_comparisons_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(run_comparison, "utc_stamp", lambda: "20260101-000000")
-    first, second = run_comparison._fresh_out(None), run_comparison._fresh_out(None)
+    monkeypatch.setattr(common, "utc_stamp", lambda: "20260101-000000")
+    first = common.fresh_out(None, "comparison", "compare")
+    second = common.fresh_out(None, "comparison", "compare")
     assert first != second and first.parent == second.parent == tmp_path / "profiles"
 
 
-@pytest.mark.parametrize("option", ["--loss", "--backend", "--kernel", "--mode", "--run-name",
-                                    "--out-dir"])
-def test_options_that_would_make_every_run_the_same_are_refused(tmp_path, capsys, option):
-    assert run_comparison.main(["--out", str(tmp_path / "x"), option, "padded", *TINY]) == 2
-    assert f"{option} is set per run by make compare" in capsys.readouterr().err
+@pytest.mark.parametrize("option,value,field", [
+    ("--loss", "padded", "--loss"), ("--backend", "cuda", "--backend"),
+    ("--kernel", "cuda", "--backend"), ("--mode", "train", "--mode"),
+    ("--run-name", "x", "--run-name"), ("--out-dir", "x", "--out-dir")])
+def test_options_that_would_make_every_run_the_same_are_refused(tmp_path, capsys, option,
+                                                                value, field):
+    assert compare.main(["--out", str(tmp_path / "x"), option, value, *TINY]) == 2
+    assert f"{field} is set per run by make compare" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("option", ["--los", "--out-d"])
+def test_an_abbreviated_option_cannot_slip_past_the_refusals(tmp_path, capsys, option):
+    assert compare.main(["--out", str(tmp_path / "x"), option, "padded", *TINY]) == 2
+    assert f"unrecognized arguments: {option} padded" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
 def test_failed_runs_make_a_non_zero_exit(tmp_path, capsys):
     out = tmp_path / "cmp"
-    code = run_comparison.main(["--out", str(out), "--strategies", "padded", "--modes",
+    code = compare.main(["--out", str(out), "--strategies", "padded", "--modes",
                                 "forward", *TINY, "--max-boxes", "1", "--batch-size", "16"])
     assert code == 1
     assert "1 of 1 runs failed" in capsys.readouterr().err
@@ -87,12 +98,12 @@ def test_a_run_that_ended_early_is_refused(tmp_path, capsys):
     early.mkdir()
     (early / "summary.json").write_text(json.dumps(
         {"status": "interrupted", "reason": "interrupted (Ctrl-C)", "config": {"mode": "train"}}))
-    assert run_comparison.main(["--runs", str(early), "--out", str(tmp_path / "c")]) == 2
+    assert compare.main(["--runs", str(early), "--out", str(tmp_path / "c")]) == 2
     assert "holds a run that interrupted" in capsys.readouterr().err
 
 
 def test_unknown_strategy_is_refused(tmp_path, capsys):
-    assert run_comparison.main(["--out", str(tmp_path / "x"), "--strategies", "fast"]) == 2
+    assert compare.main(["--out", str(tmp_path / "x"), "--strategies", "fast"]) == 2
     assert "unknown strategy 'fast'" in capsys.readouterr().err
 
 
@@ -109,6 +120,6 @@ def test_counts_match_the_gpu_trace_fixture():
 
 
 def test_the_loop_gets_fewer_steps_unless_the_user_sets_them():
-    assert run_comparison.loop_steps([]) == ["--warmup", "1", "--active", "2"]
-    assert run_comparison.loop_steps(["--active", "5"]) == ["--warmup", "1"]
-    assert run_comparison.loop_steps(TINY) == []
+    assert compare.loop_steps({}) == {"warmup": 1, "active": 2}
+    assert compare.loop_steps(train.given_options(["--active", "5"])) == {"warmup": 1}
+    assert compare.loop_steps(train.given_options(TINY)) == {}

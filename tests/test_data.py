@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from core.errors import UserError
 from data import SyntheticFaces, collate_list, collate_padded
-from errors import UserError
 
 
 def test_deterministic_per_seed_and_index():

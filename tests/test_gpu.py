@@ -9,12 +9,10 @@ import losses
 import train
 from kernels import giou_loss
 from tests.cases import make_case
+from tests.helpers import SMALL
 
 pytestmark = pytest.mark.gpu
 FUSED = [("triton", False), ("triton", True), ("cuda", False), ("cuda", True)]
-SMALL = ["--preset", "gpu", "--batch-size", "64", "--image-size", "64", "--hidden", "256",
-         "--num-workers", "2", "--wait", "1", "--warmup", "1", "--active", "2",
-         "--no-compile"]
 
 
 @pytest.mark.parametrize("loss,kernel", [("loop", "triton"), ("concat", "triton"),

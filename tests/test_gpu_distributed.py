@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import train
-from tests.test_gpu import SMALL
-from tests.test_train import REPO
+from tests.helpers import REPO, SMALL
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     torch.cuda.device_count() < 2, reason="needs two GPUs (nvidia-h200-x2)")]

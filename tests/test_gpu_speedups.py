@@ -13,8 +13,7 @@ import losses
 import train
 from data import SyntheticFaces
 from model.boxnet import BoxNet
-from tests.test_gpu import SMALL
-from tests.test_train import REPO
+from tests.helpers import REPO, SMALL
 from training.cuda_graph import GraphedStep
 
 pytestmark = pytest.mark.gpu

@@ -6,9 +6,8 @@ import pytest
 import torch
 
 import losses
-from core.checks import InputError
-from kernels import BackendUnavailable
-from kernels import giou_loss
+from core.errors import InputError
+from kernels import BackendUnavailable, giou_loss
 from tests.cases import make_case
 from tests.reference import DTYPES, check_against_reference, reference_loss, rel_err
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from core.names import SPEEDUPS
-from profiling import run_ladder
-from tests.test_compare import TINY
+from studies import ladder
+from tests.helpers import TINY
 
 
 def test_a_tiny_ladder_writes_every_rung_and_says_which_could_not_run(tmp_path, capsys):
     out = tmp_path / "ladder"
-    assert run_ladder.main(["--out", str(out), "--strategies", "padded,kernel:triton",
+    assert ladder.main(["--out", str(out), "--strategies", "padded,kernel:triton",
                             *TINY]) == 0
     for name in ("ladder.md", "ladder.csv", "ladder.png", "ladder-kernels.md", "skipped.json"):
         assert (out / name).exists(), name
@@ -42,23 +42,35 @@ def test_a_tiny_ladder_writes_every_rung_and_says_which_could_not_run(tmp_path, 
     assert last["config"]["baseline"] is True
 
 
-@pytest.mark.parametrize("option", ["--loss", "--baseline", "--fused-sgd", "--no-triton-first-block",
-                                    "--cuda-graph"])
+@pytest.mark.parametrize("option", [["--loss", "padded"], ["--baseline"], ["--fused-sgd"],
+                                    ["--no-triton-first-block"], ["--cuda-graph", "on"],
+                                    ["--no-fused-sgd"]])
 def test_options_set_per_rung_are_refused(tmp_path, capsys, option):
-    assert run_ladder.main(["--out", str(tmp_path / "x"), option, *TINY]) == 2
+    assert ladder.main(["--out", str(tmp_path / "x"), *option, *TINY]) == 2
     assert "is set per rung by make ladder" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
 def test_a_ladder_is_never_overwritten(tmp_path, capsys):
     (tmp_path / "ladder.md").write_text("x")
-    assert run_ladder.main(["--out", str(tmp_path), *TINY]) == 2
+    assert ladder.main(["--out", str(tmp_path), *TINY]) == 2
     assert "already holds a ladder" in capsys.readouterr().err
+
+
+def test_on_a_cpu_the_triton_block_rungs_run_only_at_sizes_that_take_seconds():
+    import train
+    preset = train.parse_config(["--preset", "cpu", "--baseline"])
+    for block in ("triton_first_block", "triton_second_block"):
+        reason = ladder.why_not_here(block, preset, "padded", cuda=False)
+        assert reason.startswith("Triton's interpreter would take ~105 s a step here")
+        assert ladder.why_not_here(block, preset, "padded", cuda=True) is None
+        tiny = train.parse_config([*TINY, "--baseline"])
+        assert ladder.why_not_here(block, tiny, "padded", cuda=False) is None
 
 
 def test_kernel_names_keep_what_tells_them_apart():
     a = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::"
          "(anonymous namespace)::TensorListMetadata<3>, at::native::(anonymous namespace)::"
          "FusedSgdMathFunctor<float, 3>>(...)")
-    short = run_ladder.short_kernel_name(a)
+    short = ladder.short_kernel_name(a)
     assert short.startswith("multi_tensor_apply_kernel<TensorListMetadata<3>, FusedSgd")

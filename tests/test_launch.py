@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import train
-from tests.test_train import REPO, our_lines
+from tests.helpers import REPO, our_lines
 
 # Two ranks of two samples each: the global batch of four.
 RANK_ARGS = ["--preset", "cpu", "--batch-size", "2", "--image-size", "32", "--hidden", "32",
@@ -112,7 +112,7 @@ def test_the_scaling_against_a_one_process_run_is_in_the_summary(tmp_path):
 def test_make_compare_on_two_ranks(tmp_path):
     """make compare GPUS=2: every rank makes the runs, rank 0 writes the comparison."""
     done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", "-m",
-                           "profiling.run_comparison", "--strategies", "padded,concat",
+                           "studies.compare", "--strategies", "padded,concat",
                            "--modes", "train", "--out", str(tmp_path / "cmp"),
                            *RANK_ARGS], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

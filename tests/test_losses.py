@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import losses
-from core.names import RAGGED, STRATEGIES as ALL_STRATEGIES
+from core.names import RAGGED
+from core.names import STRATEGIES as ALL_STRATEGIES
 from tests.cases import KINDS, make_case
 from tests.reference import DTYPES, check_against_reference, targets_for
 
@@ -64,7 +65,7 @@ def test_unknown_strategy_or_backend_lists_the_known_ones():
 
 @pytest.mark.parametrize("name", ALL_STRATEGIES)
 def test_bad_shapes_are_clear_errors(name):
-    from core.checks import InputError
+    from core.errors import InputError
     case = make_case("random", B=2, M=8, dtype=torch.float32)
     strategy = losses.get(name)
     with pytest.raises(InputError, match="predictions must be a \\[batch, slots, 4\\] tensor"):

@@ -8,13 +8,13 @@ import torch
 
 import losses
 import train
-from core.checks import InputError
+from core.errors import InputError
 from core.names import SPEEDUPS
 from data import SyntheticFaces
 from model import build_model
-from profiling.compare import compare_rows
 from profiling.table import GRAPH_NOTE, format_table
-from tests.test_train import TINY, _one_line_and_nothing_written, cli
+from studies.compare_rows import compare_rows
+from tests.helpers import TINY, cli, one_line_and_nothing_written
 from training import speedups
 from training.cuda_graph import copy_into
 
@@ -31,7 +31,7 @@ def test_baseline_turns_every_speedup_off_and_a_given_one_stays_on():
     # Slow in Triton's interpreter: off in the CPU preset, on in the GPU preset.
     for block in ("triton_first_block", "triton_second_block"):
         assert not getattr(default, block) and getattr(train.Config(), block)
-    assert default.cuda_graph == "off"  # measured: no gain on the GPU (RESULTS.md)
+    assert default.cuda_graph == "off"  # measured: no gain on the GPU (results/step.md)
 
 
 def _grads_after_one_step(seed: int, **switches):
@@ -94,7 +94,7 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
     (["--bf16-shadow"], "--bf16-shadow needs bf16 autocast on a CUDA GPU"),
 ])
 def test_a_gpu_only_speedup_without_a_gpu_is_one_line(tmp_path, args, message):
-    _one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path, message)
+    one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path, message)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -104,7 +104,7 @@ def test_a_gpu_only_speedup_without_a_gpu_is_one_line(tmp_path, args, message):
     (["--cuda-graph", "sometimes"], "argument --cuda-graph: invalid choice"),
 ])
 def test_a_cuda_graph_where_none_can_be_made_is_one_line(tmp_path, args, message):
-    _one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path, message)
+    one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path, message)
 
 
 def test_auto_says_why_there_is_no_graph():
@@ -155,8 +155,8 @@ def _graph_summary():
 def test_a_graph_runs_table_says_why_the_phases_are_one_row():
     summary = _graph_summary()
     assert GRAPH_NOTE in format_table(summary, "t", on_gpu=True)
-    assert GRAPH_NOTE not in format_table({**summary, "phases": {"data": summary["phases"]["data"]}},
-                                          "t", on_gpu=True)
+    data_only = {**summary, "phases": {"data": summary["phases"]["data"]}}
+    assert GRAPH_NOTE not in format_table(data_only, "t", on_gpu=True)
 
 
 def test_a_graph_run_in_a_comparison_has_no_loss_columns_but_its_step():

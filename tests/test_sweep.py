@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from core.names import describe, variants
-from profiling import run_sweep, sweep_point
-from profiling.sweep_report import slope
+from studies import sweep, sweep_point
+from studies.sweep_report import slope
 
 TINY = ["--batch", "2,4", "--capacity", "8,16", "--sigma", "3,full", "--boxes-capacity", "8",
         "--rep-ms", "2"]
@@ -22,7 +22,7 @@ def _rows(out):
 
 def test_a_tiny_sweep_writes_every_strategy_and_axis(tmp_path, capsys):
     out = tmp_path / "sweep"
-    assert run_sweep.main(["--out", str(out), *TINY]) == 0
+    assert sweep.main(["--out", str(out), *TINY]) == 0
     for name in ("sweep.csv", "sweep.md", "sweep.png"):
         assert (out / name).stat().st_size > 0, name
     rows = _rows(out)
@@ -49,7 +49,7 @@ def test_a_tiny_sweep_writes_every_strategy_and_axis(tmp_path, capsys):
 
 def test_byte_counts_match_a_hand_computation(tmp_path):
     out = tmp_path / "sweep"
-    assert run_sweep.main(["--out", str(out), *TINY, "--strategies",
+    assert sweep.main(["--out", str(out), *TINY, "--strategies",
                            "padded,conditional:triton,concat"]) == 0
     point = {r["strategy"]: r for r in _rows(out) if r["axis"] == "batch" and r["batch"] == "2"}
     valid = int(point["padded"]["valid boxes"])
@@ -80,16 +80,16 @@ def test_boxes_per_image_follow_the_distribution_asked_for(sigma, capacity):
 
 
 def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
-    real = sweep_point.measure
+    real = sweep.measure
 
     def measure(loss, backend, batch, *args, **kwargs):
         if loss == "padded" and batch == 4:
             raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return real(loss, backend, batch, *args, **kwargs)
 
-    monkeypatch.setattr(sweep_point, "measure", measure)
+    monkeypatch.setattr(sweep, "measure", measure)
     out = tmp_path / "sweep"
-    assert run_sweep.main(["--out", str(out), *TINY, "--strategies", "padded,concat"]) == 1
+    assert sweep.main(["--out", str(out), *TINY, "--strategies", "padded,concat"]) == 1
     rows = _rows(out)
     failed = [r for r in rows if r["status"].startswith("failed")]
     # batch 4 is on every axis (the centre): every padded row there failed, nothing else.
@@ -100,9 +100,9 @@ def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch, c
     assert "points failed" in capsys.readouterr().out
     # The chart drawn again from the CSV alone (its failed rows still left out).
     (out / "sweep.png").unlink()
-    assert run_sweep.main(["--redraw", str(out)]) == 0
+    assert sweep.main(["--redraw", str(out)]) == 0
     assert (out / "sweep.png").stat().st_size > 0
-    assert run_sweep.main(["--redraw", str(tmp_path)]) == 2
+    assert sweep.main(["--redraw", str(tmp_path)]) == 2
     assert "no sweep.csv in" in capsys.readouterr().err
 
 
@@ -112,7 +112,7 @@ def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch, c
     (["--strategies", "padded,bogus"], "unknown strategy 'bogus'"),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, args, message):
-    assert run_sweep.main(["--out", str(tmp_path / "x"), *args]) == 2
+    assert sweep.main(["--out", str(tmp_path / "x"), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
@@ -158,7 +158,7 @@ def test_slopes_read_growth_on_log_log_axes():
 @pytest.mark.gpu
 def test_a_small_sweep_on_the_gpu_times_with_cuda_events(tmp_path):
     out = tmp_path / "sweep"
-    assert run_sweep.main(["--out", str(out), "--batch", "64,256", "--capacity", "256",
+    assert sweep.main(["--out", str(out), "--batch", "64,256", "--capacity", "256",
                            "--sigma", "3,full", "--boxes-capacity", "256", "--rep-ms",
                            "10"]) == 0
     rows = [r for r in _rows(out) if r["status"] == "ok"]

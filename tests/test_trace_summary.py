@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from profiling.trace_summary import load_trace, summarize
+from profiling.trace_events import load_trace
+from profiling.trace_summary import summarize
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

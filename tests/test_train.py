@@ -12,10 +12,7 @@ from pathlib import Path
 import pytest
 
 import train
-
-REPO = Path(__file__).resolve().parent.parent
-TINY = ["--preset", "cpu", "--batch-size", "4", "--image-size", "32", "--hidden", "32",
-        "--num-workers", "0", "--wait", "0", "--warmup", "1", "--active", "2"]
+from tests.helpers import REPO, TINY, cli, one_line_and_nothing_written, our_lines
 
 
 def _run(tmp_path, *extra):
@@ -60,24 +57,6 @@ def test_same_seed_same_losses_across_strategies(tmp_path):
     assert a["losses"] == pytest.approx(b["losses"], rel=1e-5)
 
 
-def our_lines(stderr: str) -> list[str]:
-    """stderr without libkineto's 'USDT:' markers (torch 2.13's CPU build prints them on
-    every profiled run; no setting turns them off)."""
-    return [line for line in stderr.strip().splitlines() if not line.startswith("USDT:")]
-
-
-def cli(*args, cwd=REPO, timeout=300):
-    return subprocess.run([sys.executable, str(REPO / "train.py"), *TINY, *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def _one_line_and_nothing_written(result, out: Path, message: str, code: int = 2):
-    lines = our_lines(result.stderr)
-    assert result.returncode == code, result.stderr[-2000:]
-    assert len(lines) == 1 and message in lines[0], result.stderr[-2000:]
-    assert not out.exists() or not list(out.iterdir()), sorted(out.rglob("*"))
-
-
 @pytest.mark.parametrize("args,message", [
     (["--loss", "nope"], "argument --loss: invalid choice: 'nope' (choose from 'loop', "
                          "'concat'"),
@@ -101,7 +80,7 @@ def _one_line_and_nothing_written(result, out: Path, message: str, code: int = 2
 ])
 def test_user_mistakes_stop_with_one_line(tmp_path, args, message):
     out = tmp_path / "out"
-    _one_line_and_nothing_written(cli("--out-dir", str(out), *args), out, message)
+    one_line_and_nothing_written(cli("--out-dir", str(out), *args), out, message)
     assert not (tmp_path.parent / "escaped").exists()
 
 
@@ -120,7 +99,7 @@ def test_out_dir_that_is_a_file_or_not_writable(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     result = cli("--out-dir", str(a_file / "runs"))
-    _one_line_and_nothing_written(result, tmp_path / "none", "is a file, not a folder")
+    one_line_and_nothing_written(result, tmp_path / "none", "is a file, not a folder")
     assert a_file.read_text() == "x"
     # /proc refuses new folders even to root (CI runs as root, so chmod would not do).
     result = cli("--out-dir", "/proc/ragged-targets-test")
@@ -161,7 +140,7 @@ def test_gpu_only_options_without_gpu(tmp_path):
         pytest.skip("this machine has a GPU")
     for args, message in ((["--loss", "kernel", "--backend", "cuda"], "needs a CUDA GPU"),
                           (["--preset", "gpu"], "the gpu preset needs a CUDA GPU")):
-        _one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path,
+        one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path,
                                       message)
 
 

@@ -2,6 +2,7 @@
 optimizer (kernels/triton_shadow_sgd.py says why and what it moves).
 
     model = BoxNet(..., bf16_shadow=True)      # lin1.weight bf16; model.lin1_master fp32
+                                               # (model/boxnet.make_shadow)
     optimizer = SGDWithShadow(model, lr, fused=True)
 
 The maths is the baseline's: the forward reads bf16(master), as autocast's cast would give;
@@ -15,14 +16,6 @@ import torch
 from kernels.triton_shadow_sgd import shadow_sgd_step
 
 MOMENTUM = 0.9
-
-
-def make_shadow(linear: torch.nn.Linear) -> torch.Tensor:
-    """Turns linear.weight into a bf16 parameter; returns its fp32 master (the old storage:
-    nothing is copied but the bf16 cast)."""
-    master = linear.weight.data
-    linear.weight = torch.nn.Parameter(master.to(torch.bfloat16))
-    return master
 
 
 class SGDWithShadow:

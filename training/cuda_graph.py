@@ -20,7 +20,7 @@ the graph's kernels is still there, attributed to the "graph" range by the repla
 
 import torch
 
-from core.checks import InputError
+from core.errors import InputError
 
 
 def copy_into(static, fresh):

@@ -20,7 +20,7 @@ Nothing here imports torch at import time (train.py --help works without it). Th
 global mean over the ranks is training/distributed.py's.
 """
 
-from errors import UserError
+from core.errors import UserError
 
 HELP = {
     "bucket_mb": "several GPUs: DDP's gradient bucket size in MB",
@@ -73,6 +73,7 @@ def wrap(model, cfg, ranks, device):
     if reduction(cfg, ranks) != "ddp":
         return model
     import warnings
+
     from torch.nn.parallel import DistributedDataParallel
     # With bucket views, the channels_last conv weights' gradients (NHWC strides) are
     # copied into their contiguous buckets, and autograd warns each step; those are a few
@@ -96,6 +97,7 @@ def no_buffer_broadcast() -> dict:
     update to it, so broadcasting it each step would only cost. torch 2.13 renamed the
     argument (forward_sync_buffers) and warns at the old one, which torch 2.11 needs."""
     import inspect
+
     from torch.nn.parallel import DistributedDataParallel
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
         return {"forward_sync_buffers": False}

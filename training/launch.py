@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from errors import UserError, exit_with
+from core.errors import UserError, report_errors, run_command
 from training.ranks import ERRORS_ENV
 
 USAGE = "usage: python3 -m training.launch --nproc N SCRIPT [ARGS...]"
@@ -99,14 +99,10 @@ def launch(nproc: int, script: list[str]) -> int:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        return launch(*parse(argv))
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return report_errors(lambda: launch(*parse(argv)))
 
 
 if __name__ == "__main__":
     # SIGTERM stops the job as Ctrl-C does (torchrun passes it to every rank).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    exit_with(main, "every rank was stopped")
+    run_command(main, "every rank was stopped")

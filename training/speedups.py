@@ -29,13 +29,13 @@
                      strategies in train mode only (training/cuda_graph.py).
 
 Nothing here imports torch at import time (train.py --help works without it).
-What each changes, and by how much, is make ladder's table (RESULTS.md). The names and
+What each changes, and by how much, is make ladder's table (results/step.md). The names and
 their order are core.names.SPEEDUPS; adding one is a Config field, a line here, and its
 use where the step is built.
 """
 
+from core.errors import UserError
 from core.names import GPU_ONLY_SPEEDUPS, RAGGED, SPEEDUPS
-from errors import UserError
 
 HELP = {
     "cudnn_benchmark": "cuDNN autotunes each convolution in the first (unprofiled) step "
@@ -141,6 +141,7 @@ def build(cfg, used: dict, device, reuse: bool, wrap=None, wrap_key=None):
     and second blocks' kernels and the first's output dtype (autocast's), channels_last,
     the bf16 shadow. wrap: DDP on several ranks (model/build.py)."""
     import torch
+
     from model import build_model
     autocast_on = cfg.amp and device.type == "cuda"
     model, runner = build_model(cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile,

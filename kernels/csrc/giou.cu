@@ -178,7 +178,7 @@ __global__ void giou_finalize_kernel(const acc_t* __restrict__ partial, int64_t 
 
 // One gradient row (4 values) as one 8- or 16-byte store (two for fp64) rather than four
 // scalar ones: in Triton the scalar stores ran the zero rows at half a memset's speed
-// (RESULTS.md 9c). __stwb is a plain write-back store that is always one vector
+// (results/sweep.md). __stwb is a plain write-back store that is always one vector
 // instruction; here nvcc split a vector assignment (or a memcpy) into 4-byte stores. The
 // gradient is ours (at::empty, contiguous, blocks aligned to 512 bytes), so each row is
 // aligned to its own size.
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(Shape<kConditional>::kThreads)
 // Numbers in the check messages below are text made here (std::to_string), never
 // streamed: with torch 2.11 on the H100 machine, every check whose message streamed an
 // integer (tensor.sizes() or a size) crashed the process (SIGSEGV) instead of raising,
-// while those streaming only text, a dtype or a device raised (RESULTS.md section 6).
+// while those streaming only text, a dtype or a device raised (results/correctness.md).
 std::string shape_of(const at::Tensor& t) {
   std::string s = "[";
   for (int64_t d = 0; d < t.dim(); ++d) {
@@ -314,8 +314,8 @@ int64_t chunks_per_sample(int64_t M, bool conditional) {
 
 // Calls launch(std::integral_constant<bool, conditional>): the variant is a compile-time
 // parameter of the kernels, so each variant's code is built for its own shape (a first
-// port with a runtime flag slowed `kernel` 1.4-1.5x, not all of it explained: RESULTS.md
-// 9c).
+// port with a runtime flag slowed `kernel` 1.4-1.5x, not all of it explained:
+// results/sweep.md).
 template <typename Launch>
 void with_variant(bool conditional, Launch&& launch) {
   if (conditional) {

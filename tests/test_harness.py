@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import train
-from profiling.harness import RunFailed
-from tests.test_train import REPO, TINY, our_lines
+from core.errors import RunFailed
+from tests.helpers import REPO, TINY, our_lines
 
 LONG = [a if a != "2" else "400" for a in TINY]  # 400 profiled steps: time to interrupt
 

@@ -7,10 +7,11 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from core.checks import InputError
+from core.errors import InputError
 from kernels.triton_second_block import second_block, second_block_op
+from tests.cases import second_block_inputs
+from tests.reference import rel_err, second_block_reference
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SIZES = [(1, 2, 2), (3, 6, 10), (2, 18, 34), (1, 32, 64)]
@@ -18,30 +19,6 @@ SIZES = [(1, 2, 2), (3, 6, 10), (2, 18, 34), (1, 32, 64)]
 # an argument equal to 1): batch 1 is (1, 32, 64) there.
 CASES = [("cpu", *size) for size in SIZES] + [
     pytest.param("cuda", *size, marks=pytest.mark.gpu) for size in SIZES if size != (1, 2, 2)]
-
-
-def reference(x, weight, bias):
-    """The model's blocks[3:6] in float64."""
-    return F.relu(F.max_pool2d(F.conv2d(x.double(), weight.double(), bias.double(),
-                                        padding=1), 2))
-
-
-def rel(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
-
-
-def _inputs(B, H, W, device, dtype=torch.float32, channels_last=False):
-    """x in dtype; the weight and bias fp32 (fp64 for fp64 x) but exactly representable
-    in bf16 and fp16, so the kernel's cast of the weight to x's dtype (autocast's) changes
-    nothing and the reference sees the same numbers."""
-    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
-    x = torch.randn(B, 4, H, W, generator=gen).to(dtype)
-    if channels_last:
-        x = x.to(memory_format=torch.channels_last)
-    wdt = torch.float64 if dtype == torch.float64 else torch.float32
-    weight = (torch.randn(16, 4, 3, 3, generator=gen) * 0.3).bfloat16().to(wdt)
-    bias = (torch.randn(16, generator=gen) * 0.1).bfloat16().to(wdt)
-    return x.to(device), weight.to(device), bias.to(device)
 
 
 def _check_against_reference(x, weight, bias, tol):
@@ -57,15 +34,15 @@ def _check_against_reference(x, weight, bias, tol):
     assert out.is_contiguous(memory_format=torch.channels_last if nhwc else
                              torch.contiguous_format)
     x64, w64, b64 = (t.detach().double().cpu().requires_grad_(True) for t in (x, w, b))
-    ref = reference(x64, w64, b64)
-    assert rel(out.cpu(), ref) < tol
+    ref = second_block_reference(x64, w64, b64)
+    assert rel_err(out.cpu(), ref) < tol
     grad = torch.randn(out.shape, dtype=torch.float64).to(out.dtype)
     d_x, d_w, d_b = torch.autograd.grad(out, (x, w, b), grad.to(out.device))
     r_x, r_w, r_b = torch.autograd.grad(ref, (x64, w64, b64), grad.double())
     assert d_x.dtype == x.dtype and d_x.stride() == x.stride()
     assert d_w.dtype == weight.dtype and d_b.dtype == bias.dtype
-    assert rel(d_x.cpu(), r_x) < tol
-    assert rel(d_w.cpu(), r_w) < 1e-4 and rel(d_b.cpu(), r_b) < 1e-4
+    assert rel_err(d_x.cpu(), r_x) < tol
+    assert rel_err(d_w.cpu(), r_w) < 1e-4 and rel_err(d_b.cpu(), r_b) < 1e-4
 
 
 @pytest.mark.parametrize("device,B,H,W", CASES)
@@ -73,7 +50,7 @@ def _check_against_reference(x, weight, bias, tol):
                                        (torch.float16, 2e-3)])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_value_and_gradients_match_float64(device, B, H, W, dtype, tol, channels_last):
-    _check_against_reference(*_inputs(B, H, W, device, dtype, channels_last), tol)
+    _check_against_reference(*second_block_inputs(B, H, W, device, dtype, channels_last), tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -89,7 +66,7 @@ def test_exact_ties_follow_max_pool_and_dead_relus_get_no_gradient(device):
     for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
         _check_against_reference(x.to(dtype), weight, bias, tol)
     # Every output below zero: ReLU passes no gradient anywhere.
-    x, weight, _ = _inputs(2, 8, 12, device)
+    x, weight, _ = second_block_inputs(2, 8, 12, device)
     bias = torch.full((16,), -100.0, device=device, requires_grad=True)
     x.requires_grad_(True)
     w = weight.clone().requires_grad_(True)
@@ -101,14 +78,14 @@ def test_exact_ties_follow_max_pool_and_dead_relus_get_no_gradient(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck(device):
-    x, weight, bias = _inputs(2, 6, 10, device)
+    x, weight, bias = second_block_inputs(2, 6, 10, device)
     torch.library.opcheck(second_block_op, (x.requires_grad_(True), weight.requires_grad_(True),
                                             bias.requires_grad_(True)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_gradcheck_float64(device):
-    x, weight, bias = _inputs(1, 4, 6, device, torch.float64)
+    x, weight, bias = second_block_inputs(1, 4, 6, device, torch.float64)
     inputs = tuple(t.requires_grad_(True) for t in (x, weight, bias))
     # fast_mode: one random direction instead of every input element (each call of the
     # interpreted kernels costs about a second on the CPU).
@@ -124,6 +101,6 @@ def test_gradcheck_float64(device):
     (lambda x, w, b: (x, w.half(), b), "takes fp32 (or fp64) weight"),
 ])
 def test_bad_inputs_are_one_clear_error(change, message):
-    x, weight, bias = _inputs(1, 6, 6, "cpu")
+    x, weight, bias = second_block_inputs(1, 6, 6, "cpu")
     with pytest.raises(InputError, match=re.escape(message)):
         second_block(*change(x, weight, bias))

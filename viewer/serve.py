@@ -1,16 +1,17 @@
 """TensorBoard with the profiler plugin, made right for torch 2.x traces (make tensorboard).
 
-    python3 -m profiling.serve_tensorboard --logdir profiles --port 6006
+    python3 -m viewer.serve --logdir profiles --port 6006
 
 Arguments go to TensorBoard unchanged; it binds to localhost unless told otherwise.
 """
 
 import sys
 
-from errors import UserError, one_line
+from core.errors import UserError, command
+from viewer import tb_profiler_compat
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         import torch_tb_profiler  # noqa: F401
@@ -18,7 +19,6 @@ def main(argv=None) -> int:
     except ImportError as exc:
         raise UserError(f"{exc.name} is not installed: pip install torch-tb-profiler==0.4.3 "
                         "(make setup does it on a CPU machine)") from exc
-    from profiling import tb_profiler_compat
     tb_profiler_compat.apply()
     if not any(a == "--host" or a.startswith("--host=") or a.startswith("--bind_all")
                for a in argv):
@@ -27,9 +27,8 @@ def main(argv=None) -> int:
     return tensorboard_main.run_main() or 0
 
 
+main = command(_main)
+
+
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        sys.exit(2)
+    sys.exit(main())

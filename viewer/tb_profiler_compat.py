@@ -1,45 +1,47 @@
 """Makes torch-tb-profiler 0.4.3 (its last release) read traces of torch 2.x correctly.
 
-Two changes in the traces since 0.4.3, each found on a torch 2.11 GPU trace of this repo
-(tests/fixtures/gpu_*_train.pt.trace.json.gz):
+What changed in the traces since 0.4.3, and what each change broke (seen on this repo's
+torch 2.11 GPU traces, tests/fixtures/gpu_*.pt.trace.json.gz):
 
-1. Kernel launches are categorised `cuda_runtime` (and `cuda_driver` for Triton's
+Steps and operators (single-GPU runs):
+a. Kernel launches are categorised `cuda_runtime` (and `cuda_driver` for Triton's
    cuLaunchKernelEx); 0.4.3 knows only `Runtime`. Unknown events are dropped, so no kernel
    is linked to the operator that launched it: device time 0 for every operator, every
    kernel attributed to "CallTreeRoot", 0 us of runtime in the Overview.
-2. Each `ProfilerStep#N` also appears as a GPU-side `gpu_user_annotation` twin. 0.4.3
+b. Each `ProfilerStep#N` also appears as a GPU-side `gpu_user_annotation` twin. 0.4.3
    maps that category to user annotations and takes the twin for another step. Once the
-   launches are known (1), step times are matched to device work and the twin becomes a
+   launches are known (a), step times are matched to device work and the twin becomes a
    step with no cost: the Overview then divides by its zero total (ZeroDivisionError).
    Only the host-side ProfilerStep ranges are steps.
 
-Two more, found on a torch 2.11 two-GPU trace (tests/fixtures/gpu_ddp_rank*.pt.trace.json.gz),
-break the Distributed view (computation/communication overlap, communication ops):
-
-4. A collective's host op `nccl:all_reduce` has its own External id, but the NCCL kernel
+Collectives (the Distributed view of runs on several GPUs, gpu_ddp_rank*):
+c. A collective's host op `nccl:all_reduce` has its own External id, but the NCCL kernel
    carries the id of the op around it (`record_param_comms`: pytorch/kineto issue 782).
    0.4.3 ties kernels to collectives by External id, so no kernel was tied: the view's
    communication read 0 and every NCCL kernel counted as computation (its overlap with
    itself). Each NCCL kernel, and the runtime call that launched it, now carry the id of
    the collective op that encloses the launch on the launching thread.
-5. Each collective also has a GPU-side `gpu_user_annotation` twin with the op's name,
+d. Each collective also has a GPU-side `gpu_user_annotation` twin with the op's name,
    which 0.4.3 took for a second collective (and its GPU span for host time). Only the
-   host-side ops are collectives, as only the host-side ProfilerStep ranges are steps (2).
+   host-side ops are collectives, as only the host-side ProfilerStep ranges are steps (b).
 
-3. The plugin's page draws its charts with Google Charts, loaded from the internet. A
+The page, offline:
+e. The plugin's page draws its charts with Google Charts, loaded from the internet. A
    browser that cannot reach it stopped at "google is not defined" and showed a spinner
    for ever. The page is now served with a stand-in that lets everything but the charts
    render, and a banner that says why the charts are missing.
 
-`apply()` patches the plugin's parser and its page in this process. The plugin parses each trace in
-a child process, started with 'spawn' by default, which would re-import the unpatched
-module; `apply()` therefore selects 'fork' through the plugin's own switch
+`apply()` patches the plugin's parser and its page in this process. The plugin parses each
+trace in a child process, started with 'spawn' by default, which would re-import the
+unpatched module; `apply()` therefore selects 'fork' through the plugin's own switch
 (TORCH_PROFILER_START_METHOD), so the children inherit the patch. CPU traces have neither
 category nor twins and parse as before.
 """
 
 import json
 import os
+
+from profiling.communication import is_collective_kernel
 
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 # The collectives 0.4.3 knows (its trace.NcclOpNameSet and GlooOpNameSet).
@@ -49,11 +51,10 @@ COLLECTIVE_OPS = tuple(f"{lib}:{op}" for lib in ("nccl", "gloo") for op in
 
 def tie_collective_kernels(events) -> int:
     """Gives each NCCL kernel, and its launching runtime call, the External id of the
-    collective op that encloses the launch on the launching thread (4). events are the
+    collective op that encloses the launch on the launching thread (c). events are the
     plugin's parsed events; returns how many kernels were tied."""
     from torch_tb_profiler.profiler.trace import EventTypes
 
-    from profiling.communication import is_collective_kernel
     ops_by_thread = {}
     runtime_by_corr = {}
     kernels = []

@@ -1,6 +1,6 @@
 """make ladder: the train step's speed-ups added one at a time, each rung a profiled run.
 
-    python3 -m profiling.run_ladder [--strategies padded,kernel:cuda] [train.py options...]
+    python3 -m studies.ladder [--strategies padded,kernel:cuda] [train.py options...]
 
 Rung 0 is --baseline (the step as the original ran it); rung k adds the k-th speed-up of
 core.names.SPEEDUPS to rung k-1. Every run has the same seed, so the same batches and
@@ -13,46 +13,72 @@ graph of a ragged strategy) is a row that says why, and the rungs after it go on
 """
 
 import argparse
-import csv
-import io
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from core.names import BACKENDS, GPU_ONLY_SPEEDUPS, PHASES, SPEEDUPS, describe
-from errors import UserError, exit_with, one_line
-from profiling.compare import load_summary, to_markdown
-from profiling.run_comparison import (CompareError, SKIPPED, _check_strategies, _fresh_out,
-                                      attempt)
+import torch
+
+import train
+from core.errors import command, run_command
+from core.names import GPU_ONLY_SPEEDUPS, INTERPRETER_SLOW_SPEEDUPS, PHASES, SPEEDUPS
+from core.tables import csv_text, markdown_of_dicts
+from kernels.cuda_giou import unavailable_reason
 from profiling.run_folder import display
+from studies.charts import ladder_chart
+from studies.common import (
+    SKIPPED,
+    attempt,
+    base_config,
+    folder_name,
+    fresh_out,
+    label,
+    run_config,
+    strategies,
+)
+from studies.compare_rows import load_summary
 from training import speedups
 
-GOAL_MS = 30.0  # the step's goal on the H100 (issue 11), drawn on the chart
+GOAL_MS = 30.0  # the step's goal on the H100, drawn on the chart
 # Set per rung: given in ARGS they would make the rungs the same.
-PER_RUN_OPTIONS = ("--loss", "--backend", "--kernel", "--mode", "--run-name", "--out-dir",
-                   "--baseline", "--no-baseline",
-                   *[f"--{p}{s.replace('_', '-')}" for s in SPEEDUPS for p in ("", "no-")])
+PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir", "baseline", *SPEEDUPS)
+REFUSAL = "is set per rung by make ladder; choose strategies with --strategies"
 COLUMNS = (["strategy", "rung", "step GPU ms", "step CPU ms", "saved GPU ms"]
            + [f"{p} GPU ms" for p in PHASES]
            + ["launches", "peak GPU GB", "first losses", "run folder"])
 
 
-def rung_flags(speedup: str) -> list[str]:
-    """The option that turns one speed-up on."""
-    flag = "--" + speedup.replace("_", "-")
-    return [flag, "on"] if speedup == "cuda_graph" else [flag]
+def rung_fields(speedup: str) -> dict:
+    """The Config field that turns one speed-up on."""
+    return {speedup: "on" if speedup == "cuda_graph" else True}
 
 
-def why_not_here(speedup: str, loss: str, cuda: bool, train_args: list[str]) -> str | None:
+# Triton's interpreter runs the two blocks at ~105 s a step at the CPU preset (batch 32 of
+# 64x64 images) on 2 cores, in proportion to the pixels; on a CPU their rungs run only at
+# sizes that take seconds.
+INTERPRETER_S_PER_PIXEL = 105 / (32 * 64 * 64)
+INTERPRETER_MAX_S = 10
+
+
+def interpreter_seconds_per_step(cfg) -> float:
+    """About how long Triton's interpreter takes for the two blocks in one step."""
+    return INTERPRETER_S_PER_PIXEL * cfg.batch_size * cfg.image_size ** 2
+
+
+def why_not_here(speedup: str, base: train.Config, loss: str, cuda: bool) -> str | None:
     """Why a speed-up cannot be added for this strategy on this machine, or None."""
     if speedup in GPU_ONLY_SPEEDUPS and not cuda:
         return "needs a CUDA GPU"
+    if speedup in INTERPRETER_SLOW_SPEEDUPS and not cuda:
+        seconds = interpreter_seconds_per_step(base)
+        if seconds > INTERPRETER_MAX_S:
+            return (f"Triton's interpreter would take ~{seconds:.0f} s a step here (batch "
+                    f"{base.batch_size}, {base.image_size}x{base.image_size} images); it "
+                    "runs on a GPU")
     if speedup == "cuda_graph":
-        import train
-        cfg = train.parse_config(["--loss", loss, "--baseline", *train_args])
-        return speedups.graph_refusal(cfg, cuda)
+        return speedups.graph_refusal(run_config(base, loss=loss), cuda)
     return None
 
 
@@ -63,40 +89,37 @@ def why_not_here(speedup: str, loss: str, cuda: bool, train_args: list[str]) -> 
 GROUPS = {"heuristics": ("baseline",), "tuned": SPEEDUPS}
 
 
-def run_ladder(out: Path, train_args: list[str], strategies: list[str],
-               rungs=("baseline", *SPEEDUPS)):
+def run_ladder(out: Path, train_args: list[str], plan_strategies, rungs=("baseline", *SPEEDUPS)):
     """Runs the given rungs of every strategy, each rung adding its speed-up to every
     speed-up before it; returns (run folders by (strategy, rung), rows of rungs that could
     not run)."""
-    import torch
-    from kernels.cuda_giou import unavailable_reason
     cuda = torch.cuda.is_available()
+    base, _ = base_config(train_args, PER_RUN, REFUSAL, baseline=True)
     runs, skipped, started = {}, [], time.time()
-    for strategy in strategies:
-        loss, _, backend = strategy.partition(":")
-        name = _label(strategy)
-        flags = ["--baseline"]
+    for loss, backend in plan_strategies:
+        name = label(loss, backend)
+        fields = {}  # the speed-ups of the rungs so far
         for number, rung in enumerate(("baseline", *SPEEDUPS)):
             if rung not in rungs:
-                if rung != "baseline" and not why_not_here(rung, loss, cuda, train_args):
-                    flags += rung_flags(rung)  # the rungs below this one stay on
+                if rung != "baseline" and not why_not_here(rung, base, loss, cuda):
+                    fields.update(rung_fields(rung))  # the rungs below this one stay on
                 continue
-            label = f"[{name} {number}/{len(SPEEDUPS)}] {rung}"
+            tag = f"[{name} {number}/{len(SPEEDUPS)}] {rung}"
             reason = unavailable_reason() if backend == "cuda" else None
             if reason is None and rung != "baseline":
-                reason = why_not_here(rung, loss, cuda, train_args)
+                reason = why_not_here(rung, base, loss, cuda)
             if reason:
-                print(f"{label}: skipped ({reason})", flush=True)
+                print(f"{tag}: skipped ({reason})", flush=True)
                 skipped.append({"strategy": name, "rung": _rung_name(rung),
                                 "step GPU ms": f"skipped: {reason}"})
                 continue
             if rung != "baseline":
-                flags += rung_flags(rung)
-            args = ["--loss", loss, "--backend", backend or BACKENDS[0], "--mode", "train",
-                    "--out-dir", str(out), "--run-name",
-                    f"{strategy.replace(':', '-')}-{number}-{rung}", *flags, *train_args]
-            print(f"{label} ({time.time() - started:.0f} s so far)", flush=True)
-            record, reason = attempt(args, label)
+                fields.update(rung_fields(rung))
+            cfg = run_config(base, loss=loss, backend=backend, mode="train", out_dir=str(out),
+                             run_name=f"{folder_name(loss, backend)}-{number}-{rung}",
+                             **fields)
+            print(f"{tag} ({time.time() - started:.0f} s so far)", flush=True)
+            record, reason = attempt(cfg, tag)
             if record is None:
                 skipped.append({"strategy": name, "rung": _rung_name(rung),
                                 "step GPU ms": reason})
@@ -105,37 +128,30 @@ def run_ladder(out: Path, train_args: list[str], strategies: list[str],
     return runs, skipped
 
 
-def run_groups(out: Path, train_args: list[str], strategies: list[str]):
+def run_groups(out: Path, train_args: list[str], text: str, plan_strategies):
     """Every rung, each group of GROUPS in a process of its own (this module's --group);
     returns what run_ladder returns, over all groups, in ladder order."""
     started = time.time()
     runs, skipped = {}, []
+    names = [label(*s) for s in plan_strategies]
     for group in GROUPS:
-        code = subprocess.call([sys.executable, "-m", "profiling.run_ladder", "--group", group,
-                                "--strategies", ",".join(strategies), "--out", str(out),
-                                *train_args])
+        code = subprocess.call([sys.executable, "-m", "studies.ladder", "--group", group,
+                                "--strategies", text, "--out", str(out), *train_args])
         if code == 130:
             raise KeyboardInterrupt("interrupted")
         done = out / f"rungs-{group}.json"
         if code != 0 or not done.exists():
-            skipped += [{"strategy": _label(s), "rung": _rung_name(r),
+            skipped += [{"strategy": n, "rung": _rung_name(r),
                          "step GPU ms": f"the run failed: its process ended with exit {code}"}
-                        for s in strategies for r in GROUPS[group]]
+                        for n in names for r in GROUPS[group]]
             continue
         record = json.loads(done.read_text())
         runs.update({(s, r): Path(p) for s, r, p in record["runs"]})
         skipped += record["skipped"]
     print(f"all rungs done in {time.time() - started:.0f} s", flush=True)
     order = ["baseline", *(_rung_name(r) for r in SPEEDUPS)]
-    names = [_label(s) for s in strategies]
     return dict(sorted(runs.items(), key=lambda kv: (names.index(kv[0][0]),
                                                       order.index(kv[0][1])))), skipped
-
-
-def _label(strategy: str) -> str:
-    """'kernel:cuda' -> 'kernel/cuda', 'padded' -> 'padded': how the tables name it."""
-    loss, _, backend = strategy.partition(":")
-    return describe(loss, backend or BACKENDS[0])
 
 
 def _rung_name(rung: str) -> str:
@@ -204,85 +220,38 @@ def kernel_changes(runs: dict, limit: int = 6) -> str:
     return "\n".join(lines)
 
 
-def ladder_chart(rows: list[dict], path: Path) -> None:
-    """Step time per rung, one bar group per strategy; GPU time where there is a GPU (with
-    the 30 ms goal), CPU time otherwise."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    measured = [r for r in rows if isinstance(r.get("step CPU ms"), float)]
-    on_gpu = any(isinstance(r.get("step GPU ms"), float) for r in measured)
-    key = "step GPU ms" if on_gpu else "step CPU ms"
-    strategies = list(dict.fromkeys(r["strategy"] for r in measured))
-    rungs = list(dict.fromkeys(r["rung"] for r in measured))
-    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(rungs)), 4.5))
-    width = 0.8 / max(len(strategies), 1)
-    for i, strategy in enumerate(strategies):
-        by_rung = {r["rung"]: r[key] for r in measured if r["strategy"] == strategy}
-        xs = [j + (i - (len(strategies) - 1) / 2) * width for j, rung in enumerate(rungs)
-              if rung in by_rung]
-        values = [by_rung[rung] for rung in rungs if rung in by_rung]
-        ax.bar(xs, values, width=width, label=strategy)
-        for x, v in zip(xs, values):
-            ax.annotate(f"{v:.3g}", (x, v), ha="center", va="bottom", fontsize=7)
-    if on_gpu:
-        ax.axhline(GOAL_MS, color="gray", linestyle="--", linewidth=1)
-        ax.annotate(f"goal {GOAL_MS:g} ms", (len(rungs) - 0.6, GOAL_MS), va="bottom",
-                    fontsize=8, color="gray")
-    ax.set_xticks(range(len(rungs)), rungs, rotation=20)
-    ax.set_ylabel(f"{key.replace(' ms', '')} ms per step")
-    ax.set_title("train step, speed-ups added one at a time" +
-                 ("" if on_gpu else " (CPU preset: the times say little)"))
-    if measured:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def write_ladder(out: Path, runs: dict, skipped: list[dict]) -> str:
     rows = ladder_rows(runs, skipped)
     columns = [c for c in COLUMNS if any(c in r for r in rows)]
-    table = to_markdown(rows, columns)
+    table = markdown_of_dicts(columns, rows, left={"strategy", "rung"})
     (out / "ladder.md").write_text(table + "\n")
-    text = io.StringIO()
-    writer = csv.DictWriter(text, columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    (out / "ladder.csv").write_text(text.getvalue())
+    (out / "ladder.csv").write_text(csv_text(columns, rows))
     (out / "ladder-kernels.md").write_text(kernel_changes(runs))
-    ladder_chart(rows, out / "ladder.png")
+    ladder_chart(rows, out / "ladder.png", GOAL_MS)
     return table
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+def _main(argv) -> int:
+    parser = argparse.ArgumentParser(prog="make ladder", allow_abbrev=False,
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategies", default="padded,kernel:cuda",
                         help="comma-separated, <loss>[:<kernel backend>]")
     parser.add_argument("--out", type=Path, help="a new folder for the ladder "
                         "(default: profiles/ladder-<time>/)")
     parser.add_argument("--group", choices=tuple(GROUPS), help=argparse.SUPPRESS)
     args, train_args = parser.parse_known_args(argv)
-    strategies = args.strategies.split(",")
+    plan_strategies = strategies(args.strategies)
     if args.group:  # a worker of run_groups: its rungs, into the ladder's folder
-        runs, skipped = run_ladder(args.out, train_args, strategies, GROUPS[args.group])
+        runs, skipped = run_ladder(args.out, train_args, plan_strategies, GROUPS[args.group])
         (args.out / f"rungs-{args.group}.json").write_text(json.dumps(
             {"runs": [[s, r, str(p)] for (s, r), p in runs.items()], "skipped": skipped}))
         return 0
-    try:
-        _check_strategies(strategies)
-        for arg in train_args:
-            if arg.split("=", 1)[0] in PER_RUN_OPTIONS:
-                raise CompareError(f"{arg.split('=', 1)[0]} is set per rung by make ladder; "
-                                   "choose strategies with --strategies")
-        import train
-        train.validate(train.parse_config(["--baseline", *train_args]))
-        out = _fresh_out(args.out, kind="ladder", prefix="ladder")
-    except (CompareError, UserError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    runs, skipped = run_groups(out, train_args, strategies)
+    base, _ = base_config(train_args, PER_RUN, REFUSAL, baseline=True)
+    train.validate(base)
+    out = fresh_out(args.out, "ladder", "ladder")
+    print(f"make ladder: {len(plan_strategies)} strategies x {1 + len(SPEEDUPS)} rungs, each "
+          "a profiled train.py run, in two processes", flush=True)
+    runs, skipped = run_groups(out, train_args, args.strategies, plan_strategies)
     (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
     print(write_ladder(out, runs, skipped))
     print(f"written: {display(out / 'ladder.md')}, ladder.csv, ladder-kernels.md, ladder.png")
@@ -294,5 +263,8 @@ def main(argv=None) -> int:
     return 0
 
 
+main = command(_main)
+
+
 if __name__ == "__main__":
-    exit_with(main, "the ladder was not written")
+    run_command(main, "the ladder was not written")

@@ -1,6 +1,6 @@
 """make sweep: each loss strategy's cost (forward + backward, no model) as the work grows.
 
-    python3 -m profiling.run_sweep [--batch 64,256,...] [--capacity 256,1024,...]
+    python3 -m studies.sweep [--batch 64,256,...] [--capacity 256,1024,...]
                                    [--sigma 1,3,...,full] [--strategies padded,kernel:cuda]
 
 Three axes, one at a time, around the workload's point (batch 1024, M = 256 slots, box
@@ -8,7 +8,7 @@ sigma 3: 1.9 boxes per image): the batch size; the box capacity M; and the boxes
 image (the dataset's sigma scaled up to 'full', every slot filled), which runs at M =
 --boxes-capacity (1024 on a GPU) so that the empty slots conditional skips are most of
 the input. Every strategy, the fused ones with both kernel backends. Each point is
-profiling/sweep_point.measure (what it measures and with which timer is said there).
+studies/sweep_point.measure (what it measures and with which timer is said there).
 
 Written under profiles/sweep-<UTC time>/: sweep.csv (long format: a row per axis, point
 and strategy, with medians and 20th/80th percentiles, like Liger-Kernel's benchmark CSVs),
@@ -21,16 +21,21 @@ grid (Triton's interpreter, no CUDA backend) and its times mean nothing.
 """
 
 import argparse
-import csv
 import math
-import sys
 import time
 from pathlib import Path
 
-from core.names import describe, variants
-from errors import exit_with, one_line
-from profiling.run_comparison import CompareError, _check_strategies, _fresh_out
+import torch
+
+from core.errors import UserError, command, one_line, run_command
+from core.names import variants
+from core.tables import csv_text
+from kernels.cuda_giou import unavailable_reason
 from profiling.run_folder import display
+from studies.charts import sweep_chart
+from studies.common import fresh_out, label, strategies
+from studies.sweep_point import measure, samples, sigma_label
+from studies.sweep_report import markdown, read_rows
 
 AXES = {"batch": "batch size", "capacity": "box capacity M", "boxes": "boxes per image"}
 # (batch sizes, capacities, sigmas, the centre (batch, capacity, sigma), the boxes axis' M,
@@ -52,18 +57,19 @@ def _numbers(text: str, kind, name: str) -> list:
     try:
         values = [math.inf if v.strip() == "full" else kind(v) for v in text.split(",")]
     except ValueError:
-        raise CompareError(f"--{name} takes a comma-separated list of numbers"
-                           + (" (or 'full')" if name == "sigma" else "") + f", not {text!r}")
+        raise UserError(f"--{name} takes a comma-separated list of numbers"
+                        + (" (or 'full')" if name == "sigma" else "") + f", not {text!r}"
+                        ) from None
     if not values or any(v <= 0 for v in values):
-        raise CompareError(f"--{name} values must be positive, got {text!r}")
+        raise UserError(f"--{name} values must be positive, got {text!r}")
     return values
 
 
 def parse(argv) -> argparse.Namespace:
-    import torch
     preset = "gpu" if torch.cuda.is_available() else "cpu"
     grid = GRIDS[preset]
-    p = argparse.ArgumentParser(prog="make sweep", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="make sweep", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
     p.add_argument("--batch", default=",".join(map(str, grid["batch"])))
     p.add_argument("--capacity", default=",".join(map(str, grid["capacity"])))
     p.add_argument("--sigma", default=",".join("full" if math.isinf(s) else f"{s:g}"
@@ -84,8 +90,7 @@ def parse(argv) -> argparse.Namespace:
     args.batch = _numbers(args.batch, int, "batch")
     args.capacity = _numbers(args.capacity, int, "capacity")
     args.sigma = _numbers(args.sigma, float, "sigma")
-    args.strategies = [s for s in args.strategies.split(",") if s]
-    _check_strategies(args.strategies)
+    args.strategies = strategies(args.strategies)
     args.centre = GRIDS[preset]["centre"]
     return args
 
@@ -98,8 +103,8 @@ def points(args) -> list[tuple[str, int, int, float]]:
             + [("boxes", b0, args.boxes_capacity, s) for s in args.sigma])
 
 
-def left_out(strategy: str, batch: int, args, cuda_reason: str | None) -> str | None:
-    loss, _, backend = strategy.partition(":")
+def left_out(loss: str, backend: str, batch: int, args,
+             cuda_reason: str | None) -> str | None:
     if loss == "loop" and batch > args.loop_max_batch:
         return (f"left out: the loop takes ~3 ms of host time per sample a call; it runs up "
                 f"to batch {args.loop_max_batch} (--loop-max-batch)")
@@ -109,25 +114,24 @@ def left_out(strategy: str, batch: int, args, cuda_reason: str | None) -> str | 
 
 
 def run(args) -> list[dict]:
-    import torch
-    from kernels.cuda_giou import unavailable_reason
-    from profiling.sweep_point import measure, samples, sigma_label
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     cuda_reason = unavailable_reason()
     plan = [(pt, s) for pt in points(args) for s in args.strategies]
     rows, done, data, started = [], {}, {}, time.time()
+    print(f"make sweep: {len(plan)} points (axis point x strategy), each timed for about "
+          f"{args.rep_ms} ms and profiled; about 3 minutes on an H100 at the default grid",
+          flush=True)
     if device.type == "cpu":
         print("make sweep on a CPU: a small grid, Triton's interpreter; the times mean "
               "nothing about a GPU", flush=True)
-    for i, ((axis, batch, capacity, sigma), strategy) in enumerate(plan, 1):
-        loss, _, backend = strategy.partition(":")
+    for i, ((axis, batch, capacity, sigma), (loss, backend)) in enumerate(plan, 1):
         row = {"axis": axis, "batch": batch, "capacity": capacity,
-               "sigma": sigma_label(sigma), "strategy": describe(loss, backend or "triton")}
-        label = (f"[{i}/{len(plan)}] {axis}: batch {batch}, M {capacity}, sigma "
+               "sigma": sigma_label(sigma), "strategy": label(loss, backend)}
+        tag = (f"[{i}/{len(plan)}] {axis}: batch {batch}, M {capacity}, sigma "
                  f"{row['sigma']}, {row['strategy']}")
-        key = (strategy, batch, capacity, sigma)
-        reason = left_out(strategy, batch, args, cuda_reason)
+        key = (loss, backend, batch, capacity, sigma)
+        reason = left_out(loss, backend, batch, args, cuda_reason)
         if reason:
             row["status"] = reason
         elif key in done:  # the centre point lies on two axes: measured once
@@ -137,7 +141,7 @@ def run(args) -> list[dict]:
                 data[(batch, capacity, sigma)] = samples(batch, capacity, sigma, args.seed)
             pairs = data[(batch, capacity, sigma)]
             try:
-                figures = {"status": "ok", **measure(loss, backend or "triton", batch,
+                figures = {"status": "ok", **measure(loss, backend, batch,
                                                      capacity, sigma, pairs, device, dtype,
                                                      args.seed, args.rep_ms)}
             except Exception as exc:  # out of memory at the largest sizes, say: a row
@@ -147,7 +151,7 @@ def run(args) -> list[dict]:
             done[key] = figures
             row.update(figures)
         rows.append(row)
-        print(f"{label}: {_progress(row)} ({time.time() - started:.0f} s)", flush=True)
+        print(f"{tag}: {_progress(row)} ({time.time() - started:.0f} s)", flush=True)
         if len(data) > 2:  # keep the host memory of a few points only
             data.pop(next(iter(data)))
     return rows
@@ -164,35 +168,26 @@ def _progress(row: dict) -> str:
             f"{row['launches']:g} launches, {row['boxes per image']:.3g} boxes/image")
 
 
-def write_csv(rows: list[dict], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({c: r.get(c, "") for c in COLUMNS})
+def _redraw(folder: Path) -> int:
+    if not (folder / "sweep.csv").exists():
+        raise UserError(f"no sweep.csv in {folder}")
+    rows = read_rows(folder / "sweep.csv")
+    preset = "cpu" if any("CPU wall" in r["timer"] for r in rows) else "gpu"
+    sweep_chart(rows, folder / "sweep.png", preset)
+    print(f"redrawn: {display(folder)}/sweep.png")
+    return 0
 
 
-def main(argv=None) -> int:
-    from profiling.sweep_report import chart, markdown, read_rows
-    try:
-        args = parse(argv)
-        if args.redraw:
-            if not (args.redraw / "sweep.csv").exists():
-                raise CompareError(f"no sweep.csv in {args.redraw}")
-            rows = read_rows(args.redraw / "sweep.csv")
-            preset = "cpu" if any("CPU wall" in r["timer"] for r in rows) else "gpu"
-            chart(rows, args.redraw / "sweep.png", preset)
-            print(f"redrawn: {display(args.redraw)}/sweep.png")
-            return 0
-        out = _fresh_out(args.out, kind="sweep", prefix="sweep")
-    except CompareError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def _main(argv) -> int:
+    args = parse(argv)
+    if args.redraw:
+        return _redraw(args.redraw)
+    out = fresh_out(args.out, "sweep", "sweep")
     started = time.time()
     rows = run(args)
-    write_csv(rows, out / "sweep.csv")
+    (out / "sweep.csv").write_text(csv_text(COLUMNS, rows))
     (out / "sweep.md").write_text(markdown(rows, args, time.time() - started))
-    chart(rows, out / "sweep.png", args.preset)
+    sweep_chart(rows, out / "sweep.png", args.preset)
     failed = sum(r["status"].startswith("failed") for r in rows)
     print(f"sweep done in {time.time() - started:.0f} s: {display(out)}/sweep.md, sweep.csv, "
           f"sweep.png" + (f"; {failed} points failed (rows in the table)" if failed else ""),
@@ -200,5 +195,8 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+main = command(_main)
+
+
 if __name__ == "__main__":
-    exit_with(main, "the sweep's table and chart were not written")
+    run_command(main, "the sweep's table and chart were not written")

@@ -6,23 +6,13 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from core.checks import InputError
+from core.errors import InputError
 from kernels.triton_first_block import first_block, first_block_op
+from tests.reference import first_block_reference, rel_err
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SIZES = [(1, 2, 2), (3, 6, 10), (2, 18, 34), (1, 64, 64)]
-
-
-def reference(images, weight, bias):
-    """The model's first three modules in float64."""
-    x = images.double() / 255
-    return F.relu(F.max_pool2d(F.conv2d(x, weight.double(), bias.double(), padding=1), 2))
-
-
-def rel(a, b) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def _inputs(B, H, W, device, image="random"):
@@ -46,14 +36,14 @@ def _check_against_reference(images, weight, bias, out_dtype, channels_last, tol
                              torch.contiguous_format)
     w64 = weight.double().cpu().requires_grad_(True)
     b64 = bias.double().cpu().requires_grad_(True)
-    ref = reference(images.cpu(), w64, b64)
-    assert rel(out.cpu(), ref) < tol
+    ref = first_block_reference(images.cpu(), w64, b64)
+    assert rel_err(out.cpu(), ref) < tol
     grad = torch.randn(out.shape, dtype=torch.float64)
     d_w, d_b = torch.autograd.grad(out, (w, b), grad.to(out.device, out_dtype))
     # The reference gets the gradient as the kernel saw it (rounded to out_dtype).
     r_w, r_b = torch.autograd.grad(ref, (w64, b64), grad.to(out_dtype).double())
     assert d_w.dtype == weight.dtype and d_b.dtype == bias.dtype
-    assert rel(d_w.cpu(), r_w) < 1e-4 and rel(d_b.cpu(), r_b) < 1e-4
+    assert rel_err(d_w.cpu(), r_w) < 1e-4 and rel_err(d_b.cpu(), r_b) < 1e-4
 
 
 @pytest.mark.parametrize("device", DEVICES)

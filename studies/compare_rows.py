@@ -1,5 +1,5 @@
 """Side-by-side rows of several runs, from their summary.json files (never re-measured);
-make compare (profiling/run_comparison.py) runs the strategies and writes them out.
+make compare (studies/compare.py) runs the strategies and writes them out.
 
 Per run: each phase's CPU and GPU time per step, the loss's launches (forward and, in
 train mode, backward), host-to-device copies and syncs per step, peak GPU memory, the step
@@ -7,8 +7,6 @@ time, and the loss's speed-up over the loop strategy (host time in the loss rang
 loop run of the same mode is among the inputs. Peak GPU memory is over the whole run.
 """
 
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -81,32 +79,6 @@ def skipped_row(strategy: str, mode: str, reason: str) -> dict:
     return {"strategy": strategy, "mode": mode, "profiled steps": f"skipped: {reason}"}
 
 
-def _present_columns(rows: list[dict]) -> list[str]:
+def present_columns(rows: list[dict]) -> list[str]:
     """COLUMNS in their order, less those no row has (train-only phases in forward mode)."""
     return [c for c in COLUMNS if any(c in r for r in rows)]
-
-
-def to_csv(rows: list[dict]) -> str:
-    columns = _present_columns(rows)
-    out = io.StringIO()
-    writer = csv.DictWriter(out, columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return out.getvalue()
-
-
-def _cell(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}" if abs(value) < 1000 else f"{value:.0f}"
-    return str(value)
-
-
-def to_markdown(rows: list[dict], columns: list[str] | None = None) -> str:
-    columns = columns or _present_columns(rows)
-    lines = ["| " + " | ".join(columns) + " |",
-             "|" + "|".join("---" if c in ("strategy", "mode") else "---:" for c in columns) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(_cell(r.get(c)) for c in columns) + " |")
-    return "\n".join(lines)

@@ -1,25 +1,12 @@
-"""The trace writer (gzip after the fact) and the range timeline, on real H100 traces."""
+"""The range timeline (what the host does inside one range), on real H100 traces."""
 
-import gzip
 from pathlib import Path
 
-from profiling.range_timeline import format_timeline, main as timeline_main, range_events
-from profiling.trace_summary import load_trace
-from profiling.trace_writer import gzip_traces
+from profiling.range_timeline import format_timeline, range_events
+from profiling.range_timeline import main as timeline_main
+from profiling.trace_events import load_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def test_gzip_traces_replaces_the_plain_trace_with_the_same_bytes(tmp_path):
-    body = b'{"traceEvents": [\n' + b'{"ph": "X"},\n' * 10000 + b'{}]}\n'
-    (tmp_path / "train.1.pt.trace.json").write_bytes(body)
-    (tmp_path / "other.json").write_bytes(b"{}")
-    written = gzip_traces(tmp_path)
-    assert written == [tmp_path / "train.1.pt.trace.json.gz"]
-    assert gzip.decompress(written[0].read_bytes()) == body
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.json",
-                                                          "train.1.pt.trace.json.gz"]
-    assert gzip_traces(tmp_path) == []  # nothing plain left: nothing to do
 
 
 def test_range_timeline_lists_the_fused_ops_launches_inside_the_loss_range():

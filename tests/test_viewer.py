@@ -1,5 +1,5 @@
 """TensorBoard's profiler plugin on our traces, through its data endpoints, from a server
-the test starts on a free loopback port (profiling/serve_tensorboard.py, as make
+the test starts on a free loopback port (viewer/serve.py, as make
 tensorboard runs it). GPU: the real H100 fixtures; CPU: a trace made here."""
 
 import gzip
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import train
-from profiling.tb_profiler_compat import OFFLINE_CHARTS_NOTE
+from viewer.tb_profiler_compat import OFFLINE_CHARTS_NOTE
 
 pytest.importorskip("torch_tb_profiler")
 REPO = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def logdir(tmp_path_factory):
 def server(logdir):
     port = _free_port()
     log = open(logdir / "tensorboard.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "profiling.serve_tensorboard", "--logdir",
+    proc = subprocess.Popen([sys.executable, "-m", "viewer.serve", "--logdir",
                              str(logdir), "--port", str(port)], cwd=REPO, stdout=log,
                             stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -163,7 +163,7 @@ def _distributed(base, path):
 def _host_collectives_us(rank: int) -> float:
     """Per profiled step, the host time of rank's collective ops (nccl:all_reduce ranges),
     which the plugin counts as communication besides the NCCL kernels."""
-    from profiling.trace_summary import host_ranges, load_trace
+    from profiling.trace_events import host_ranges, load_trace
     events = load_trace(FIXTURES / f"gpu_ddp_rank{rank}.pt.trace.json.gz")
     _, steps = host_ranges(events, ())
     inside = sum(float(e["dur"]) for e in events if e.get("cat") == "user_annotation"
@@ -226,7 +226,7 @@ def test_cpu_trace_still_works(server):
 
 def test_the_unpatched_plugin_shows_the_bug_this_fixes():
     """Plain torch-tb-profiler 0.4.3 on the same GPU trace: zero device time. If a later
-    plugin release passes this, profiling/tb_profiler_compat.py can go."""
+    plugin release passes this, viewer/tb_profiler_compat.py can go."""
     code = """
 import sys
 from torch_tb_profiler.profiler.data import RunProfileData
@@ -326,6 +326,7 @@ def test_profiler_page_in_chromium(server, browser, tmp_path):
     are missing), picks the GPU run, waits for its Overview, lists the views, switches to
     Operator, and keeps screenshots of both."""
     import os
+
     from selenium.webdriver.common.by import By
     shots = Path(os.environ.get("SCREENSHOT_DIR", tmp_path))
     shots.mkdir(parents=True, exist_ok=True)

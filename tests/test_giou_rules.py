@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import losses
-from core.checks import InputError
+from core.errors import InputError
 from core.names import RAGGED, STRATEGIES
 from tests.cases import make_case
 from tests.reference import targets_for

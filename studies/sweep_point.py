@@ -16,7 +16,7 @@ every slot filled). Predictions are valid boxes made on the device in the model'
   torch.utils.benchmark's blocked_autorange (wall time). No timing loop of our own.
 - host ms: the host's time to issue one call (median of single calls, no sync);
 - launches and H2D copies per call (the strategy's to_device included), counted with
-  profiling/trace_summary.py's definitions;
+  profiling/trace_events.py's definitions;
 - bytes: what the layout makes the loss read and write at the least (layout_bytes), and
   that over the GPU time against the GPU's peak bandwidth.
 """
@@ -31,8 +31,14 @@ import losses
 from core.names import RAGGED
 from data import SyntheticFaces
 from model.boxnet import boxes_from_raw
-from profiling.trace_summary import (GPU_CATS, RUNTIME_CATS, _is_h2d, _is_launch, _Windows,
-                                     profiler_events)
+from profiling.trace_events import (
+    GPU_CATS,
+    RUNTIME_CATS,
+    Windows,
+    is_h2d,
+    is_launch,
+    profiler_events,
+)
 
 IMAGE_SIZE = 256  # the workload's: box coordinates in [0, 255]
 _NO_IMAGE = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the loss never sees the images
@@ -132,13 +138,13 @@ def per_round(events: list[dict], calls: int) -> dict:
     """From a trace of `calls` rounds of a "sweep_copy" then a "sweep_call" range: each
     round's GPU ms (the activities its call launched), its launches and its H2D copies
     (its copy's included), tied to the ranges by the launching runtime call's correlation
-    id, as profiling/trace_summary.py ties them to phases."""
+    id, as profiling/trace_events.launchers ties them to phases."""
     events = [e for e in events if e.get("ph") == "X"]
     found = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"])
                    for e in events if e.get("cat") == "user_annotation"
                    and e["name"] in ("sweep_copy", "sweep_call"))
     # In time order: copy and call of round 0, of round 1, ... (they never overlap).
-    windows = _Windows([(start, end, (i // 2, name))
+    windows = Windows([(start, end, (i // 2, name))
                         for i, (start, end, name) in enumerate(found)])
     gpu_us, launches, h2d = [0.0] * calls, [0] * calls, [0] * calls
     launched_by = {}  # correlation id -> (round, "sweep_copy" or "sweep_call")
@@ -149,14 +155,14 @@ def per_round(events: list[dict], calls: int) -> dict:
         if owner is None:
             continue
         launched_by[e.get("args", {}).get("correlation")] = owner
-        launches[owner[0]] += _is_launch(e.get("name", ""))
+        launches[owner[0]] += is_launch(e.get("name", ""))
     for e in events:
         if e.get("cat") not in GPU_CATS:
             continue
         owner = launched_by.get(e.get("args", {}).get("correlation"))
         if owner is None:
             continue
-        h2d[owner[0]] += _is_h2d(e)
+        h2d[owner[0]] += is_h2d(e)
         if owner[1] == "sweep_call":
             gpu_us[owner[0]] += float(e.get("dur", 0))
     return {"gpu_ms": [u / 1e3 for u in gpu_us], "launches": statistics.median(launches),

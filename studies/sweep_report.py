@@ -1,35 +1,38 @@
-"""make sweep's summary (sweep.md) and chart (sweep.png) from its rows (profiling/run_sweep.py).
-Only rows whose status is 'ok' are drawn or fitted; the others are listed with their reason."""
+"""make sweep's summary (sweep.md) from its rows (studies/sweep.py; the chart is
+studies/charts.sweep_chart). Only rows whose status is 'ok' are drawn or fitted; the
+others are listed with their reason."""
 
+import csv
 import math
 from pathlib import Path
 
+from core.tables import markdown as table
 from profiling.environment import environment
 
 AXIS_TITLES = {"batch": "batch size", "capacity": "box capacity M",
                "boxes": "valid boxes per image"}
 
 
-def _x(row: dict) -> float:
+def position(row: dict) -> float:
     """Where a row sits on its axis (the boxes axis: the measured mean per image)."""
     return {"batch": row["batch"], "capacity": row["capacity"]}.get(
         row["axis"], row.get("boxes per image"))
 
 
-def _ok(rows, axis=None, strategy=None) -> list[dict]:
+def ok_rows(rows, axis=None, strategy=None) -> list[dict]:
     return [r for r in rows if r["status"] == "ok" and (axis is None or r["axis"] == axis)
             and (strategy is None or r["strategy"] == strategy)]
 
 
-def _strategies(rows) -> list[str]:
+def strategies_of(rows) -> list[str]:
     return list(dict.fromkeys(r["strategy"] for r in rows))
 
 
 def slope(rows: list[dict]) -> float | None:
     """Least-squares slope of log(GPU ms) against log(axis value): 1 = linear growth,
     0 = flat (launch- or host-bound). None under two distinct positive points."""
-    pts = [(math.log(_x(r)), math.log(r["GPU ms"])) for r in rows
-           if _x(r) and _x(r) > 0 and r["GPU ms"] > 0]
+    pts = [(math.log(position(r)), math.log(r["GPU ms"])) for r in rows
+           if position(r) and position(r) > 0 and r["GPU ms"] > 0]
     if len({x for x, _ in pts}) < 2:
         return None
     mx = sum(x for x, _ in pts) / len(pts)
@@ -41,14 +44,14 @@ def slope(rows: list[dict]) -> float | None:
 def flat_until(rows: list[dict]) -> float | None:
     """The largest axis value up to which the median stays within 1.5x of the first
     point's: the launch- or host-bound regime."""
-    rows = sorted(rows, key=_x)
+    rows = sorted(rows, key=position)
     if not rows:
         return None
-    last = _x(rows[0])
+    last = position(rows[0])
     for r in rows[1:]:
         if r["GPU ms"] > 1.5 * rows[0]["GPU ms"]:
             break
-        last = _x(r)
+        last = position(r)
     return last
 
 
@@ -61,67 +64,67 @@ def _cell(row: dict | None) -> str:
 
 
 def _axis_table(rows, axis) -> list[str]:
-    strategies = _strategies(rows)
+    strategies = strategies_of(rows)
     on_axis = [r for r in rows if r["axis"] == axis]
     keys = list(dict.fromkeys((r["batch"], r["capacity"], r["sigma"]) for r in on_axis))
     head = ["batch", "M", "sigma", "boxes per image"] + strategies
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    lines = []
     for key in keys:
         cells = {r["strategy"]: r for r in on_axis if (r["batch"], r["capacity"],
                                                        r["sigma"]) == key}
         per_image = next((f"{r['boxes per image']:.3g}" for r in cells.values()
                           if r["status"] == "ok"), "-")
-        lines.append("| " + " | ".join([str(key[0]), str(key[1]), key[2], per_image]
-                                       + [_cell(cells.get(s)) for s in strategies]) + " |")
-    return lines
+        lines.append([str(key[0]), str(key[1]), key[2], per_image]
+                     + [_cell(cells.get(s)) for s in strategies])
+    return table(head, lines).splitlines()
 
 
 def _fits(rows) -> list[str]:
     head = ["strategy"] + [f"slope vs {t}" for t in AXIS_TITLES.values()] + \
         [f"flat until ({t})" for t in AXIS_TITLES.values()]
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for s in _strategies(rows):
-        slopes = [slope(_ok(rows, a, s)) for a in AXIS_TITLES]
-        flats = [flat_until(_ok(rows, a, s)) for a in AXIS_TITLES]
-        lines.append("| " + " | ".join([s] + ["-" if v is None else f"{v:.2f}" for v in slopes]
-                                       + ["-" if v is None else f"{v:.4g}" for v in flats])
-                     + " |")
-    return lines
+    lines = []
+    for s in strategies_of(rows):
+        slopes = [slope(ok_rows(rows, a, s)) for a in AXIS_TITLES]
+        flats = [flat_until(ok_rows(rows, a, s)) for a in AXIS_TITLES]
+        lines.append([s] + ["-" if v is None else f"{v:.2f}" for v in slopes]
+                     + ["-" if v is None else f"{v:.4g}" for v in flats])
+    return table(head, lines, left={"strategy"}).splitlines()
 
 
 def _conditional_vs_kernel(rows) -> list[str]:
-    lines = ["| axis | batch | M | sigma | backend | kernel ms | conditional ms | "
-             "kernel / conditional |", "|---|---:|---:|---:|---|---:|---:|---:|"]
-    for r in _ok(rows):
+    head = ["axis", "batch", "M", "sigma", "backend", "kernel ms", "conditional ms",
+            "kernel / conditional"]
+    lines = []
+    for r in ok_rows(rows):
         if not r["strategy"].startswith("conditional/"):
             continue
         backend = r["strategy"].split("/")[1]
-        k = next((x for x in _ok(rows, r["axis"], f"kernel/{backend}")
+        k = next((x for x in ok_rows(rows, r["axis"], f"kernel/{backend}")
                   if (x["batch"], x["capacity"], x["sigma"]) ==
                   (r["batch"], r["capacity"], r["sigma"])), None)
         if k:
-            lines.append(f"| {r['axis']} | {r['batch']} | {r['capacity']} | {r['sigma']} | "
-                         f"{backend} | {k['GPU ms']:.4g} | {r['GPU ms']:.4g} | "
-                         f"{k['GPU ms'] / r['GPU ms']:.2f} |")
-    return lines
+            lines.append([r["axis"], str(r["batch"]), str(r["capacity"]), r["sigma"], backend,
+                          f"{k['GPU ms']:.4g}", f"{r['GPU ms']:.4g}",
+                          f"{k['GPU ms'] / r['GPU ms']:.2f}"])
+    return table(head, lines, left={"axis", "backend"}).splitlines()
 
 
 def _largest(rows) -> list[str]:
     """Bandwidth at each axis' largest measured point."""
-    lines = ["| axis | batch | M | sigma | strategy | bytes (layout) | GPU ms | GB/s | "
-             "% of peak | launches | H2D copies | host ms |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    head = ["axis", "batch", "M", "sigma", "strategy", "bytes (layout)", "GPU ms", "GB/s",
+            "% of peak", "launches", "H2D copies", "host ms"]
+    lines = []
     for axis in AXIS_TITLES:
-        for s in _strategies(rows):
-            ok = _ok(rows, axis, s)
+        for s in strategies_of(rows):
+            ok = ok_rows(rows, axis, s)
             if not ok:
                 continue
-            r = max(ok, key=_x)
+            r = max(ok, key=position)
             peak = "-" if r["% of peak"] in (None, "") else f"{r['% of peak']:.1f}"
-            lines.append(f"| {axis} | {r['batch']} | {r['capacity']} | {r['sigma']} | {s} | "
-                         f"{r['bytes']:,} | {r['GPU ms']:.4g} | {r['GB/s']:.3g} | {peak} | "
-                         f"{r['launches']} | {r['H2D copies']} | {r['host ms']:.3g} |")
-    return lines
+            lines.append([axis, str(r["batch"]), str(r["capacity"]), r["sigma"], s,
+                          f"{r['bytes']:,}", f"{r['GPU ms']:.4g}", f"{r['GB/s']:.3g}", peak,
+                          str(r["launches"]), str(r["H2D copies"]), f"{r['host ms']:.3g}"])
+    return table(head, lines, left={"axis", "strategy"}).splitlines()
 
 
 def markdown(rows: list[dict], args, seconds: float) -> str:
@@ -154,7 +157,7 @@ def markdown(rows: list[dict], args, seconds: float) -> str:
         _conditional_vs_kernel(rows) + [""]
     out += ["## Bytes and bandwidth at each axis' largest point", "",
             "Bytes: the least the layout makes the loss read and write "
-            "(profiling/sweep_point.layout_bytes); GB/s: those bytes over the median time.",
+            "(studies/sweep_point.layout_bytes); GB/s: those bytes over the median time.",
             ""] + _largest(rows) + [""]
     others = [r for r in rows if r["status"] != "ok"]
     if others:
@@ -170,56 +173,9 @@ NUMBERS = ("batch", "capacity", "GPU ms", "GPU p20 ms", "GPU p80 ms", "elapsed m
 
 def read_rows(path: Path) -> list[dict]:
     """sweep.csv's rows with their numbers back (make sweep ARGS="--redraw DIR")."""
-    import csv
     rows = []
     for r in csv.DictReader(path.open()):
         rows.append({k: (float(v) if k in NUMBERS and v != "" else v) for k, v in r.items()})
     return rows
 
 
-def chart(rows: list[dict], path: Path, preset: str) -> None:
-    """Log-log panels, one column per axis: the GPU's work per call (top) and the elapsed
-    time per call (bottom); each strategy's median with its p20-p80 bar."""
-    import matplotlib
-    matplotlib.use("Agg")  # no display: write the file only
-    import matplotlib.pyplot as plt
-
-    measures = (("GPU", "GPU ms per call (its kernels)"),
-                ("elapsed", "elapsed ms per call (stream)"))
-    from matplotlib.ticker import NullFormatter
-    # One colour per strategy in every panel (a strategy left out of a panel must not
-    # shift the others' colours).
-    colours = {s: f"C{i % 10}" for i, s in enumerate(_strategies(rows))}
-    fig, grid = plt.subplots(2, len(AXIS_TITLES), figsize=(16, 9), squeeze=False)
-    for row_axes, (key, ylabel) in zip(grid, measures):
-        for ax, (axis, title) in zip(row_axes, AXIS_TITLES.items()):
-            xs = set()
-            for s in _strategies(rows):
-                ok = sorted(_ok(rows, axis, s), key=_x)
-                if not ok:
-                    continue
-                ys = [r[f"{key} ms"] for r in ok]
-                err = [[y - r[f"{key} p20 ms"] for y, r in zip(ys, ok)],
-                       [r[f"{key} p80 ms"] - y for y, r in zip(ys, ok)]]
-                ax.errorbar([_x(r) for r in ok], ys, yerr=err, marker="o", ms=3, capsize=2,
-                            label=s, color=colours[s])
-                xs.update(_x(r) for r in ok)
-            if xs:
-                ax.set_xscale("log")
-                ax.set_yscale("log")
-                ax.set_xticks(sorted(xs), [f"{x:.4g}" for x in sorted(xs)])
-                ax.xaxis.set_minor_formatter(NullFormatter())
-            ax.set_xlabel(title)
-            ax.set_ylabel(ylabel)
-            ax.set_title(f"{key}: against {title}")
-            ax.grid(True, which="both", alpha=0.3)
-    handles = {h.get_label(): h for ax in grid.flat
-               for h in ax.get_legend_handles_labels()[0]}
-    grid[0][0].legend([handles[s] for s in colours if s in handles],
-                      [s for s in colours if s in handles], fontsize=7)
-    note = " (CPU: Triton's interpreter; the times mean nothing about a GPU)" \
-        if preset == "cpu" else ""
-    fig.suptitle("GIoU loss alone, forward + backward: median with p20-p80" + note)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -1,0 +1,115 @@
+"""Every exception of the project's own, and how a command line turns one into its line.
+
+    ProjectError            a message that is the one line to print; no traceback
+      UserError             a mistake the user can fix (an option, the data): exit 2
+        UsageError          a flag the command-line parser refused
+        InputError          tensors a loss or kernel cannot take (also a ValueError)
+      BackendUnavailable    a kernel backend this machine cannot run (also a RuntimeError)
+      RunFailed             a run ended on an error; its folder is marked (exit 2 when the
+                            error was the user's, 1 otherwise)
+    RunInterrupted          Ctrl-C or SIGTERM ended a run (a KeyboardInterrupt): exit 130
+    NonFiniteLoss           the loss became NaN or inf (a RuntimeError; the run fails on it)
+
+Anything else is a bug and keeps its traceback. Nothing here imports torch.
+"""
+
+import sys
+
+
+class ProjectError(Exception):
+    """An error whose message is the line to print."""
+
+    exit_code = 1
+
+
+class UserError(ProjectError):
+    """A mistake the user can fix; the message says how."""
+
+    exit_code = 2
+
+
+class UsageError(UserError):
+    """A flag the parser refused."""
+
+
+class InputError(UserError, ValueError):
+    """Tensors a loss or kernel cannot take; the message says what it needs. A library
+    caller can catch it as the ValueError it also is."""
+
+
+class BackendUnavailable(ProjectError, RuntimeError):
+    """A kernel backend cannot run on this machine; the message says what it needs."""
+
+
+class RunFailed(ProjectError):
+    """A run ended on an error; str() is the line to print, __cause__ the error."""
+
+    @property
+    def exit_code(self) -> int:
+        return 2 if isinstance(self.__cause__, UserError) else 1
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM ended the run; str() is the line to print."""
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or inf: the steps after it would measure nothing useful."""
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of an error, also when a DataLoader worker re-raised it.
+
+    A worker's exception comes back with its traceback folded into the message; the user
+    needs only its last line, without the 'core.errors.UserError: ' prefix.
+    """
+    text = str(exc).strip()
+    last = text.splitlines()[-1] if text else type(exc).__name__
+    prefix = "UserError: "
+    return last.split(prefix, 1)[1] if prefix in last else last
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The exit code of an error a command prints as one line; None for a bug."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, ProjectError):
+        return exc.exit_code
+    return None
+
+
+def report_errors(run, *args, report=None) -> int:
+    """run(*args)'s exit code; where it raises a ProjectError, that error's code, its
+    line printed on stderr (or given to `report`: a rank of a job leaves it for its
+    launcher). A command's main() is this around its body; anything else is a bug and
+    keeps its traceback."""
+    try:
+        return run(*args)
+    except ProjectError as exc:
+        (report or print_error)(one_line(exc))
+        return exc.exit_code
+
+
+def command(body):
+    """A command's main(argv=None) -> exit code: its body, whose ProjectErrors become
+    their line and code (report_errors)."""
+    def main(argv=None) -> int:
+        return report_errors(body, argv)
+    main.__doc__ = body.__doc__
+    return main
+
+
+def run_command(main, unwritten: str) -> None:
+    """Runs a command's main() and exits with its code; Ctrl-C or SIGTERM (as a
+    KeyboardInterrupt) is one line saying what was not written, and exit 130 (the run in
+    progress has already marked its own folder)."""
+    try:
+        code = main()
+    except KeyboardInterrupt as exc:
+        print_error(f"{str(exc) or 'interrupted'}; {unwritten}")
+        code = exit_code(exc)
+    sys.exit(code)
+
+
+def print_error(line: str) -> None:
+    print(f"error: {line}", file=sys.stderr)

@@ -1,0 +1,37 @@
+"""How every Triton kernel here becomes a torch custom op, on a GPU and in the interpreter.
+
+    @define_op("giou::triton_loss", mutates_args=())
+    def triton_loss(...):
+        launch(_giou_fwd_kernel, grid, *args, **meta)
+
+On a GPU the launchers are a torch.library.triton_op, which torch.compile decomposes so
+that Inductor sees the kernels themselves. Under Triton's interpreter (TRITON_INTERPRET=1,
+the CPU tests) torch cannot trace into the kernels (wrap_triton hands back the raw
+kernel), so the launchers are an opaque custom_op, and each op registers an explicit fake.
+"""
+
+import torch
+import triton
+from torch.library import triton_op, wrap_triton
+
+
+@triton.jit
+def _probe():
+    pass
+
+
+def _is_interpreted(kernel) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(kernel, InterpretedFunction)
+
+
+INTERPRETED = _is_interpreted(_probe)
+define_op = torch.library.custom_op if INTERPRETED else triton_op
+
+
+def launch(kernel, grid, *args, **meta) -> None:
+    """Launches a @triton.jit kernel from inside a define_op function."""
+    if INTERPRETED:
+        kernel[grid](*args, **meta)
+    else:
+        wrap_triton(kernel)[grid](*args, **meta)

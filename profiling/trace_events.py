@@ -1,0 +1,111 @@
+"""A torch.profiler Chrome trace as events, and what each kind of event is: the
+definitions every figure of this project is built on (profiling/trace_summary.py for a
+run's table, profiling/communication.py for a rank's NCCL time, make sweep's points).
+
+- a launch: a runtime or driver call that launches a kernel or a graph (is_launch);
+- a sync: a runtime call that blocks the host on the device (is_sync);
+- an H2D copy: a host-to-device memcpy activity (is_h2d);
+- a device op belongs to the host range (phase or step) that holds the runtime call that
+  launched it, matched by correlation id (launchers), whatever thread made the call.
+"""
+
+import bisect
+import gzip
+import json
+from pathlib import Path
+
+RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "Runtime", "driver"}
+GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
+SYNC_NAMES = ("Synchronize",)
+BLOCKING_COPIES = {"cudaMemcpy", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2", "cuMemcpy"}
+
+
+def load_trace(path: Path) -> list[dict]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return data["traceEvents"] if isinstance(data, dict) else data
+
+
+def find_trace(run_dir: Path, worker: str = "*") -> Path:
+    """The (last) trace of a run folder, or of one worker's (one rank's) in it."""
+    traces = sorted(Path(run_dir).glob(f"{worker}.*pt.trace.json*"))
+    if not traces:
+        raise FileNotFoundError(f"no profiler trace ({worker}.*.pt.trace.json[.gz]) in "
+                                f"{run_dir}")
+    return traces[-1]
+
+
+def profiler_events(prof) -> list[dict]:
+    """The events of a finished torch.profiler profile, as load_trace reads them from a
+    trace file (written to a temporary one: the profiler's only export of them)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return load_trace(path)
+
+
+def is_launch(name: str) -> bool:
+    return "LaunchKernel" in name or "LaunchCooperativeKernel" in name or \
+        name in {"cudaGraphLaunch", "cuGraphLaunch"}
+
+
+def is_sync(name: str) -> bool:
+    return any(s in name for s in SYNC_NAMES) or name in BLOCKING_COPIES
+
+
+def is_h2d(event: dict) -> bool:
+    name = event.get("name", "")
+    kind = str(event.get("args", {}).get("kind", ""))
+    return "HtoD" in name or "HtoD" in kind or "Host -> Device" in name
+
+
+class Windows:
+    """Host ranges of one kind (phases, or steps), to find which holds a timestamp."""
+
+    def __init__(self, ranges: list[tuple[float, float, str]]):
+        self.ranges = sorted(ranges)
+        self.starts = [r[0] for r in self.ranges]
+
+    def find(self, ts: float) -> str | None:
+        # Ranges of one kind never overlap, so the last one starting at or before ts is
+        # the only candidate (a loop trace has ~10^5 launches: no linear scan per event).
+        i = bisect.bisect_right(self.starts, ts) - 1
+        if i >= 0 and ts <= self.ranges[i][1]:
+            return self.ranges[i][2]
+        return None
+
+
+def host_ranges(events: list[dict], phases: tuple[str, ...], max_steps: int | None = None):
+    """(phase ranges, step ranges) of the host, each (start, end, name) in microseconds.
+    max_steps keeps only the first steps (a run that ended early: its last, unfinished
+    step is left out) and the phases inside them."""
+    phase_ranges, step_ranges = [], []
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") != "user_annotation":
+            continue
+        start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+        if e["name"] in phases:
+            phase_ranges.append((start, end, e["name"]))
+        elif e["name"].startswith("ProfilerStep#"):
+            step_ranges.append((start, end, e["name"]))
+    if max_steps is not None:
+        step_ranges = sorted(step_ranges)[:max_steps]
+        inside = Windows(step_ranges)
+        phase_ranges = [r for r in phase_ranges if inside.find(r[0]) is not None]
+    return phase_ranges, step_ranges
+
+
+def launchers(events: list[dict], phase_of: Windows, step_of: Windows):
+    """correlation id -> (phase, step) of the runtime call that launched it (None where the
+    call was outside every phase or step)."""
+    found = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in RUNTIME_CATS:
+            continue
+        corr = e.get("args", {}).get("correlation")
+        if corr is not None:
+            ts = float(e["ts"])
+            found[corr] = (phase_of.find(ts), step_of.find(ts))
+    return found

@@ -1,0 +1,155 @@
+"""Every chart the studies draw, and what they share: matplotlib without a display, the
+bars' labels, a panel with nothing measured, and the caveat of a CPU run (its times say
+nothing about a GPU).
+
+    compare_chart(rows, path)     make compare: the loss's cost (forward), the step's (train)
+    ladder_chart(rows, path)      make ladder: step time per rung and strategy
+    sweep_chart(rows, path, preset)  make sweep: log-log panels per axis
+"""
+
+from pathlib import Path
+
+from studies.sweep_report import AXIS_TITLES, ok_rows, position, strategies_of
+
+CPU_NOTE = "CPU: the times say nothing about a GPU"
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _save(plt, fig, path: Path, dpi: int) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def _label_bars(ax, xs, values, fontsize: int) -> None:
+    for x, v in zip(xs, values):
+        if v:
+            ax.annotate(f"{v:.3g}", (x, v), ha="center", va="bottom", fontsize=fontsize)
+
+
+def _no_runs(ax, title: str) -> None:
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, f"{title}\n\nno measured runs", ha="center", va="center",
+            transform=ax.transAxes)
+
+
+def compare_chart(rows: list[dict], path: Path) -> None:
+    """Left: the loss range's CPU time in forward mode (the original's figure), log scale.
+    Right: the train step's GPU and CPU time per strategy. The step, not the loss: with a
+    CUDA graph the loss is inside one replay, and a strategy's host cost shows as CPU time
+    above the GPU time."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    title = "forward mode: loss range, CPU ms/step"
+    measured = [r for r in rows if r["mode"] == "forward" and r.get("loss CPU ms") is not None]
+    if measured:
+        values = [r["loss CPU ms"] for r in measured]
+        left.bar([r["strategy"] for r in measured], values, color="#4c72b0")
+        if min(values) > 0:
+            left.set_yscale("log")
+        _label_bars(left, range(len(values)), values, 8)
+        left.set_title(title)
+        left.set_ylabel("ms per step")
+        left.tick_params(axis="x", rotation=35)
+    else:
+        _no_runs(left, title)
+
+    title = "train mode: step GPU and CPU ms/step"
+    measured = [r for r in rows if r["mode"] == "train" and r.get("step CPU ms") is not None]
+    if measured:
+        xs = range(len(measured))
+        for offset, key, color in ((-0.2, "step GPU ms", "#4c72b0"),
+                                   (0.2, "step CPU ms", "#dd8452")):
+            values = [r.get(key) or 0.0 for r in measured]
+            right.bar([x + offset for x in xs], values, width=0.4, color=color,
+                      label=key.replace(" ms", ""))
+            _label_bars(right, [x + offset for x in xs], values, 7)
+        right.set_xticks(list(xs), [r["strategy"] + (" (graph)" if r.get("CUDA graph") == "yes"
+                                                     else "") for r in measured])
+        right.set_yscale("log")
+        right.legend()
+        right.set_title(title)
+        right.set_ylabel("ms per step")
+        right.tick_params(axis="x", rotation=35)
+    else:
+        _no_runs(right, title)
+    _save(plt, fig, path, dpi=110)
+
+
+def ladder_chart(rows: list[dict], path: Path, goal_ms: float) -> None:
+    """Step time per rung, one bar group per strategy; GPU time where there is a GPU (with
+    the goal drawn), CPU time otherwise."""
+    plt = _pyplot()
+    measured = [r for r in rows if isinstance(r.get("step CPU ms"), float)]
+    on_gpu = any(isinstance(r.get("step GPU ms"), float) for r in measured)
+    key = "step GPU ms" if on_gpu else "step CPU ms"
+    strategies = list(dict.fromkeys(r["strategy"] for r in measured))
+    rungs = list(dict.fromkeys(r["rung"] for r in measured))
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(rungs)), 4.5))
+    width = 0.8 / max(len(strategies), 1)
+    for i, strategy in enumerate(strategies):
+        by_rung = {r["rung"]: r[key] for r in measured if r["strategy"] == strategy}
+        xs = [j + (i - (len(strategies) - 1) / 2) * width for j, rung in enumerate(rungs)
+              if rung in by_rung]
+        values = [by_rung[rung] for rung in rungs if rung in by_rung]
+        ax.bar(xs, values, width=width, label=strategy)
+        _label_bars(ax, xs, values, 7)
+    if on_gpu:
+        ax.axhline(goal_ms, color="gray", linestyle="--", linewidth=1)
+        ax.annotate(f"goal {goal_ms:g} ms", (len(rungs) - 0.6, goal_ms), va="bottom",
+                    fontsize=8, color="gray")
+    ax.set_xticks(range(len(rungs)), rungs, rotation=20)
+    ax.set_ylabel(f"{key.replace(' ms', '')} ms per step")
+    ax.set_title("train step, speed-ups added one at a time" +
+                 ("" if on_gpu else f" ({CPU_NOTE})"))
+    if measured:
+        ax.legend()
+    _save(plt, fig, path, dpi=110)
+
+
+def sweep_chart(rows: list[dict], path: Path, preset: str) -> None:
+    """Log-log panels, one column per axis: the GPU's work per call (top) and the elapsed
+    time per call (bottom); each strategy's median with its p20-p80 bar."""
+    from matplotlib.ticker import NullFormatter
+    plt = _pyplot()
+    measures = (("GPU", "GPU ms per call (its kernels)"),
+                ("elapsed", "elapsed ms per call (stream)"))
+    # One colour per strategy in every panel (a strategy left out of a panel must not
+    # shift the others' colours).
+    colours = {s: f"C{i % 10}" for i, s in enumerate(strategies_of(rows))}
+    fig, grid = plt.subplots(2, len(AXIS_TITLES), figsize=(16, 9), squeeze=False)
+    for row_axes, (key, ylabel) in zip(grid, measures):
+        for ax, (axis, title) in zip(row_axes, AXIS_TITLES.items()):
+            xs = set()
+            for s in strategies_of(rows):
+                ok = sorted(ok_rows(rows, axis, s), key=position)
+                if not ok:
+                    continue
+                ys = [r[f"{key} ms"] for r in ok]
+                err = [[y - r[f"{key} p20 ms"] for y, r in zip(ys, ok)],
+                       [r[f"{key} p80 ms"] - y for y, r in zip(ys, ok)]]
+                ax.errorbar([position(r) for r in ok], ys, yerr=err, marker="o", ms=3,
+                            capsize=2, label=s, color=colours[s])
+                xs.update(position(r) for r in ok)
+            if xs:
+                ax.set_xscale("log")
+                ax.set_yscale("log")
+                ax.set_xticks(sorted(xs), [f"{x:.4g}" for x in sorted(xs)])
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlabel(title)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{key}: against {title}")
+            ax.grid(True, which="both", alpha=0.3)
+    handles = {h.get_label(): h for ax in grid.flat
+               for h in ax.get_legend_handles_labels()[0]}
+    grid[0][0].legend([handles[s] for s in colours if s in handles],
+                      [s for s in colours if s in handles], fontsize=7)
+    note = f" ({CPU_NOTE}: Triton's interpreter)" if preset == "cpu" else ""
+    fig.suptitle("GIoU loss alone, forward + backward: median with p20-p80" + note)
+    _save(plt, fig, path, dpi=100)

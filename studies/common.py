@@ -1,0 +1,77 @@
+"""What every study (make compare, ladder, sweep) shares: the strategies it was asked for,
+its output folder, the runs' configs and one run that may fail without ending the study."""
+
+import dataclasses
+import sys
+import traceback
+from pathlib import Path
+
+import train
+from core.errors import UserError, one_line
+from core.names import describe, parse_variants
+from profiling.run_folder import check_out_dir, new_run_dir, utc_stamp
+from training.ranks import from_env
+
+SKIPPED = "skipped.json"  # rows that could not run, kept beside the runs for a rebuild
+
+
+def strategies(text: str) -> list[tuple[str, str]]:
+    """--strategies as (loss, backend) pairs; one line for an unknown or empty one."""
+    return parse_variants(text)
+
+
+def label(loss: str, backend: str) -> str:
+    """How tables name a strategy: 'kernel/cuda', 'padded'."""
+    return describe(loss, backend)
+
+
+def folder_name(loss: str, backend: str) -> str:
+    """How run folders name a strategy: 'kernel-cuda', 'padded'."""
+    return label(loss, backend).replace("/", "-")
+
+
+def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
+    """The study's output folder: a new profiles/<prefix>-<UTC time>[-N]/, or --out if it
+    holds no <kind> yet (a study is never overwritten)."""
+    if out is None:
+        return new_run_dir(check_out_dir("profiles"), f"{prefix}-{utc_stamp()}")
+    check_out_dir(str(out))
+    if (out / f"{kind}.md").exists() or (out / SKIPPED).exists():
+        raise UserError(f"{out} already holds a {kind}; choose a new --out (a {kind} is "
+                        "never overwritten)")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def base_config(train_args: list[str], per_run: tuple[str, ...], refusal: str,
+                **implied) -> tuple[train.Config, dict]:
+    """The train.py options every run of a study shares, as a Config (`implied` applied
+    as if given first), and the options given by field. A field in `per_run` is set by
+    the study for each run: given, it would make every run the same one, so it is
+    refused with '--<flag> <refusal>'."""
+    given = train.given_options(train_args)
+    for name in per_run:
+        if name in given:
+            raise UserError(f"--{name.replace('_', '-')} {refusal}")
+    return train.make_config({**implied, **given}), given
+
+
+def run_config(base: train.Config, **fields) -> train.Config:
+    """One run's config: the study's shared options with this run's fields."""
+    return dataclasses.replace(base, **fields)
+
+
+def attempt(cfg: train.Config, label_: str) -> tuple[dict | None, str | None]:
+    """One train.run in this process: (its summary, None), or (None, why it failed). One
+    run's failure is a row of the table, not the end of the study (on one rank)."""
+    try:
+        # In this process: the model, its compiled form and CUDA's start-up are shared
+        # by every run (model/build.py re-initialises the weights for each).
+        return train.run(cfg, reuse=True), None
+    except Exception as exc:
+        if from_env().distributed:
+            raise  # the other ranks would wait for this one in the next run's collectives
+        if not isinstance(exc.__cause__ or exc, UserError):
+            traceback.print_exc()
+        print(f"{label_}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
+        return None, f"the run failed: {one_line(exc)}"

@@ -1,0 +1,192 @@
+"""make compare: every strategy, both modes, on the same seed and batches, side by side.
+
+    python3 -m studies.compare [train.py options...]      # run everything, compare
+    python3 -m studies.compare --runs DIR [DIR ...]        # rebuild from finished runs
+
+Each run is `train.run` in this process (the model is built and compiled once and
+re-initialised per run), writing into profiles/compare-<UTC time>/<strategy>-<mode>/; the
+comparison (comparison.md, comparison.csv, comparison.png, and a TensorBoard text table
+and scalars under comparison/) is written beside them. Every figure comes from the runs'
+summary.json files, and every row names the folder it came from. The loop strategy gets 1
+warmup and 2 profiled steps (seconds per step at batch 1024); the table's 'profiled steps'
+column says so. Where the CUDA kernel backend cannot run (no GPU or no nvcc), its rows say
+why. A comparison never overwrites another: each goes into a new folder.
+
+Under torchrun (make compare GPUS=N, training/launch.py) every rank makes the same runs,
+each a job of N ranks (train.py's), and rank 0 alone prints and writes the comparison. A
+run that fails on a rank ends the whole job there: the ranks must make their runs in
+step.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import train
+from core.errors import UserError, command, run_command
+from core.names import MODES, variants
+from core.tables import csv_text, markdown_of_dicts
+from kernels.cuda_giou import unavailable_reason
+from profiling.run_folder import display
+from studies.charts import compare_chart
+from studies.common import (
+    SKIPPED,
+    attempt,
+    base_config,
+    folder_name,
+    fresh_out,
+    label,
+    run_config,
+    strategies,
+)
+from studies.compare_rows import compare_rows, load_summary, present_columns, skipped_row
+from training.ranks import from_env, stop
+
+# The loop runs seconds per step at batch 1024 and its trace holds ~10^5 events a step.
+LOOP_STEPS = {"warmup": 1, "active": 2}
+# train.py options that make compare sets per run.
+PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir")
+REFUSAL = ("is set per run by make compare (every run would be the same); choose runs "
+           "with --strategies and --modes, and the folder with --out")
+
+
+def loop_steps(given: dict) -> dict:
+    """The loop's fewer steps, where the user's options do not set them."""
+    return {name: n for name, n in LOOP_STEPS.items() if name not in given}
+
+
+def run_all(out: Path, base: train.Config, given: dict, plan_strategies, modes
+            ) -> tuple[list[Path], list[dict]]:
+    """Runs the strategies in the modes; returns the run folders and the skipped rows
+    (those that could not run here, and those that failed)."""
+    cuda_reason = unavailable_reason()
+    plan = [(s, m) for m in modes for s in plan_strategies]
+    runs, skipped, started = [], [], time.time()
+    say = print if from_env().main else (lambda *a, **k: None)
+    say(f"make compare: {len(plan)} runs, each a profiled train.py run (the loop's take "
+        "longest)", flush=True)
+    for i, ((loss, backend), mode) in enumerate(plan, 1):
+        name = label(loss, backend)
+        tag = f"[{i}/{len(plan)}] {name} {mode}"
+        if backend == "cuda" and cuda_reason:
+            say(f"{tag}: skipped ({cuda_reason})", flush=True)
+            skipped.append(skipped_row(name, mode, cuda_reason))
+            continue
+        cfg = run_config(base, loss=loss, backend=backend, mode=mode, out_dir=str(out),
+                         run_name=f"{folder_name(loss, backend)}-{mode}",
+                         **(loop_steps(given) if loss == "loop" else {}))
+        say(f"{tag} ({time.time() - started:.0f} s so far)", flush=True)
+        record, reason = attempt(cfg, tag)
+        if record is None:
+            skipped.append(skipped_row(name, mode, reason))
+            continue
+        runs.append(Path(record["run_dir"]))
+    say(f"all runs done in {time.time() - started:.0f} s", flush=True)
+    return runs, skipped
+
+
+def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
+    summaries = [load_summary(r) for r in runs]
+    rows = compare_rows(summaries)
+    for row, run in zip(rows, runs):
+        row["run folder"] = display(Path(run).absolute())
+    rows += skipped
+    rows.sort(key=lambda r: (MODES.index(r["mode"]), r["strategy"]))
+    columns = present_columns(rows)
+    table = markdown_of_dicts(columns, rows, left={"strategy", "mode"})
+    (out / "comparison.md").write_text(table + "\n")
+    (out / "comparison.csv").write_text(csv_text(columns, rows))
+    compare_chart(rows, out / "comparison.png")
+    from torch.utils.tensorboard import SummaryWriter
+    with SummaryWriter(str(out / "comparison")) as writer:
+        writer.add_text("comparison", table, 0)
+        for r in rows:
+            tag = r["strategy"].replace("/", "_")
+            for column in ("loss CPU ms", "loss GPU ms", "step CPU ms", "step GPU ms"):
+                if r.get(column) is not None:  # absent for skipped runs, GPU ones on a CPU
+                    name = column.replace(" ", "_").lower()
+                    writer.add_scalar(f"{r['mode']}/{name}/{tag}", r[column], 0)
+    return table
+
+
+def finished_runs(paths: list[Path]) -> tuple[list[Path], list[dict]]:
+    """The runs to rebuild from, each complete, and the skipped rows recorded beside them
+    for the same modes (a run that ended early is refused, never taken for complete)."""
+    modes = set()
+    for path in paths:
+        if not (path / "summary.json").exists():
+            raise UserError(f"no summary.json in {path}")
+        summary = load_summary(path)
+        if summary.get("status", "complete") != "complete":
+            raise UserError(f"{path} holds a run that {summary['status']} "
+                            f"({summary.get('reason', '')}); leave it out of --runs")
+        modes.add(summary["config"]["mode"])
+    skipped = []
+    for parent in sorted({p.resolve().parent for p in paths}):
+        if (parent / SKIPPED).exists():
+            skipped += [r for r in json.loads((parent / SKIPPED).read_text())
+                        if r["mode"] in modes]
+    return paths, skipped
+
+
+def _parse(argv) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="make compare", allow_abbrev=False,
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", nargs="+", type=Path,
+                        help="rebuild the comparison from these run folders; runs nothing")
+    parser.add_argument("--out", type=Path, help="a new folder for the comparison "
+                        "(default: profiles/compare-<time>/)")
+    parser.add_argument("--strategies", default=",".join(variants()),
+                        help="comma-separated, <loss>[:<kernel backend>]")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated")
+    return parser.parse_known_args(argv)
+
+
+def _main(argv) -> int:
+    args, train_args = _parse(argv)
+    plan_strategies, modes = strategies(args.strategies), args.modes.split(",")
+    if not set(modes) <= set(MODES):
+        raise UserError(f"--modes takes {', '.join(MODES)}")
+    if args.runs:
+        if train_args:
+            raise UserError(f"--runs rebuilds from finished runs; {' '.join(train_args)} "
+                            "would change nothing")
+        runs, skipped = finished_runs(args.runs)
+        out = fresh_out(args.out, "comparison", "compare")
+    else:
+        ranks = from_env()
+        base, given = base_config(train_args, PER_RUN, REFUSAL)
+        train.validate(base, ranks.world)  # the shared options, once before any run
+        if ranks.distributed:
+            import torch
+            ranks.start(torch.cuda.is_available())
+        # Rank 0 makes the folder; the others are told its name.
+        out = ranks.share(fresh_out(args.out, "comparison", "compare") if ranks.main
+                          else None)
+        runs, skipped = run_all(out, base, given, plan_strategies, modes)
+        stop()  # every rank done with the process group (train.main does the same)
+        if not from_env().main:
+            return 0  # rank 0 writes the comparison
+        # Kept so that a rebuild from these run folders lists the skipped runs too.
+        (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
+    print(write_comparison(out, runs, skipped))
+    print(f"written: {display(out / 'comparison.md')}, comparison.csv, comparison.png, "
+          "comparison/")
+    failed = [r for r in skipped if "the run failed" in str(r.get("profiled steps"))]
+    if failed:
+        print(f"error: {len(failed)} of {len(failed) + len(runs)} runs failed (their rows "
+              "say why)", file=sys.stderr)
+        return 1
+    if not runs:
+        print("error: no run could be made here (the rows say why)", file=sys.stderr)
+        return 1
+    return 0
+
+
+main = command(_main)
+
+
+if __name__ == "__main__":
+    run_command(main, "the comparison was not written")
