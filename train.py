@@ -234,6 +234,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     from data import SyntheticFaces
     from data.loader import make_loader
     from profiling.harness import ProfiledRun
+    from profiling.step_reader import StepReader
     from training.cuda_graph import GraphedStep
     from training.distributed import GlobalBatch, RankShare
 
@@ -272,13 +273,18 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                  f"on {where} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
                  f"parameters built in {t_model:.1f} s")
         prof.say(f"speed-ups: {speedups.describe_used(speed)}")
-        _steps(prof, loader, graphed, to_device, train_step)
+        # The loss is read a step late in train mode on a GPU; forward mode syncs in every
+        # range anyway, and a CPU has no stream to run ahead of.
+        reader = StepReader(cuda, lag=1 if cfg.mode == "train" and cuda else 0)
+        _steps(prof, loader, graphed, to_device, train_step, reader)
     return prof.record
 
 
-def _steps(prof, loader, graphed, to_device, train_step) -> None:
+def _steps(prof, loader, graphed, to_device, train_step, reader) -> None:
     """The run's steps under the profiler: each its data, copy and step phases (or the
-    CUDA graph's replay), then the loss read on the host."""
+    CUDA graph's replay). Each step's loss is handed to the step reader, which reads it a
+    step later in train mode on a GPU (profiling/step_reader.py): no host-device sync per
+    step, so the host prepares step k+1 while the GPU runs step k."""
     phase = torch.profiler.record_function
     batches = iter(loader)
     for step in prof.steps():
@@ -292,13 +298,15 @@ def _steps(prof, loader, graphed, to_device, train_step) -> None:
                 batch = to_device((images, targets))
             loss = train_step(*batch)
             del batch
-        # host-device sync: once per step, outside the phases. It makes the step's wall
-        # time its real time and keeps the host from running ahead of the GPU.
-        value = loss.item()
+        reader.put(step, loss, t0)
         # Release this step's tensors here, outside every phase: kept, they would be
         # freed by the next step's assignments inside its ranges.
         del images, targets, loss
-        prof.end_step(step, value, t0)
+        for read in reader.ready():  # waits for step k-1's end on the stream, if need be
+            prof.record_step(read)
+        prof.end_step(step)
+    for read in reader.drain():
+        prof.record_step(read)
 
 
 def _stop_on_sigterm(signum, frame):

@@ -5,7 +5,9 @@ the gzipped trace and summary.json. train.py's loop runs inside it:
     with ProfiledRun(cfg, label, phases, cuda) as run:
         for step in run.steps():
             ...                                  # the phases, each a record_function
-            run.end_step(step, loss.item(), t0)
+            for read in reader.ready():          # profiling/step_reader.py: a step's loss
+                run.record_step(read)            # and times, read a step later
+            run.end_step(step)                   # the profiler moves on
     run.record                                   # what summary.json holds
 
 On several ranks (a torchrun job, training/ranks.py) rank 0 makes the folder and every
@@ -40,6 +42,7 @@ from profiling import run_folder
 from profiling.communication import communication
 from profiling.environment import environment
 from profiling.scaling import combine, format_ranks, scaling
+from profiling.step_reader import describe, sustained
 from profiling.table import format_table
 from profiling.trace_events import find_trace, load_trace
 from profiling.trace_summary import summarize
@@ -118,6 +121,7 @@ class ProfiledRun:
         self.total = cfg.wait + cfg.warmup + cfg.active
         self.done = 0          # steps completed
         self.losses: list[float] = []
+        self.step_times: list[dict] = []  # each step's host and device ms, as read
         self.record: dict | None = None
         self.dir: Path | None = None
 
@@ -149,17 +153,32 @@ class ProfiledRun:
         return ("wait" if step < cfg.wait else
                 "warmup" if step < cfg.wait + cfg.warmup else "profiled")
 
-    def end_step(self, step: int, loss: float, started: float) -> None:
-        """Progress line and scalars of a finished step; the profiler moves on."""
-        elapsed_ms = (time.perf_counter() - started) * 1e3
+    def record_step(self, read) -> None:
+        """A step's loss and times, as profiling/step_reader.py read them (a step late on a
+        GPU): the NaN check, the scalars and the progress line."""
+        step, loss = read.step, read.loss
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"the loss is {loss} at step {step + 1}: check --lr and the "
                                 "data")
         self.losses.append(loss)
+        self.step_times.append({"host_ms": round(read.host_ms, 4),
+                                "device_ms": None if read.device_ms is None
+                                else round(read.device_ms, 4)})
         self.writer.add_scalar("loss", loss, step)
-        self.writer.add_scalar("step_time_ms", elapsed_ms, step)
+        self.writer.add_scalar("step_time_ms", read.host_ms, step)
+        device = ""
+        if read.device_ms is not None:
+            self.writer.add_scalar("step_device_ms", read.device_ms, step)
+            device = f", {read.device_ms:.1f} ms on the device"
         self.say(f"step {step + 1}/{self.total} ({self.schedule_of(step)}) loss {loss:.4f} "
-                 f"{elapsed_ms:.1f} ms")
+                 f"{read.host_ms:.1f} ms{device}")
+
+    def end_step(self, step: int) -> None:
+        """A step's work is enqueued: the profiler moves on to the next."""
+        if self.cuda and step + 1 == self.cfg.wait + self.cfg.warmup + self.cfg.active:
+            # host-device sync: once a run, at the profiled window's end, so that its
+            # trace holds every kernel of its last step (the host runs a step ahead).
+            torch.cuda.synchronize()
         self.done = step + 1
         # Ctrl-C or SIGTERM inside the profiler's step transition could leave it unable to
         # write the trace of the steps already done: the signal waits until it is over.
@@ -203,14 +222,30 @@ class ProfiledRun:
         title = f"{self.label}, {self.cfg.mode} mode, batch {self.cfg.batch_size}, {env['device']}"
         if status != "complete":
             title += f" ({status} after {summary['steps']} profiled steps)"
+        table = format_table(summary, title, on_gpu=self.cuda)
+        rate = sustained(self.step_times, self.cfg.wait, self.cfg.batch_size * self.ranks.world)
+        busy = self._busy_fraction(summary)
+        if rate:
+            table += "\n" + describe(rate, busy)
         return {"status": status, **extra,
                 "config": dataclasses.asdict(self.cfg), "speedups": self.speedups,
-                "environment": env, "trace": trace.name,
-                "table": format_table(summary, title, on_gpu=self.cuda),
+                "environment": env, "trace": trace.name, "table": table,
+                "step_times": self.step_times, "sustained": rate, "gpu_busy_fraction": busy,
                 "losses": self.losses,
                 "peak_gpu_memory_gb": (torch.cuda.max_memory_allocated() / 1e9 if self.cuda
                                        else None),
                 **summary}
+
+    def _busy_fraction(self, summary: dict) -> float | None:
+        """The profiled steps' GPU work (their kernels, copies and memsets, from the trace)
+        over their time on the device (the step reader's events): how much of each step
+        the GPU was busy. None without device times."""
+        start = self.cfg.wait + self.cfg.warmup
+        window = self.step_times[start:start + summary["steps"]]
+        device = [t["device_ms"] for t in window if t["device_ms"] is not None]
+        if not device or len(device) < len(window) or not self.cuda:
+            return None
+        return summary["step"]["gpu_ms"] * len(device) / sum(device)
 
     def _finish(self) -> None:
         self.say("writing the trace...")

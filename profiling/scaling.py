@@ -2,7 +2,7 @@
 per second, and the scaling against a one-GPU run (--scaling-baseline).
 
 samples_per_s = global batch (ranks x --batch-size) / the mean wall time of a profiled
-step on rank 0 (the ranks wait for each other in every step's all-reduce and loss.item(),
+step on rank 0 (the ranks wait for each other in every step's all-reduce and loss read,
 so rank 0's step is the job's).
 """
 

@@ -1,0 +1,110 @@
+"""Each step's loss and its time on the device, read one step later: a train step without
+a host-device sync.
+
+Reading the loss with `loss.item()` at every step's end makes the host wait for the GPU to
+finish the step, so the GPU then waits for the host to launch the next one. Here each
+step's loss is copied into pinned host memory without blocking (`copy_(non_blocking=True)`
+on the stream, behind the step's work) and an event is recorded after it; the value is
+read `lag` steps later, once that event has completed. The host thus runs up to `lag`
+steps ahead of the GPU, and waits (on the event, never on the whole device) only where it
+would get further ahead.
+
+The same events time the steps on the device: the elapsed time between two consecutive
+step-end events is what the stream took for that step, idle gaps included, i.e. the step
+as the GPU saw it, however far the host ran ahead. Summed over many steps it gives the
+throughput a user sustains.
+
+On a CPU there is no stream and no device time; train.py reads the loss at once there
+(lag 0), and in forward mode, whose ranges each end in a sync anyway.
+"""
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class StepRead:
+    step: int
+    loss: float
+    host_ms: float             # the host's time from the step's start to its end
+    device_ms: float | None    # the stream's time from the previous step's end to this one's
+
+
+class StepReader:
+    def __init__(self, cuda: bool, lag: int = 1):
+        self.cuda = cuda
+        self.lag = lag
+        self._pending: deque = deque()  # (step, pinned loss, event, host ms), oldest first
+        self._last_event: torch.cuda.Event | None = None
+        self._slots: list[torch.Tensor] = []
+
+    def put(self, step: int, loss: torch.Tensor, started: float) -> None:
+        """The step's loss, enqueued for reading; started: its time.perf_counter() start."""
+        host_ms = (time.perf_counter() - started) * 1e3
+        if not self.cuda:
+            self._pending.append((step, loss.detach(), None, None, host_ms))
+            return
+        # A ring of lag + 2 pinned slots: a slot is written again only after it was read.
+        if not self._slots:
+            self._slots = [torch.empty((), dtype=torch.float32, pin_memory=True)
+                           for _ in range(self.lag + 2)]
+        slot = self._slots[step % len(self._slots)]
+        slot.copy_(loss.detach(), non_blocking=True)  # no sync: behind the step's work
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._pending.append((step, slot, event, self._last_event, host_ms))
+        self._last_event = event
+
+    def ready(self) -> list[StepRead]:
+        """The steps at least `lag` steps old, read (waiting for their events if the GPU
+        has not got there yet)."""
+        reads = []
+        while len(self._pending) > self.lag:
+            reads.append(self._read(self._pending.popleft()))
+        return reads
+
+    def drain(self) -> list[StepRead]:
+        """Every step not read yet (the run's end)."""
+        reads = [self._read(p) for p in self._pending]
+        self._pending.clear()
+        return reads
+
+    def _read(self, pending) -> StepRead:
+        step, value, event, previous, host_ms = pending
+        device_ms = None
+        if event is not None:
+            event.synchronize()  # waits for this step's end on the stream, not the device
+            if previous is not None:
+                device_ms = previous.elapsed_time(event)
+        return StepRead(step, float(value), host_ms, device_ms)
+
+
+def sustained(step_times: list[dict], first: int, samples_per_step: int) -> dict | None:
+    """The rate the run sustained over its steps from `first` on (the steps before it
+    compile, tune and capture): samples per second over the summed step times, and the
+    median and 95th percentile step, by the device's clock where there is one (CUDA
+    events at step boundaries), else the host's. None without such steps."""
+    timed = step_times[first:]
+    on_device = any(t["device_ms"] is not None for t in timed)
+    # A run's first step has no step before it to time from on the device.
+    times = sorted(t["device_ms"] for t in timed if t["device_ms"] is not None) if on_device \
+        else sorted(t["host_ms"] for t in timed)
+    if not times or sum(times) <= 0:
+        return None
+    return {"timer": "device (CUDA events at step boundaries)" if on_device else "host wall",
+            "steps": len(times), "samples_per_s": samples_per_step * len(times) / sum(times) * 1e3,
+            "step_ms_median": times[len(times) // 2],
+            "step_ms_p95": times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]}
+
+
+def describe(rate: dict, busy_fraction: float | None) -> str:
+    """The line under a run's table."""
+    line = (f"sustained: {rate['samples_per_s']:,.0f} samples/s over {rate['steps']} steps "
+            f"({rate['timer']}; step median {rate['step_ms_median']:.2f} ms, p95 "
+            f"{rate['step_ms_p95']:.2f} ms)")
+    if busy_fraction is not None:
+        line += f"; the GPU busy {busy_fraction * 100:.0f} % of its profiled steps"
+    return line
