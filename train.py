@@ -64,6 +64,12 @@ class Config:
                        "CUDA graph's capture happen here)")
     warmup: int = option(2, "profiler schedule: traced but discarded steps")
     active: int = option(5, "profiler schedule: profiled steps, the table's means")
+    steps: int = option(0, "steps in the run (0: wait + warmup + active); those after the "
+                        "profiled window run unprofiled, and the sustained rate counts them")
+    seconds: float = option(0.0, "end the run after this many seconds of steps, once the "
+                            "profiled window is done (0: no limit)")
+    settle: int = option(2, "first steps left out of the sustained rate (compile, cuDNN "
+                         "tuning; with a CUDA graph, every --wait step)")
     compile: bool = option(True, "torch.compile the model")
     amp: bool = option(True, "bf16 autocast for the forward (CUDA only)")
     pin_memory: bool = option(True, "pinned host memory for the batches (CUDA only)")
@@ -148,12 +154,18 @@ def validate(cfg: Config, world: int = 1) -> None:
     for name in ("batch_size", "max_boxes", "hidden", "active", "dataset_length"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("wait", "warmup", "num_workers", "main_cores", "seed"):
+    for name in ("wait", "warmup", "num_workers", "main_cores", "seed", "steps", "settle"):
         if getattr(cfg, name) < 0:
             raise UserError(f"--{name.replace('_', '-')} must not be negative")
     if not (math.isfinite(cfg.lr) and cfg.lr > 0):
         raise UserError(f"--lr must be a positive number, got {cfg.lr}")
-    steps = cfg.wait + cfg.warmup + cfg.active
+    window = cfg.wait + cfg.warmup + cfg.active
+    if cfg.steps and cfg.steps < window:
+        raise UserError(f"--steps {cfg.steps} is shorter than the profiled window (--wait "
+                        f"+ --warmup + --active = {window}): give at least {window}, or 0")
+    if not (math.isfinite(cfg.seconds) and cfg.seconds >= 0):
+        raise UserError(f"--seconds must be a number of seconds, 0 or more, got {cfg.seconds}")
+    steps = max(cfg.steps, window)
     if steps * cfg.batch_size * world > cfg.dataset_length:
         ranks = f" on each of {world} ranks" if world > 1 else ""
         raise UserError(f"{steps} steps of {cfg.batch_size}{ranks} need more than the "

@@ -118,7 +118,8 @@ class ProfiledRun:
         self.speedups = speedups  # what training/speedups.resolve says this run uses
         self.ranks = ranks
         self.out_dir, self.run_name = out_dir, run_name
-        self.total = cfg.wait + cfg.warmup + cfg.active
+        self.window = cfg.wait + cfg.warmup + cfg.active  # the profiler's steps
+        self.total = max(cfg.steps, self.window)  # planned; --seconds may end it sooner
         self.done = 0          # steps completed
         self.losses: list[float] = []
         self.step_times: list[dict] = []  # each step's host and device ms, as read
@@ -144,14 +145,24 @@ class ProfiledRun:
         if self.ranks.main:
             print(f"[{self.label}] {text}", flush=True)
 
-    def steps(self) -> range:
-        return range(self.total)
+    def steps(self):
+        """The run's step numbers; past the profiled window, none once --seconds of steps
+        have gone by."""
+        started = time.perf_counter()
+        for step in range(self.total):
+            if (step >= self.window and self.cfg.seconds
+                    and time.perf_counter() - started > self.cfg.seconds):
+                self.say(f"{self.cfg.seconds:g} s of steps reached: the run ends after "
+                         f"{step} of {self.total} steps")
+                return
+            yield step
 
     def schedule_of(self, step: int) -> str:
         """Where a step falls in the profiler's schedule: wait, warmup or profiled."""
         cfg = self.cfg
         return ("wait" if step < cfg.wait else
-                "warmup" if step < cfg.wait + cfg.warmup else "profiled")
+                "warmup" if step < cfg.wait + cfg.warmup else
+                "profiled" if step < self.window else "unprofiled")
 
     def record_step(self, read) -> None:
         """A step's loss and times, as profiling/step_reader.py read them (a step late on a
@@ -175,7 +186,7 @@ class ProfiledRun:
 
     def end_step(self, step: int) -> None:
         """A step's work is enqueued: the profiler moves on to the next."""
-        if self.cuda and step + 1 == self.cfg.wait + self.cfg.warmup + self.cfg.active:
+        if self.cuda and step + 1 == self.window:
             # host-device sync: once a run, at the profiled window's end, so that its
             # trace holds every kernel of its last step (the host runs a step ahead).
             torch.cuda.synchronize()
@@ -223,7 +234,9 @@ class ProfiledRun:
         if status != "complete":
             title += f" ({status} after {summary['steps']} profiled steps)"
         table = format_table(summary, title, on_gpu=self.cuda)
-        rate = sustained(self.step_times, self.cfg.wait, self.cfg.batch_size * self.ranks.world)
+        # A CUDA graph is captured at the last --wait step: not a step of the steady state.
+        first = max(self.cfg.settle, self.cfg.wait) if "graph" in self.phases else self.cfg.settle
+        rate = sustained(self.step_times, first, self.cfg.batch_size * self.ranks.world)
         busy = self._busy_fraction(summary)
         if rate:
             table += "\n" + describe(rate, busy)
@@ -231,6 +244,7 @@ class ProfiledRun:
                 "config": dataclasses.asdict(self.cfg), "speedups": self.speedups,
                 "environment": env, "trace": trace.name, "table": table,
                 "step_times": self.step_times, "sustained": rate, "gpu_busy_fraction": busy,
+                "steps_run": self.done,
                 "losses": self.losses,
                 "peak_gpu_memory_gb": (torch.cuda.max_memory_allocated() / 1e9 if self.cuda
                                        else None),
@@ -299,7 +313,7 @@ class ProfiledRun:
             if not self.ranks.main:
                 remove_plain_traces(self.dir, self.ranks.worker_name())
                 raise (RunInterrupted if interrupted else RunFailed)(f"{reason} {at}") from exc
-        profiled = max(0, self.done - self.cfg.wait - self.cfg.warmup)
+        profiled = min(self.cfg.active, max(0, self.done - self.cfg.wait - self.cfg.warmup))
         kept = None
         if profiled:
             kept = self._keep_completed_steps(status, reason, profiled, exc)

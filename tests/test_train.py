@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import train
+from core.errors import UserError
 from tests.helpers import REPO, TINY, cli, one_line_and_nothing_written, our_lines
 
 
@@ -225,3 +226,26 @@ def test_a_step_releases_its_tensors_before_the_next_step(tmp_path, monkeypatch,
     monkeypatch.setattr(losses, "get", get)
     _run(tmp_path, "--loss", "padded", "--mode", mode)
     assert alive_at_loss == [False, False, False]
+
+
+def test_a_run_longer_than_its_profiled_window(tmp_path):
+    record = _run(tmp_path, "--steps", "7", "--settle", "1")
+    assert record["steps_run"] == 7 and len(record["losses"]) == 7
+    assert record["steps"] == 2  # the profiled window: --active 2
+    assert record["sustained"]["steps"] == 6 and record["sustained"]["timer"] == "host wall"
+    assert len(record["step_times"]) == 7
+
+
+def test_a_time_budget_ends_the_run_after_the_profiled_window(tmp_path, capsys):
+    record = _run(tmp_path, "--steps", "1000", "--seconds", "0.5")
+    assert 3 <= record["steps_run"] < 1000 and record["status"] == "complete"
+    assert "s of steps reached: the run ends after" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--steps", "2"], "--steps 2 is shorter than the profiled window"),
+    (["--seconds", "-1"], "--seconds must be a number of seconds, 0 or more"),
+    (["--settle", "-1"], "--settle must not be negative")])
+def test_long_run_options_are_checked(tmp_path, args, message):
+    with pytest.raises(UserError, match=message):
+        train.validate(train.parse_config(TINY + ["--out-dir", str(tmp_path), *args]))
