@@ -47,6 +47,9 @@ def _rank(rank: int, port: int, seed: int, out: str) -> None:
                             "grads": [p.grad.clone() for p in model.parameters()]},
                            os.path.join(out, f"{name}.pt"))
     finally:
+        # Every rank done before any leaves: gloo can abort a rank whose peer tore the
+        # group down under it ("terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
 
 
