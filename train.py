@@ -73,6 +73,10 @@ class Config:
     compile: bool = option(True, "torch.compile the model")
     amp: bool = option(True, "bf16 autocast for the forward (CUDA only)")
     pin_memory: bool = option(True, "pinned host memory for the batches (CUDA only)")
+    loader: str = option("torch", "torch: PyTorch's DataLoader, as the original; ring: its "
+                         "workers write each batch's images into a ring of pinned shared "
+                         "buffers (data/ring_loader.py), the same batches",
+                         choices=("torch", "ring"))
     lr: float = option(1e-4, "SGD learning rate (momentum 0.9)")
     # The step's speed-ups (training/speedups.py): on by default, all off with --baseline.
     baseline: bool = option(False, "every speed-up below off, as the original ran the step "
@@ -261,7 +265,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
                          cfg.batch_size, cfg.num_workers, strategy.collate,
                          pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores,
-                         sampler=RankShare.of(cfg, ranks))
+                         sampler=RankShare.of(cfg, ranks), ring=cfg.loader == "ring")
     t_model = time.perf_counter()
     model, runner, optimizer = speedups.build(cfg, used, device, reuse,
                                               *ddp.wrapper(cfg, ranks, device))
@@ -343,7 +347,7 @@ def main(argv=None) -> int:
         # Ctrl-C (the harness's RunInterrupted, or before the run), a user's mistake, a
         # backend this machine lacks, a run that failed (its line says where its files
         # went): core/errors.py gives each its line and exit code.
-        _report(str(exc) or "interrupted" if isinstance(exc, KeyboardInterrupt)
+        _report((str(exc) or "interrupted") if isinstance(exc, KeyboardInterrupt)
                 else one_line(exc))
         return exit_code(exc)
     except Exception as exc:  # a bug: its traceback stays

@@ -7,9 +7,10 @@ Two parts, both host wall time:
 1. In one process, per batch of the preset: generating the samples (the dataset's
    __getitem__), the strategy's collate, and pinning the collated batch (what the
    DataLoader's pin-memory thread does), each the median of a few batches.
-2. make_loader itself, as train.py builds it, for each number of workers: batches per
-   second in steady state, i.e. after the prefetched batches (workers x 2) have been
-   taken, over --batches batches read as fast as the loader gives them. Nothing else runs.
+2. make_loader itself, as train.py builds it (PyTorch's DataLoader, or with --loaders
+   ring data/ring_loader.py), for each number of workers: batches per second in steady
+   state, i.e. after the prefetched batches (workers x 2) have been taken, over --batches
+   batches read as fast as the loader gives them. Nothing else runs.
 """
 
 import argparse
@@ -48,10 +49,11 @@ def one_process(dataset, batch: int, collate, pin: bool, repeats: int) -> list:
     return rows
 
 
-def steady_rate(dataset, batch: int, workers: int, collate, pin: bool, batches: int):
+def steady_rate(dataset, batch: int, workers: int, collate, pin: bool, batches: int,
+                ring: bool):
     """(batches per second after the prefetch queue was used up, seconds to the first
     batch)."""
-    loader = make_loader(dataset, batch, workers, collate, pin_memory=pin)
+    loader = make_loader(dataset, batch, workers, collate, pin_memory=pin, ring=ring)
     it = iter(loader)
     t0 = time.perf_counter()
     next(it)
@@ -76,6 +78,9 @@ def main() -> None:
     parser.add_argument("--loss", default="padded", help="whose collate")
     parser.add_argument("--no-pin", action="store_true", help="leave pinning out")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--loaders", default="torch",
+                        help="comma-separated: torch (PyTorch's DataLoader), ring "
+                        "(data/ring_loader.py)")
     args = parser.parse_args()
     pin = not args.no_pin and torch.cuda.is_available()
     collate = losses.get(args.loss).collate
@@ -86,11 +91,15 @@ def main() -> None:
                    one_process(dataset, args.batch, collate, pin, args.repeats),
                    left={"one process, per batch"}))
     rows = []
-    for workers in (int(w) for w in args.workers.split(",")):
-        rate, first = steady_rate(dataset, args.batch, workers, collate, pin, args.batches)
-        rows.append([workers, f"{rate:.1f}", f"{rate * args.batch / 1e3:.1f}", f"{first:.1f}"])
-        print(f"{workers} workers: {rate:.1f} batches/s", flush=True)
-    print(markdown(["workers", "batches/s", "k samples/s", "s to the first batch"], rows))
+    for kind in args.loaders.split(","):
+        for workers in (int(w) for w in args.workers.split(",")):
+            rate, first = steady_rate(dataset, args.batch, workers, collate, pin, args.batches,
+                                      ring=kind == "ring")
+            rows.append([kind, workers, f"{rate:.1f}", f"{rate * args.batch / 1e3:.1f}",
+                         f"{first:.1f}"])
+            print(f"{kind}, {workers} workers: {rate:.1f} batches/s", flush=True)
+    print(markdown(["loader", "workers", "batches/s", "k samples/s", "s to the first batch"],
+                   rows, left={"loader"}))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import os
 import torch
 
 from core.errors import UserError
+from data.ring_loader import RingLoader
 
 # Core affinity is a Linux call; elsewhere every process keeps the cores it has.
 _CAN_PIN = hasattr(os, "sched_getaffinity")
@@ -50,15 +51,20 @@ def _worker_init(worker_cores: set[int] | None):
 
 
 def make_loader(dataset, batch_size: int, num_workers: int, collate, pin_memory: bool,
-                main_cores: int = 0, sampler=None) -> torch.utils.data.DataLoader:
+                main_cores: int = 0, sampler=None, ring: bool = False):
     """Batches in order (same seed, same batches for every strategy), last partial batch
     dropped; the collate is the strategy's. sampler: a rank's share of every global batch
-    (training/distributed.RankShare), in order too."""
+    (training/distributed.RankShare), in order too. ring: the same batches from
+    data/ring_loader.py, the images written by the workers into pinned shared buffers."""
     cores = split_cores(main_cores)
     if _CAN_PIN:
         # Set before the loader starts: its threads inherit the main thread's cores, and
         # each forked worker then moves itself to the workers' cores.
         os.sched_setaffinity(0, cores[0] if cores else start_cores())
+    if ring:
+        return RingLoader(dataset, batch_size, num_workers, collate, pinned=pin_memory,
+                          sampler=sampler, worker_init_fn=_worker_init(cores[1] if cores
+                                                                       else None))
     return torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=False, sampler=sampler, drop_last=True,
         num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,

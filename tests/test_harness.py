@@ -13,7 +13,7 @@ import pytest
 
 import train
 from core.errors import RunFailed
-from tests.helpers import REPO, TINY, our_lines
+from tests.helpers import REPO, TINY, make_every_loss_nan, our_lines
 
 LONG = [a if a != "2" else "400" for a in TINY]  # 400 profiled steps: time to interrupt
 
@@ -130,15 +130,7 @@ def test_a_failed_trace_write_leaves_nothing_half_written(tmp_path, monkeypatch)
 
 
 def test_a_non_finite_loss_stops_the_run(tmp_path, monkeypatch):
-    import dataclasses
-
-    import losses
-    real_get = losses.get
-
-    def get(*args, **kwargs):
-        strategy = real_get(*args, **kwargs)
-        return dataclasses.replace(strategy, loss=lambda p, t: strategy.loss(p, t) * float("nan"))
-    monkeypatch.setattr(losses, "get", get)
+    make_every_loss_nan(monkeypatch)
     with pytest.raises(RunFailed, match="run failed at step 1 of 3: the loss is nan at step 1"):
         train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
     (kept,) = tmp_path.iterdir()

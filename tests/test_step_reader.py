@@ -2,8 +2,6 @@
 step's end, a NaN still ends the run within a step, the sustained rate is the samples over
 the summed step times; on a GPU a train step then runs without a host-device sync."""
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -14,7 +12,7 @@ from data import SyntheticFaces
 from data.loader import make_loader
 from profiling import step_reader
 from profiling.step_reader import StepReader, sustained
-from tests.helpers import SMALL, TINY
+from tests.helpers import SMALL, TINY, make_every_loss_nan
 from training import speedups
 
 
@@ -52,12 +50,7 @@ def test_a_run_reading_its_losses_a_step_late_gets_the_same_losses(tmp_path, mon
 
 def test_a_nan_read_a_step_late_still_ends_the_run(tmp_path, monkeypatch):
     _force_lag(monkeypatch, 1)
-    real_get = losses.get
-
-    def get(*args, **kwargs):
-        strategy = real_get(*args, **kwargs)
-        return dataclasses.replace(strategy, loss=lambda p, t: strategy.loss(p, t) * float("nan"))
-    monkeypatch.setattr(losses, "get", get)
+    make_every_loss_nan(monkeypatch)
     with pytest.raises(RunFailed, match="run failed at step 2 of 3: the loss is nan at step 1"):
         train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
 

@@ -1,0 +1,136 @@
+"""A loader whose workers write each batch's images straight into a ring of shared host
+buffers that the main process registered as pinned once (the design FFCV uses).
+
+Why: with PyTorch's loader as the original uses it, every 64 MB image batch is copied
+three times on the host before its H2D copy (the collate's stack, the move into shared
+memory to cross to the main process, the pin-memory thread's copy out of that fresh
+mapping into pinned memory), and the main process's pin thread does the last of them for
+every batch alone (results/host.md: 32 batches/s pinned, 53 unpinned, at 16 workers).
+Here a worker generates each sample as before (the same generator per (seed, index), so
+the same images and boxes in the same order) and writes it into its slot of the ring; it
+returns only the slot's number and the batch's targets (a few KB, which the loader pins
+as before). The main process hands out its own view of that slot: memory that CUDA has
+registered as pinned, so the image batch's H2D copy is one DMA, with no copy on the host.
+
+    loader = RingLoader(dataset, batch_size, num_workers, strategy.collate, pinned=True)
+    for images, targets in loader:       # images: a view of one ring slot
+        ...                              # copy them to the device within this step
+
+A slot is written again only once the device copy read from it has completed: a batch is
+handed out, its step enqueues its copies, and an event recorded when the next batch is
+asked for marks them; the ring holds as many slots as the loader keeps batches in flight
+(prefetch x workers) and two more, and before each request the event of the batch two
+back is waited for (long done, as the host runs at most a step ahead of the GPU).
+"""
+
+import torch
+from torch.utils.data import BatchSampler, Dataset, SequentialSampler
+
+_PIXEL = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the collate's stand-in for an image
+PREFETCH = 2  # batches each worker keeps ready (the DataLoader's prefetch_factor)
+SPARE_SLOTS = 2  # the batch in use and the one whose copy may still be in flight
+
+
+class _NumberedBatches(BatchSampler):
+    """The batch sampler's index lists, each with its batch number: the number says
+    which ring slot the batch's images go to."""
+
+    def __iter__(self):
+        yield from enumerate(super().__iter__())
+
+
+class _RingDataset(Dataset):
+    """The dataset, read a batch at a time into ring slots (DataLoader's __getitems__)."""
+
+    def __init__(self, dataset, images: torch.Tensor, collate):
+        self.dataset, self.images, self.collate = dataset, images, collate
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, numbered):
+        number, indices = numbered
+        slot = number % self.images.shape[0]
+        out = self.images[slot]
+        pairs = []
+        for row, index in enumerate(indices):
+            image, boxes = self.dataset[index]
+            out[row].copy_(image)
+            pairs.append((_PIXEL, boxes))
+        # The strategy's own collate makes the targets (and refuses a sample with more
+        # boxes than the model predicts); its stacked stand-in images are dropped.
+        _, targets = self.collate(pairs)
+        return slot, targets
+
+
+def _keep(batch):
+    return batch  # __getitems__ returned the whole batch already
+
+
+class RingLoader:
+    """Batches (images, targets) as make_loader gives them, the images in ring slots."""
+
+    def __init__(self, dataset, batch_size: int, num_workers: int, collate, pinned: bool,
+                 sampler=None, worker_init_fn=None):
+        self.pinned, self.pin = False, pinned
+        sample_shape = tuple(dataset[0][0].shape)
+        in_flight = PREFETCH * max(num_workers, 1)
+        # Shared before the workers fork, so that every process writes the same pages.
+        self.images = torch.empty((in_flight + SPARE_SLOTS, batch_size, *sample_shape),
+                                  dtype=torch.uint8).share_memory_()
+        batches = _NumberedBatches(sampler or SequentialSampler(dataset), batch_size,
+                                   drop_last=True)
+        self.loader = torch.utils.data.DataLoader(
+            _RingDataset(dataset, self.images, collate), batch_sampler=batches,
+            num_workers=num_workers, collate_fn=_keep, pin_memory=pinned,
+            prefetch_factor=PREFETCH if num_workers else None,
+            worker_init_fn=worker_init_fn)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        # The workers fork when the iteration starts; the pages are registered after: CUDA
+        # may keep pinned pages out of a forked child (MADV_DONTFORK), and the workers must
+        # see the ring.
+        self.close()
+        batches = iter(self.loader)
+        self.pinned = self.pin and _register(self.images)
+        copies = []  # events after the device copies of the batches handed out, oldest first
+        handed = False
+        while True:
+            if self.pinned and handed:
+                # The batch handed out last has had its step: its copies are enqueued.
+                event = torch.cuda.Event()
+                event.record()
+                copies.append(event)
+                if len(copies) >= SPARE_SLOTS:
+                    # The slot the loader fills next was last read by this batch's copy.
+                    copies.pop(0).synchronize()  # waits for an H2D copy, rarely at all
+            try:
+                slot, targets = next(batches)
+            except StopIteration:
+                return
+            handed = True
+            yield self.images[slot], targets
+
+    def close(self) -> None:
+        """Unregisters the ring's pages, before they are freed."""
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.images.data_ptr())
+            self.pinned = False
+
+    def __del__(self):
+        self.close()
+
+
+def _register(images: torch.Tensor) -> bool:
+    """Registers the ring's pages with CUDA as pinned memory; False without a GPU."""
+    if not torch.cuda.is_available():
+        return False
+    code = torch.cuda.cudart().cudaHostRegister(images.data_ptr(),
+                                                images.numel() * images.element_size(), 0)
+    if int(code) != 0:
+        raise RuntimeError(f"cudaHostRegister of the loader's ring failed (CUDA error "
+                           f"{int(code)}); run with --loader torch")
+    return True
