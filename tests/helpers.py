@@ -1,8 +1,10 @@
 """What several test files share: the repository's path, the tiny and small run sizes,
 and how a command's output is read."""
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,3 +47,47 @@ def make_every_loss_nan(monkeypatch) -> None:
         strategy = real_get(*args, **kwargs)
         return dataclasses.replace(strategy, loss=lambda p, t: strategy.loss(p, t) * float("nan"))
     monkeypatch.setattr(losses, "get", get)
+
+
+LONG = [a if a != "2" else "400" for a in TINY]  # 400 profiled steps: time to interrupt
+
+
+def start_long_run(out: Path, *args):
+    """train.py at the TINY size with 400 profiled steps, in a process of its own that
+    takes Ctrl-C as a terminal gives it; its run folder is out/run."""
+    return subprocess.Popen([sys.executable, "-u", str(REPO / "train.py"), *LONG,
+                             "--out-dir", str(out), "--run-name", "run", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_as_a_terminal_gives_it)
+
+
+def _ctrl_c_as_a_terminal_gives_it():
+    """A suite started in the background (`make test &`) inherits SIGINT ignored, and a
+    Python started with it ignored leaves it so: the Ctrl-C tests would pass for nothing
+    or fail. The child gets the default, as in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def signal_after(proc, line_part: str, signum, timeout=300):
+    """Sends signum once stdout shows line_part; returns (exit code, stderr lines)."""
+    deadline = time.time() + timeout
+    for line in proc.stdout:
+        if line_part in line:
+            proc.send_signal(signum)
+            break
+        assert time.time() < deadline, f"no {line_part!r} in {timeout} s"
+    _, err = proc.communicate(timeout=timeout)
+    return proc.returncode, our_lines(err)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """The pids whose command line holds text (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found

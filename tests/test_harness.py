@@ -4,49 +4,17 @@ that says what it holds: the profiled steps that completed, gzipped and summariz
 
 import json
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 import train
 from core.errors import RunFailed
-from tests.helpers import REPO, TINY, make_every_loss_nan, our_lines
-
-LONG = [a if a != "2" else "400" for a in TINY]  # 400 profiled steps: time to interrupt
-
-
-def _start(out: Path, *args):
-    return subprocess.Popen([sys.executable, "-u", str(REPO / "train.py"), *LONG,
-                             "--out-dir", str(out), "--run-name", "run", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_ctrl_c_as_a_terminal_gives_it)
-
-
-def _ctrl_c_as_a_terminal_gives_it():
-    """A suite started in the background (`make test &`) inherits SIGINT ignored, and a
-    Python started with it ignored leaves it so: the Ctrl-C tests would pass for nothing
-    or fail. The child gets the default, as in a terminal."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _signal_after(proc, line_part: str, signum, timeout=300):
-    """Sends signum once stdout shows line_part; returns (exit code, stderr lines)."""
-    deadline = time.time() + timeout
-    for line in proc.stdout:
-        if line_part in line:
-            proc.send_signal(signum)
-            break
-        assert time.time() < deadline, f"no {line_part!r} in {timeout} s"
-    _, err = proc.communicate(timeout=timeout)
-    return proc.returncode, our_lines(err)
+from tests.helpers import TINY, make_every_loss_nan, signal_after, start_long_run
 
 
 @pytest.mark.parametrize("signum,name", [(signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")])
 def test_a_signal_in_the_profiled_steps_keeps_the_completed_ones(tmp_path, signum, name):
-    code, lines = _signal_after(_start(tmp_path), "step 5/401 (profiled)", signum)
+    code, lines = signal_after(start_long_run(tmp_path), "step 5/401 (profiled)", signum)
     assert code == 130, lines
     assert len(lines) == 1 and lines[0].startswith(f"error: interrupted ({name}) at step "), lines
     assert [p.name for p in tmp_path.iterdir()] == ["run-interrupted"], lines
@@ -63,7 +31,7 @@ def test_a_signal_in_the_profiled_steps_keeps_the_completed_ones(tmp_path, signu
 
 def test_a_signal_before_any_profiled_step_leaves_nothing(tmp_path):
     args = ["--wait", "400", "--warmup", "1", "--active", "1"]
-    code, lines = _signal_after(_start(tmp_path, *args), "step 2/402 (wait)", signal.SIGINT)
+    code, lines = signal_after(start_long_run(tmp_path, *args), "step 2/402 (wait)", signal.SIGINT)
     assert code == 130 and len(lines) == 1, lines
     assert lines[0].startswith("error: interrupted (Ctrl-C) at step ") and \
         lines[0].endswith("; nothing kept"), lines

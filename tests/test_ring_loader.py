@@ -2,6 +2,9 @@
 order) for every collate, with and without workers and on a rank's share; a worker's
 error reaches the main process as before; a run with it gets the same losses."""
 
+import signal
+import time
+
 import pytest
 import torch
 
@@ -10,7 +13,7 @@ import train
 from core.errors import UserError
 from data import SyntheticFaces
 from data.loader import make_loader
-from tests.helpers import TINY
+from tests.helpers import TINY, processes_mentioning, signal_after, start_long_run
 from training.distributed import RankShare
 
 
@@ -57,6 +60,17 @@ def test_a_workers_error_reaches_the_main_process(workers):
                          ring=True)
     with pytest.raises(UserError, match="boxes but the model predicts only 1"):
         next(iter(loader))
+
+
+def test_ctrl_c_during_a_ring_run_keeps_its_steps_and_leaves_no_worker(tmp_path):
+    proc = start_long_run(tmp_path, "--loader", "ring", "--num-workers", "2")
+    code, lines = signal_after(proc, "step 5/401 (profiled)", signal.SIGINT)
+    assert code == 130 and len(lines) == 1 and "interrupted (Ctrl-C)" in lines[0], lines
+    assert [p.name for p in tmp_path.iterdir()] == ["run-interrupted"]
+    deadline = time.time() + 10  # the workers see their parent gone and exit
+    while processes_mentioning(str(tmp_path)) and time.time() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(tmp_path)) == []
 
 
 def test_a_run_with_the_ring_gets_the_same_losses(tmp_path):
