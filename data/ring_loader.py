@@ -1,5 +1,6 @@
 """A loader whose workers write each batch's images straight into a ring of shared host
-buffers that the main process registered as pinned once (the design FFCV uses).
+buffers that the main process registers as pinned once they have forked (the design FFCV
+uses, with processes for its threads).
 
 Why: with PyTorch's loader as the original uses it, every 64 MB image batch is copied
 three times on the host before its H2D copy (the collate's stack, the move into shared
