@@ -1,1 +1,3 @@
-"""Turning a run's profiler trace into per-phase numbers and tables (kept out of train.py)."""
+"""What one run needs around its loop (run folder, profiler, each step's loss and device
+time, summary, early ends) and what turns its trace into numbers. Nothing here imports
+train.py or the studies above it."""
