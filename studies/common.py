@@ -8,26 +8,16 @@ from pathlib import Path
 
 import train
 from core.errors import UserError, one_line
-from core.names import describe, parse_variants
+from core.names import describe
 from profiling.run_folder import check_out_dir, new_run_dir, utc_stamp
 from training.ranks import from_env
 
 SKIPPED = "skipped.json"  # rows that could not run, kept beside the runs for a rebuild
 
 
-def strategies(text: str) -> list[tuple[str, str]]:
-    """--strategies as (loss, backend) pairs; one line for an unknown or empty one."""
-    return parse_variants(text)
-
-
-def label(loss: str, backend: str) -> str:
-    """How tables name a strategy: 'kernel/cuda', 'padded'."""
-    return describe(loss, backend)
-
-
 def folder_name(loss: str, backend: str) -> str:
     """How run folders name a strategy: 'kernel-cuda', 'padded'."""
-    return label(loss, backend).replace("/", "-")
+    return describe(loss, backend).replace("/", "-")
 
 
 def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
@@ -61,7 +51,7 @@ def run_config(base: train.Config, **fields) -> train.Config:
     return dataclasses.replace(base, **fields)
 
 
-def attempt(cfg: train.Config, label_: str) -> tuple[dict | None, str | None]:
+def attempt(cfg: train.Config, tag: str) -> tuple[dict | None, str | None]:
     """One train.run in this process: (its summary, None), or (None, why it failed). One
     run's failure is a row of the table, not the end of the study (on one rank)."""
     try:
@@ -73,5 +63,5 @@ def attempt(cfg: train.Config, label_: str) -> tuple[dict | None, str | None]:
             raise  # the other ranks would wait for this one in the next run's collectives
         if not isinstance(exc.__cause__ or exc, UserError):
             traceback.print_exc()
-        print(f"{label_}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
+        print(f"{tag}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
         return None, f"the run failed: {one_line(exc)}"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import train
 from core.errors import UserError, command, run_command
-from core.names import MODES, variants
+from core.names import MODES, describe, parse_variants, variants
 from core.tables import csv_text, markdown_of_dicts
 from kernels.cuda_giou import unavailable_reason
 from profiling.run_folder import display
@@ -37,9 +37,7 @@ from studies.common import (
     base_config,
     folder_name,
     fresh_out,
-    label,
     run_config,
-    strategies,
 )
 from studies.compare_rows import compare_rows, load_summary, present_columns, skipped_row
 from training.ranks import from_env, stop
@@ -68,7 +66,7 @@ def run_all(out: Path, base: train.Config, given: dict, plan_strategies, modes
     say(f"make compare: {len(plan)} runs, each a profiled train.py run (the loop's take "
         "longest)", flush=True)
     for i, ((loss, backend), mode) in enumerate(plan, 1):
-        name = label(loss, backend)
+        name = describe(loss, backend)
         tag = f"[{i}/{len(plan)}] {name} {mode}"
         if backend == "cuda" and cuda_reason:
             say(f"{tag}: skipped ({cuda_reason})", flush=True)
@@ -146,7 +144,7 @@ def _parse(argv) -> tuple[argparse.Namespace, list[str]]:
 
 def _main(argv) -> int:
     args, train_args = _parse(argv)
-    plan_strategies, modes = strategies(args.strategies), args.modes.split(",")
+    plan_strategies, modes = parse_variants(args.strategies), args.modes.split(",")
     if not set(modes) <= set(MODES):
         raise UserError(f"--modes takes {', '.join(MODES)}")
     if args.runs:

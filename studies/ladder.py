@@ -23,7 +23,14 @@ import torch
 
 import train
 from core.errors import command, run_command
-from core.names import GPU_ONLY_SPEEDUPS, INTERPRETER_SLOW_SPEEDUPS, PHASES, SPEEDUPS
+from core.names import (
+    GPU_ONLY_SPEEDUPS,
+    INTERPRETER_SLOW_SPEEDUPS,
+    PHASES,
+    SPEEDUPS,
+    describe,
+    parse_variants,
+)
 from core.tables import csv_text, markdown_of_dicts
 from kernels.cuda_giou import unavailable_reason
 from profiling.run_folder import display
@@ -34,9 +41,7 @@ from studies.common import (
     base_config,
     folder_name,
     fresh_out,
-    label,
     run_config,
-    strategies,
 )
 from studies.compare_rows import load_summary
 from training import speedups
@@ -97,7 +102,7 @@ def run_ladder(out: Path, train_args: list[str], plan_strategies, rungs=("baseli
     base, _ = base_config(train_args, PER_RUN, REFUSAL, baseline=True)
     runs, skipped, started = {}, [], time.time()
     for loss, backend in plan_strategies:
-        name = label(loss, backend)
+        name = describe(loss, backend)
         fields = {}  # the speed-ups of the rungs so far
         for number, rung in enumerate(("baseline", *SPEEDUPS)):
             if rung not in rungs:
@@ -133,7 +138,7 @@ def run_groups(out: Path, train_args: list[str], text: str, plan_strategies):
     returns what run_ladder returns, over all groups, in ladder order."""
     started = time.time()
     runs, skipped = {}, []
-    names = [label(*s) for s in plan_strategies]
+    names = [describe(*s) for s in plan_strategies]
     for group in GROUPS:
         code = subprocess.call([sys.executable, "-m", "studies.ladder", "--group", group,
                                 "--strategies", text, "--out", str(out), *train_args])
@@ -240,7 +245,7 @@ def _main(argv) -> int:
                         "(default: profiles/ladder-<time>/)")
     parser.add_argument("--group", choices=tuple(GROUPS), help=argparse.SUPPRESS)
     args, train_args = parser.parse_known_args(argv)
-    plan_strategies = strategies(args.strategies)
+    plan_strategies = parse_variants(args.strategies)
     if args.group:  # a worker of run_groups: its rungs, into the ladder's folder
         runs, skipped = run_ladder(args.out, train_args, plan_strategies, GROUPS[args.group])
         (args.out / f"rungs-{args.group}.json").write_text(json.dumps(

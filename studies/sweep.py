@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 
 from core.errors import UserError, command, one_line, run_command
-from core.names import variants
+from core.names import describe, parse_variants, variants
 from core.tables import csv_text
 from kernels.cuda_giou import unavailable_reason
 from profiling.run_folder import display
 from studies.charts import sweep_chart
-from studies.common import fresh_out, label, strategies
+from studies.common import fresh_out
 from studies.sweep_point import measure, samples, sigma_label
 from studies.sweep_report import markdown, read_rows
 
@@ -90,7 +90,7 @@ def parse(argv) -> argparse.Namespace:
     args.batch = _numbers(args.batch, int, "batch")
     args.capacity = _numbers(args.capacity, int, "capacity")
     args.sigma = _numbers(args.sigma, float, "sigma")
-    args.strategies = strategies(args.strategies)
+    args.strategies = parse_variants(args.strategies)
     args.centre = GRIDS[preset]["centre"]
     return args
 
@@ -127,7 +127,7 @@ def run(args) -> list[dict]:
               "nothing about a GPU", flush=True)
     for i, ((axis, batch, capacity, sigma), (loss, backend)) in enumerate(plan, 1):
         row = {"axis": axis, "batch": batch, "capacity": capacity,
-               "sigma": sigma_label(sigma), "strategy": label(loss, backend)}
+               "sigma": sigma_label(sigma), "strategy": describe(loss, backend)}
         tag = (f"[{i}/{len(plan)}] {axis}: batch {batch}, M {capacity}, sigma "
                  f"{row['sigma']}, {row['strategy']}")
         key = (loss, backend, batch, capacity, sigma)
