@@ -25,7 +25,7 @@ else
 LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS)
 endif
 
-.PHONY: profile compare ladder sweep test test-gpu test-browser lint tensorboard setup clean-build
+.PHONY: profile compare ladder sweep throughput test test-gpu test-browser lint tensorboard setup clean-build
 
 profile: $(SETUP)
 	$(LAUNCH) train.py --loss $(LOSS) --backend $(BACKEND) --mode $(MODE) $(ARGS)
@@ -45,6 +45,11 @@ ladder: $(SETUP)
 # image (studies/sweep.py); ARGS="--batch 64,1024 --capacity 256,4096" and so on.
 sweep: $(SETUP)
 	$(PYTHON) -m studies.sweep $(ARGS)
+
+# What each strategy sustains over an epoch against the GPU's own rate (studies/throughput.py);
+# ARGS="--strategies padded,kernel:triton --loader ring" and so on.
+throughput: $(SETUP)
+	$(PYTHON) -m studies.throughput $(ARGS)
 
 # The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
 # test-browser's.

@@ -5,6 +5,7 @@ nothing about a GPU).
     compare_chart(rows, path)     make compare: the loss's cost (forward), the step's (train)
     ladder_chart(rows, path)      make ladder: step time per rung and strategy
     sweep_chart(rows, path, preset)  make sweep: log-log panels per axis
+    throughput_chart(rows, path)  make throughput: sustained samples/s against the GPU's rate
 """
 
 from pathlib import Path
@@ -153,3 +154,35 @@ def sweep_chart(rows: list[dict], path: Path, preset: str) -> None:
     note = f" ({CPU_NOTE}: Triton's interpreter)" if preset == "cpu" else ""
     fig.suptitle("GIoU loss alone, forward + backward: median with p20-p80" + note)
     _save(plt, fig, path, dpi=100)
+
+
+def throughput_chart(rows: list[dict], path: Path) -> None:
+    """Per strategy, the samples/s it sustained over the run beside the GPU's own rate
+    (the batch over its profiled GPU work), the share written above."""
+    plt = _pyplot()
+    measured = [r for r in rows if r.get("sustained samples/s")]
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(measured)), 4.5))
+    if not measured:
+        _no_runs(ax, "sustained samples/s")
+    xs = range(len(measured))
+    # Without a GPU there is no GPU rate: no bar, and no empty legend entry, for it.
+    bars = [("sustained samples/s", "#dd8452")] + (
+        [("GPU's rate samples/s", "#4c72b0")]
+        if any(r.get("GPU's rate samples/s") for r in measured) else [])
+    width = 0.8 / len(bars)
+    for i, (key, color) in enumerate(bars):
+        offset = (i - (len(bars) - 1) / 2) * width
+        ax.bar([x + offset for x in xs], [r.get(key) or 0.0 for r in measured], width=width,
+               color=color, label=key.replace(" samples/s", ""))
+    for x, r in zip(xs, measured):
+        if r.get("share"):
+            ax.annotate(r["share"], (x, r["sustained samples/s"]), ha="center",
+                        va="bottom", fontsize=8)
+    on_cpu = any(r.get("timer") == "host wall" for r in measured)
+    if measured:
+        ax.set_xticks(list(xs), [r["strategy"] for r in measured], rotation=25)
+        ax.legend()
+    ax.set_ylabel("samples per second")
+    ax.set_title("sustained over the run against the GPU's own rate" +
+                 (f"\n({CPU_NOTE})" if on_cpu else ""))
+    _save(plt, fig, path, dpi=110)

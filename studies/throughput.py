@@ -1,0 +1,129 @@
+"""make throughput: what each strategy sustains over a long run, against the GPU's own rate.
+
+    python3 -m studies.throughput [--strategies padded,kernel:triton] [train.py options...]
+
+Each strategy (the fused ones with both backends) runs in train mode for a whole epoch of
+the dataset, the same batches for all, its profiled window at the run's end, once the
+loader's prefetched batches are used up (`--steps`, `--wait` in ARGS change that). The
+ragged strategies (loop, concat) take seconds a step at the GPU preset: they get a time
+budget instead (`--ragged-seconds`), their window at the start, and the table says so.
+
+Per run, from its summary.json: **sustained samples/s** (the global batch over the summed
+device step times of every step after --settle; host wall time on a CPU), the **GPU's own
+rate** (the batch over the profiled steps' GPU work: what it could take if never left
+waiting), their ratio, the median and 95th-percentile step, the GPU's busy fraction and
+the data wait over the profiled steps. Written under profiles/throughput-<UTC time>/:
+throughput.md, throughput.csv and throughput.png, beside the run folders.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import train
+from core.errors import command, run_command
+from core.names import RAGGED, describe, parse_variants, variants
+from core.tables import csv_text, markdown_of_dicts
+from kernels.cuda_giou import unavailable_reason
+from profiling.run_folder import display
+from studies.charts import throughput_chart
+from studies.common import SKIPPED, attempt, base_config, folder_name, fresh_out, run_config
+from studies.compare_rows import load_summary
+
+PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir")
+REFUSAL = ("is set per run by make throughput; choose runs with --strategies and the "
+           "folder with --out")
+COLUMNS = ["strategy", "steps run", "sustained samples/s", "GPU's rate samples/s", "share",
+           "step median ms", "step p95 ms", "GPU busy", "data wait ms", "timer", "budget",
+           "run folder"]
+
+
+def run_fields(base: train.Config, given: dict, loss: str, ragged_seconds: float) -> dict:
+    """One run's steps, window and budget, where the user's options do not set them: an
+    epoch with the window at its end; for a ragged strategy a time budget, the window at
+    its start."""
+    window = base.wait + base.warmup + base.active
+    steps = max(base.steps, window) if "steps" in given else \
+        base.dataset_length // base.batch_size  # an epoch
+    fields = {"steps": steps}
+    if loss in RAGGED:  # its window stays where --wait puts it, before the budget ends
+        fields["seconds"] = ragged_seconds
+    else:
+        fields["wait"] = steps - base.warmup - base.active
+    return {k: v for k, v in fields.items() if k not in given}
+
+
+def row_of(summary: dict, folder: Path) -> dict:
+    rate, cfg = summary["sustained"] or {}, summary["config"]
+    gpu_ms = summary["step"]["gpu_ms"]
+    batch = cfg["batch_size"] * summary.get("distributed", {}).get("world", 1)
+    own = batch / gpu_ms * 1e3 if gpu_ms else None
+    busy = summary.get("gpu_busy_fraction")
+    return {
+        "strategy": describe(cfg["loss"], cfg["backend"]), "steps run": summary["steps_run"],
+        "sustained samples/s": rate.get("samples_per_s"), "GPU's rate samples/s": own,
+        "share": (f"{rate['samples_per_s'] / own * 100:.1f} %" if own and rate else None),
+        "step median ms": rate.get("step_ms_median"), "step p95 ms": rate.get("step_ms_p95"),
+        "GPU busy": None if busy is None else f"{busy * 100:.1f} %",
+        "data wait ms": summary["phases"]["data"]["cpu_ms"], "timer": rate.get("timer"),
+        "budget": f"{cfg['seconds']:g} s" if cfg.get("seconds") else None,
+        "run folder": display(folder.absolute())}
+
+
+def _main(argv) -> int:
+    parser = argparse.ArgumentParser(prog="make throughput", allow_abbrev=False,
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--strategies", default=",".join(variants()),
+                        help="comma-separated, <loss>[:<kernel backend>]")
+    parser.add_argument("--ragged-seconds", type=float, default=30.0,
+                        help="the time budget of loop and concat (seconds of steps)")
+    parser.add_argument("--out", type=Path, help="a new folder (default: "
+                        "profiles/throughput-<time>/)")
+    args, train_args = parser.parse_known_args(argv)
+    plan = parse_variants(args.strategies)
+    base, given = base_config(train_args, PER_RUN, REFUSAL)
+    train.validate(run_config(base, **run_fields(base, given, "padded", args.ragged_seconds)))
+    out = fresh_out(args.out, "throughput", "throughput")
+    cuda_reason = unavailable_reason()
+    steps = run_fields(base, given, "padded", args.ragged_seconds).get("steps", base.steps)
+    print(f"make throughput: {len(plan)} runs of {steps} steps each (loop and concat: "
+          f"{args.ragged_seconds:g} s of steps)", flush=True)
+    rows, skipped, started = [], [], time.time()
+    for i, (loss, backend) in enumerate(plan, 1):
+        tag = f"[{i}/{len(plan)}] {describe(loss, backend)}"
+        if backend == "cuda" and cuda_reason:
+            print(f"{tag}: skipped ({cuda_reason})", flush=True)
+            skipped.append({"strategy": describe(loss, backend),
+                            "steps run": f"skipped: {cuda_reason}"})
+            continue
+        cfg = run_config(base, loss=loss, backend=backend, mode="train", out_dir=str(out),
+                         run_name=folder_name(loss, backend),
+                         **run_fields(base, given, loss, args.ragged_seconds))
+        print(f"{tag} ({time.time() - started:.0f} s so far)", flush=True)
+        record, reason = attempt(cfg, tag)
+        if record is None:
+            skipped.append({"strategy": describe(loss, backend), "steps run": reason})
+            continue
+        rows.append(row_of(load_summary(record["run_dir"]), Path(record["run_dir"])))
+    (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
+    table = markdown_of_dicts(COLUMNS, rows + skipped, left={"strategy", "timer", "budget",
+                                                             "run folder"})
+    (out / "throughput.md").write_text(table + "\n")
+    (out / "throughput.csv").write_text(csv_text(COLUMNS, rows + skipped))
+    throughput_chart(rows, out / "throughput.png")
+    print(table)
+    print(f"written: {display(out / 'throughput.md')}, throughput.csv, throughput.png")
+    failed = [r for r in skipped if str(r["steps run"]).startswith("the run failed")]
+    if failed or not rows:
+        print(f"error: {len(failed)} runs failed, {len(rows)} ran (the rows say why)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+main = command(_main)
+
+if __name__ == "__main__":
+    run_command(main, "the throughput table was not written")

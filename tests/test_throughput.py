@@ -1,0 +1,45 @@
+"""make throughput: an epoch per strategy with its window at the end, a time budget for
+the ragged ones, and a table of sustained samples/s from the runs' summaries."""
+
+import csv
+
+import train
+from studies import throughput
+from tests.helpers import TINY
+
+SHORT = TINY + ["--dataset-length", "40"]  # batch 4: an epoch of 10 steps
+# The same without --wait, which TINY sets: the command places the window then.
+UNPLACED = [a for i, a in enumerate(SHORT) if "--wait" not in SHORT[max(i - 1, 0):i + 1]]
+
+
+def test_an_epoch_each_the_window_at_its_end_and_a_budget_for_the_ragged():
+    base, given = throughput.base_config(UNPLACED, throughput.PER_RUN, throughput.REFUSAL)
+    assert "wait" not in given and base.warmup == 1 and base.active == 2
+    assert throughput.run_fields(base, given, "padded", 5.0) == {"steps": 10, "wait": 7}
+    assert throughput.run_fields(base, given, "concat", 5.0) == {"steps": 10, "seconds": 5.0}
+    base, given = throughput.base_config(UNPLACED + ["--steps", "6"], throughput.PER_RUN,
+                                         throughput.REFUSAL)
+    assert throughput.run_fields(base, given, "padded", 5.0) == {"wait": 3}
+    # A window the user placed stays where it is.
+    base, given = throughput.base_config(SHORT, throughput.PER_RUN, throughput.REFUSAL)
+    assert throughput.run_fields(base, given, "padded", 5.0) == {"steps": 10}
+
+
+def test_a_tiny_throughput_table(tmp_path, capsys):
+    out = tmp_path / "tp"
+    code = throughput.main(["--out", str(out), "--strategies", "padded,loop,kernel:cuda",
+                            "--ragged-seconds", "0.5", *SHORT])
+    assert code == 0, capsys.readouterr().err
+    for name in ("throughput.md", "throughput.csv", "throughput.png", "skipped.json"):
+        assert (out / name).exists(), name
+    rows = {r["strategy"]: r for r in csv.DictReader((out / "throughput.csv").open())}
+    assert rows["padded"]["steps run"] == "10" and rows["padded"]["timer"] == "host wall"
+    assert float(rows["padded"]["sustained samples/s"]) > 0
+    assert rows["loop"]["budget"] == "0.5 s" and 3 <= int(rows["loop"]["steps run"]) <= 10
+    if not train.torch.cuda.is_available():
+        assert rows["kernel/cuda"]["steps run"].startswith("skipped")
+
+
+def test_options_set_per_run_are_refused(tmp_path, capsys):
+    assert throughput.main(["--out", str(tmp_path / "x"), "--loss", "padded", *SHORT]) == 2
+    assert "--loss is set per run by make throughput" in capsys.readouterr().err
