@@ -65,3 +65,14 @@ def attempt(cfg: train.Config, tag: str) -> tuple[dict | None, str | None]:
             traceback.print_exc()
         print(f"{tag}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
         return None, f"the run failed: {one_line(exc)}"
+
+
+def outcome(skipped: list[dict], column: str, ran: int, what: str) -> int:
+    """A study's exit code: 1, with one line on stderr, when a run failed (its row's
+    `column` says so) or none ran; 0 otherwise."""
+    failed = [r for r in skipped if str(r.get(column, "")).startswith("the run failed")]
+    if failed or not ran:
+        print(f"error: {len(failed)} {what} failed, {ran} ran (the rows say why)",
+              file=sys.stderr)
+        return 1
+    return 0

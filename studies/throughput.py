@@ -18,7 +18,6 @@ throughput.md, throughput.csv and throughput.png, beside the run folders.
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -29,7 +28,15 @@ from core.tables import csv_text, markdown_of_dicts
 from kernels.cuda_giou import unavailable_reason
 from profiling.run_folder import display
 from studies.charts import throughput_chart
-from studies.common import SKIPPED, attempt, base_config, folder_name, fresh_out, run_config
+from studies.common import (
+    SKIPPED,
+    attempt,
+    base_config,
+    folder_name,
+    fresh_out,
+    outcome,
+    run_config,
+)
 from studies.compare_rows import load_summary
 
 PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir")
@@ -115,12 +122,7 @@ def _main(argv) -> int:
     throughput_chart(rows, out / "throughput.png")
     print(table)
     print(f"written: {display(out / 'throughput.md')}, throughput.csv, throughput.png")
-    failed = [r for r in skipped if str(r["steps run"]).startswith("the run failed")]
-    if failed or not rows:
-        print(f"error: {len(failed)} runs failed, {len(rows)} ran (the rows say why)",
-              file=sys.stderr)
-        return 1
-    return 0
+    return outcome(skipped, "steps run", len(rows), "runs")
 
 
 main = command(_main)
