@@ -9,8 +9,8 @@ mapping into pinned memory), and the main process's pin thread does the last of 
 every batch alone (results/host.md: 32 batches/s pinned, 53 unpinned, at 16 workers).
 Here a worker generates each sample as before (the same generator per (seed, index), so
 the same images and boxes in the same order) and writes it into its slot of the ring; it
-returns only the slot's number and the batch's targets (a few KB, which the loader pins
-as before). The main process hands out its own view of that slot: memory that CUDA has
+returns only the slot's number and the batch's targets (a few KB, as arrays; the main
+process pins them). The main process hands out its own view of that slot: memory that CUDA has
 registered as pinned, so the image batch's H2D copy is one DMA, with no copy on the host.
 
     loader = RingLoader(dataset, batch_size, num_workers, strategy.collate, pinned=True)
@@ -59,13 +59,31 @@ class _RingDataset(Dataset):
             out[row].copy_(image)
             pairs.append((_PIXEL, boxes))
         # The strategy's own collate makes the targets (and refuses a sample with more
-        # boxes than the model predicts); its stacked stand-in images are dropped.
+        # boxes than the model predicts); its stacked stand-in images are dropped. They
+        # cross to the main process as arrays, pickled in the message: a tensor would be
+        # moved into shared memory and its file descriptor passed by a server thread of
+        # this worker, which could print a traceback as the worker is stopped.
         _, targets = self.collate(pairs)
-        return slot, targets
+        return slot, _arrays(targets)
 
 
 def _keep(batch):
     return batch  # __getitems__ returned the whole batch already
+
+
+def _arrays(targets):
+    """The targets' tensors as numpy arrays, in the same tuples and lists."""
+    if isinstance(targets, torch.Tensor):
+        return targets.numpy()
+    return type(targets)(_arrays(t) for t in targets)
+
+
+def _tensors(targets, pin: bool):
+    """_arrays undone in the main process, pinned where the batch goes to a GPU."""
+    if not isinstance(targets, (tuple, list)):
+        tensor = torch.from_numpy(targets)
+        return tensor.pin_memory() if pin else tensor
+    return type(targets)(_tensors(t, pin) for t in targets)
 
 
 class RingLoader:
@@ -83,7 +101,7 @@ class RingLoader:
                                    drop_last=True)
         self.loader = torch.utils.data.DataLoader(
             _RingDataset(dataset, self.images, collate), batch_sampler=batches,
-            num_workers=num_workers, collate_fn=_keep, pin_memory=pinned,
+            num_workers=num_workers, collate_fn=_keep,
             prefetch_factor=PREFETCH if num_workers else None,
             worker_init_fn=worker_init_fn)
 
@@ -113,7 +131,7 @@ class RingLoader:
             except StopIteration:
                 return
             handed = True
-            yield self.images[slot], targets
+            yield self.images[slot], _tensors(targets, self.pinned)
 
     def close(self) -> None:
         """Unregisters the ring's pages, before they are freed."""
