@@ -37,7 +37,8 @@ class StepReader:
     def __init__(self, cuda: bool, lag: int = 1):
         self.cuda = cuda
         self.lag = lag
-        self._pending: deque = deque()  # (step, pinned loss, event, host ms), oldest first
+        # (step, loss or its pinned slot, event, the step before's event, host ms), oldest first
+        self._pending: deque = deque()
         self._last_event: torch.cuda.Event | None = None
         self._slots: list[torch.Tensor] = []
 
