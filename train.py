@@ -73,10 +73,13 @@ class Config:
     compile: bool = option(True, "torch.compile the model")
     amp: bool = option(True, "bf16 autocast for the forward (CUDA only)")
     pin_memory: bool = option(True, "pinned host memory for the batches (CUDA only)")
-    loader: str = option("torch", "torch: PyTorch's DataLoader, as the original; ring: its "
-                         "workers write each batch's images into a ring of pinned shared "
-                         "buffers (data/ring_loader.py), the same batches",
+    loader: str = option("ring", "ring: the workers write each batch's images into a ring "
+                         "of pinned shared buffers (data/ring_loader.py); torch: PyTorch's "
+                         "DataLoader as the original used it; the same batches either way",
                          choices=("torch", "ring"))
+    copy_ahead: bool = option(True, "train mode on a GPU without a CUDA graph: batch k+1's "
+                              "H2D copies on a side stream while the GPU runs step k "
+                              "(training/feed.py)")
     lr: float = option(1e-4, "SGD learning rate (momentum 0.9)")
     # The step's speed-ups (training/speedups.py): on by default, all off with --baseline.
     baseline: bool = option(False, "every speed-up below off, as the original ran the step "
@@ -187,12 +190,26 @@ def validate(cfg: Config, world: int = 1) -> None:
         check_baseline(cfg.scaling_baseline)
 
 
-def make_step(cfg: Config, strategy, runner, optimizer, device, across=None):
-    """The two halves of a step, as the profiler sees them: to_device(batch) (the 'copy'
-    phase's work) and train_step(images, targets) -> loss (forward, loss, and in train
-    mode loss_backward, backward, optimizer; no host sync in train mode, so a CUDA graph
-    can hold it). across: on several ranks, the global batch's loss and gradients
-    (training/distributed.GlobalBatch); the returned loss is the global batch's."""
+@dataclass
+class StepFns:
+    """A step's work, as the profiler sees it. copy(host batch) -> device batch: the H2D
+    copies (the 'copy' phase's work; training/feed.py may run them on a side stream a step
+    ahead); arrive(device batch) -> device batch: what follows them on the compute stream;
+    train_step(images, targets) -> loss: forward, loss, and in train mode loss_backward,
+    backward, optimizer (no host sync in train mode, so a CUDA graph can hold it)."""
+    copy: object
+    arrive: object
+    train_step: object
+
+    def to_device(self, batch):
+        """The batch copied and arrived: the copy phase of a step that copies in place."""
+        return self.arrive(self.copy(batch))
+
+
+def make_step(cfg: Config, strategy, runner, optimizer, device, across=None) -> StepFns:
+    """The step's functions (StepFns). across: on several ranks, the global batch's loss
+    and gradients (training/distributed.GlobalBatch); the returned loss is the global
+    batch's."""
     from training.distributed import GlobalBatch
     across = across or GlobalBatch(cfg.loss)
     cuda = device.type == "cuda"
@@ -207,13 +224,14 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None):
         if forward_only and cuda:
             torch.cuda.synchronize()  # host-device sync (forward mode, by design)
 
-    def to_device(batch):
+    def copy(batch):
         images, targets = batch
-        images = images.to(device, non_blocking=True)
-        targets = strategy.to_device(targets, device)
-        across.count(targets, device)  # several ranks: their box counts, in the background
+        return images.to(device, non_blocking=True), strategy.to_device(targets, device)
+
+    def arrive(batch):
+        across.count(batch[1], device)  # several ranks: their box counts, in the background
         close_range()
-        return images, targets
+        return batch
 
     def train_step(images, targets):
         with phase("forward"):
@@ -240,7 +258,7 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None):
         # the caller drops it (outside every phase).
         return across.shown(loss)
 
-    return to_device, train_step
+    return StepFns(copy, arrive, train_step)
 
 
 def run(cfg: Config, reuse: bool = False) -> dict:
@@ -248,11 +266,12 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     process) keeps the model and its compiled form for the next run (model/build.py)."""
     import losses
     from data import SyntheticFaces
-    from data.loader import make_loader
+    from data.loader import make_loader, own_rate
     from profiling.harness import ProfiledRun
     from profiling.step_reader import StepReader
     from training.cuda_graph import GraphedStep
     from training.distributed import GlobalBatch, RankShare
+    from training.feed import CopyAhead, InStep
 
     ranks = from_env()  # torchrun's rank and world; a world of one otherwise
     validate(cfg, ranks.world)
@@ -271,17 +290,24 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                                               *ddp.wrapper(cfg, ranks, device))
     t_model = time.perf_counter() - t_model
     across = GlobalBatch.of(cfg, ranks, model)
-    to_device, train_step = make_step(cfg, strategy, runner, optimizer, device, across)
+    fns = make_step(cfg, strategy, runner, optimizer, device, across)
 
     graphed = None
     if used["cuda_graph"]:
         # Eager steps during the profiler's wait, the capture at its last wait step.
-        graphed = GraphedStep(train_step, to_device, capture_at=cfg.wait - 1)
+        graphed = GraphedStep(fns.train_step, fns.to_device, capture_at=cfg.wait - 1)
+    # Forward mode keeps the original's copy, closed by a sync; a graph copies into its
+    # captured tensors; a CPU has no stream to copy on.
+    ahead = cfg.copy_ahead and cuda and cfg.mode == "train" and graphed is None
+    feed = (CopyAhead if ahead else InStep)(loader, fns.copy, fns.arrive)
+    batches = {"loader": cfg.loader,
+               "copy": "a step ahead, on a side stream" if ahead else "in the step"}
 
     label = describe(cfg.loss, cfg.backend)
     name = cfg.run_name or f"{label.replace('/', '-')}-{cfg.mode}-{utc_stamp()}"
     with ProfiledRun(cfg, label, phases_of(cfg.mode, graphed is not None), cuda,
-                     check_out_dir(cfg.out_dir), name, speedups=speed, ranks=ranks) as prof:
+                     check_out_dir(cfg.out_dir), name, speedups=speed, ranks=ranks,
+                     facts={"batches": batches}) as prof:
         params = sum(p.numel() for p in model.parameters())
         where = f"{ranks.world} ranks ({device.type})" if ranks.distributed else device
         prof.say(f"{cfg.mode} mode, {cfg.preset} preset, batch {cfg.batch_size}, {prof.total} "
@@ -289,35 +315,35 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                  f"on {where} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
                  f"parameters built in {t_model:.1f} s")
         prof.say(f"speed-ups: {speedups.describe_used(speed)}")
+        prof.say(f"batches: {cfg.loader} loader, copied to the device {batches['copy']}")
         # The loss is read a step late in train mode on a GPU; forward mode syncs in every
         # range anyway, and a CPU has no stream to run ahead of.
         reader = StepReader(cuda, lag=1 if cfg.mode == "train" and cuda else 0)
-        _steps(prof, loader, graphed, to_device, train_step, reader)
+        try:
+            _steps(prof, feed, graphed, fns.train_step, reader)
+        finally:  # an early end's summary has it too
+            batches["loader_rate"] = own_rate(loader)
     return prof.record
 
 
-def _steps(prof, loader, graphed, to_device, train_step, reader) -> None:
+def _steps(prof, feed, graphed, train_step, reader) -> None:
     """The run's steps under the profiler: each its data, copy and step phases (or the
     CUDA graph's replay). Each step's loss is handed to the step reader, which reads it a
     step later in train mode on a GPU (profiling/step_reader.py): no host-device sync per
     step, so the host prepares step k+1 while the GPU runs step k."""
-    phase = torch.profiler.record_function
-    batches = iter(loader)
     for step in prof.steps():
         t0 = time.perf_counter()
-        with phase("data"):
-            images, targets = next(batches)
         if graphed is not None:
-            loss = graphed.step(step, images, targets)
+            loss = graphed.step(step, *feed.host())
         else:
-            with phase("copy"):
-                batch = to_device((images, targets))
-            loss = train_step(*batch)
-            del batch
-        reader.put(step, loss, t0)
-        # Release this step's tensors here, outside every phase: kept, they would be
-        # freed by the next step's assignments inside its ranges.
-        del images, targets, loss
+            loss = train_step(*feed.take())
+        # Copy ahead: the next batch's copies enqueued behind this step's work, on their
+        # own stream; they run while the GPU runs this step.
+        feed.prepare()
+        reader.put(step, loss, t0, feed.waited_ms())
+        # Release this step's loss here, outside every phase: kept, it would be freed by
+        # the next step's assignment inside its ranges.
+        del loss
         for read in reader.ready():  # waits for step k-1's end on the stream, if need be
             prof.record_step(read)
         prof.end_step(step)

@@ -19,6 +19,9 @@
 #               batches/s at 8, 16 and 32 workers, pinned and not)
 #     ddptests  the two-GPU tests (tests/test_gpu_distributed.py) and the two-rank trace
 #               fixtures of TensorBoard's Distributed view (bench/record_fixtures.sh ddp)
+#     throughput  make throughput (each strategy over an epoch, sustained against the GPU's
+#               rate) into profiles/throughput-device[-TAG]/; THROUGHPUT_ARGS= its options
+#               (e.g. "--strategies padded,kernel:cuda --no-copy-ahead"), TAG= a suffix
 #     scaling   one GPU against two (make profile GPUS=2) for padded and kernel/cuda at
 #               the GPU preset, then each DDP knob on padded; SCALING_KNOBS= picks the
 #               knob runs ("" for none); profiles/scaling-device/, scaling.md
@@ -86,10 +89,21 @@ for stage in "$@"; do
       done > "$out/timeline.txt" 2>&1
       head -c 3000 "$out/timeline.txt" ;;
     loader)
-      { timeout "$(left)" python3 bench/loader_rate.py
-        timeout "$(left)" python3 bench/loader_rate.py --workers 16 --no-pin; } \
+      timeout "$(left)" python3 bench/loader_rate.py --loaders ${LOADERS:-ring,torch} \
         > "$out/loader_rate.md" 2>&1
       cat "$out/loader_rate.md" ;;
+    throughput)
+      tp=profiles/throughput-device${TAG:+-$TAG}
+      ( time timeout "$(left)" make throughput ARGS="--out $tp ${THROUGHPUT_ARGS:-}" ) 2>&1 \
+        | grep -vE "^\[.*\] step [0-9]|USDT" > "$out/throughput${TAG:+-$TAG}.log"
+      tar czf "$out/throughput${TAG:+-$TAG}.tgz" "$tp"/*.md "$tp"/*.csv "$tp"/*.png \
+        "$tp"/*.json "$tp"/*/summary.json 2>/dev/null
+      grep -E "^\[[0-9]+/[0-9]+\]|^sustained|^data wait|^the loader|^real|rror" \
+        "$out/throughput${TAG:+-$TAG}.log"
+      cat "$tp/throughput.md" ;;
+    hta)
+      python3 -c "import hta, sys; print('HTA', getattr(hta, '__version__', '?'), hta.__file__)" \
+        2>&1 | tail -1 ;;
     ddptests)
       timeout "$(left)" python3 -m pytest -q -m gpu tests/test_gpu_distributed.py \
         > "$out/ddptests.log" 2>&1

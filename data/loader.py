@@ -69,3 +69,10 @@ def make_loader(dataset, batch_size: int, num_workers: int, collate, pin_memory:
         dataset, batch_size=batch_size, shuffle=False, sampler=sampler, drop_last=True,
         num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
         worker_init_fn=_worker_init(cores[1] if cores else None))
+
+
+def own_rate(loader) -> dict | None:
+    """The loader's own rate as measured during the run (RingLoader.rate: its workers'
+    batches per second); None for PyTorch's loader, which gives no such figure
+    (bench/loader_rate.py measures it alone)."""
+    return loader.rate() if isinstance(loader, RingLoader) else None

@@ -24,6 +24,8 @@ asked for marks them; the ring holds as many slots as the loader keeps batches i
 back is waited for (long done, as the host runs at most a step ahead of the GPU).
 """
 
+import time
+
 import torch
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler
 
@@ -50,6 +52,7 @@ class _RingDataset(Dataset):
         return len(self.dataset)
 
     def __getitems__(self, numbered):
+        started = time.perf_counter()
         number, indices = numbered
         slot = number % self.images.shape[0]
         out = self.images[slot]
@@ -64,7 +67,7 @@ class _RingDataset(Dataset):
         # moved into shared memory and its file descriptor passed by a server thread of
         # this worker, which could print a traceback as the worker is stopped.
         _, targets = self.collate(pairs)
-        return slot, _arrays(targets)
+        return slot, _arrays(targets), time.perf_counter() - started
 
 
 def _keep(batch):
@@ -92,6 +95,8 @@ class RingLoader:
     def __init__(self, dataset, batch_size: int, num_workers: int, collate, pinned: bool,
                  sampler=None, worker_init_fn=None):
         self.pinned, self.pin = False, pinned
+        self.workers = num_workers
+        self.made, self.seconds = 0, 0.0  # batches handed out, their seconds in a worker
         sample_shape = tuple(dataset[0][0].shape)
         in_flight = PREFETCH * max(num_workers, 1)
         # Shared before the workers fork, so that every process writes the same pages.
@@ -127,11 +132,29 @@ class RingLoader:
                     # The slot the loader fills next was last read by this batch's copy.
                     copies.pop(0).synchronize()  # waits for an H2D copy, rarely at all
             try:
-                slot, targets = next(batches)
+                slot, targets, seconds = next(batches)
             except StopIteration:
                 return
             handed = True
-            yield self.images[slot], _tensors(targets, self.pinned)
+            self.made, self.seconds = self.made + 1, self.seconds + seconds
+            # Handed out without a reference left here: the batch's targets are freed
+            # when the step drops them, as with PyTorch's loader (kept, they would be
+            # freed inside the next step, under the profiler).
+            held = [targets]
+            del targets
+            yield self.images[slot], _tensors(held.pop(), self.pinned)
+
+    def rate(self) -> dict | None:
+        """The workers' own rate over the batches handed out: how many batches a second
+        they make together, each worker's batch timed inside it (generation, the writes
+        into the slot, the collate) under the run's load. The main process's part (the
+        targets' unpickling and pinning, a few KB) is not in it. None before a batch."""
+        if not self.made:
+            return None
+        batch_ms = self.seconds / self.made * 1e3
+        return {"workers": self.workers, "batches": self.made,
+                "worker_batch_ms": round(batch_ms, 3),
+                "batches_per_s": round(max(self.workers, 1) / batch_ms * 1e3, 2)}
 
     def close(self) -> None:
         """Unregisters the ring's pages, before they are freed."""

@@ -42,7 +42,7 @@ from profiling import run_folder
 from profiling.communication import communication
 from profiling.environment import environment
 from profiling.scaling import combine, format_ranks, scaling
-from profiling.step_reader import describe, sustained
+from profiling.step_reader import data_wait, describe, sustained
 from profiling.table import format_table
 from profiling.trace_events import find_trace, load_trace
 from profiling.trace_summary import summarize
@@ -113,9 +113,11 @@ class _NoScalars:
 class ProfiledRun:
     def __init__(self, cfg, label: str, phases: tuple[str, ...], cuda: bool,
                  out_dir: Path, run_name: str, speedups: dict | None = None,
-                 ranks: Ranks = Ranks()):  # noqa: B008 (a frozen dataclass: one process)
+                 ranks: Ranks = Ranks(),  # noqa: B008 (a frozen dataclass: one process)
+                 facts: dict | None = None):
         self.cfg, self.label, self.phases, self.cuda = cfg, label, phases, cuda
         self.speedups = speedups  # what training/speedups.resolve says this run uses
+        self.facts = facts or {}  # more of what the run used, for summary.json
         self.ranks = ranks
         self.out_dir, self.run_name = out_dir, run_name
         self.window = cfg.wait + cfg.warmup + cfg.active  # the profiler's steps
@@ -174,7 +176,8 @@ class ProfiledRun:
         self.losses.append(loss)
         self.step_times.append({"host_ms": round(read.host_ms, 4),
                                 "device_ms": None if read.device_ms is None
-                                else round(read.device_ms, 4)})
+                                else round(read.device_ms, 4),
+                                "data_ms": round(read.data_ms, 4)})
         self.writer.add_scalar("loss", loss, step)
         self.writer.add_scalar("step_time_ms", read.host_ms, step)
         device = ""
@@ -238,12 +241,16 @@ class ProfiledRun:
         first = max(self.cfg.settle, self.cfg.wait) if "graph" in self.phases else self.cfg.settle
         rate = sustained(self.step_times, first, self.cfg.batch_size * self.ranks.world)
         busy = self._busy_fraction(summary)
+        wait = data_wait(self.step_times, first)
         if rate:
-            table += "\n" + describe(rate, busy)
+            loader = self.facts.get("batches", {}).get("loader_rate")
+            table += "\n" + describe(rate, busy, wait, loader, self.cfg.batch_size)
         return {"status": status, **extra,
                 "config": dataclasses.asdict(self.cfg), "speedups": self.speedups,
+                **self.facts,
                 "environment": env, "trace": trace.name, "table": table,
                 "step_times": self.step_times, "sustained": rate, "gpu_busy_fraction": busy,
+                "data_wait": wait,
                 "steps_run": self.done,
                 "losses": self.losses,
                 "peak_gpu_memory_gb": (torch.cuda.max_memory_allocated() / 1e9 if self.cuda
@@ -251,15 +258,15 @@ class ProfiledRun:
                 **summary}
 
     def _busy_fraction(self, summary: dict) -> float | None:
-        """The profiled steps' GPU work (their kernels, copies and memsets, from the trace)
-        over their time on the device (the step reader's events): how much of each step
-        the GPU was busy. None without device times."""
+        """The profiled steps' GPU work on their busiest stream (its kernels, copies and
+        memsets, from the trace) over their time on the device (the step reader's events):
+        how much of each step the GPU was kept busy. None without device times."""
         start = self.cfg.wait + self.cfg.warmup
         window = self.step_times[start:start + summary["steps"]]
         device = [t["device_ms"] for t in window if t["device_ms"] is not None]
         if not device or len(device) < len(window) or not self.cuda:
             return None
-        return summary["step"]["gpu_ms"] * len(device) / sum(device)
+        return summary["step"]["busiest_stream_ms"] * len(device) / sum(device)
 
     def _finish(self) -> None:
         self.say("writing the trace...")

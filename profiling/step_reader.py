@@ -31,22 +31,25 @@ class StepRead:
     loss: float
     host_ms: float             # the host's time from the step's start to its end
     device_ms: float | None    # the stream's time from the previous step's end to this one's
+    data_ms: float = 0.0       # the host's time waiting for the loader within the step
 
 
 class StepReader:
     def __init__(self, cuda: bool, lag: int = 1):
         self.cuda = cuda
         self.lag = lag
-        # (step, loss or its pinned slot, event, the step before's event, host ms), oldest first
+        # (step, loss or its pinned slot, event, the step before's event, host ms, data ms),
+        # oldest first
         self._pending: deque = deque()
         self._last_event: torch.cuda.Event | None = None
         self._slots: list[torch.Tensor] = []
 
-    def put(self, step: int, loss: torch.Tensor, started: float) -> None:
-        """The step's loss, enqueued for reading; started: its time.perf_counter() start."""
+    def put(self, step: int, loss: torch.Tensor, started: float, data_ms: float = 0.0) -> None:
+        """The step's loss, enqueued for reading; started: its time.perf_counter() start;
+        data_ms: how long it waited for the loader."""
         host_ms = (time.perf_counter() - started) * 1e3
         if not self.cuda:
-            self._pending.append((step, loss.detach(), None, None, host_ms))
+            self._pending.append((step, loss.detach(), None, None, host_ms, data_ms))
             return
         # A ring of lag + 2 pinned slots: a slot is written again only after it was read.
         if not self._slots:
@@ -56,7 +59,7 @@ class StepReader:
         slot.copy_(loss.detach(), non_blocking=True)  # no sync: behind the step's work
         event = torch.cuda.Event(enable_timing=True)
         event.record()
-        self._pending.append((step, slot, event, self._last_event, host_ms))
+        self._pending.append((step, slot, event, self._last_event, host_ms, data_ms))
         self._last_event = event
 
     def ready(self) -> list[StepRead]:
@@ -74,13 +77,13 @@ class StepReader:
         return reads
 
     def _read(self, pending) -> StepRead:
-        step, value, event, previous, host_ms = pending
+        step, value, event, previous, host_ms, data_ms = pending
         device_ms = None
         if event is not None:
             event.synchronize()  # waits for this step's end on the stream, not the device
             if previous is not None:
                 device_ms = previous.elapsed_time(event)
-        return StepRead(step, float(value), host_ms, device_ms)
+        return StepRead(step, float(value), host_ms, device_ms, data_ms)
 
 
 def sustained(step_times: list[dict], first: int, samples_per_step: int) -> dict | None:
@@ -101,11 +104,38 @@ def sustained(step_times: list[dict], first: int, samples_per_step: int) -> dict
             "step_ms_p95": times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]}
 
 
-def describe(rate: dict, busy_fraction: float | None) -> str:
-    """The line under a run's table."""
+WAITED_MS = 1.0  # a step whose data phase took longer waited for the loader
+
+
+def data_wait(step_times: list[dict], first: int) -> dict | None:
+    """How long the steps from `first` on waited for the loader (host time in the data
+    phase): in all, the median and 95th percentile step, and how many steps waited over
+    WAITED_MS. None without such steps."""
+    waits = sorted(t.get("data_ms", 0.0) for t in step_times[first:])
+    if not waits:
+        return None
+    return {"steps": len(waits), "total_ms": round(sum(waits), 3),
+            "median_ms": round(waits[len(waits) // 2], 4),
+            "p95_ms": round(waits[min(len(waits) - 1, round(0.95 * (len(waits) - 1)))], 4),
+            "steps_waited": sum(w > WAITED_MS for w in waits)}
+
+
+def describe(rate: dict, busy_fraction: float | None, wait: dict | None = None,
+             loader: dict | None = None, batch: int = 0) -> str:
+    """The lines under a run's table. loader: the loader's own rate (data/loader.own_rate);
+    batch: samples per batch of one process's loader."""
     line = (f"sustained: {rate['samples_per_s']:,.0f} samples/s over {rate['steps']} steps "
             f"({rate['timer']}; step median {rate['step_ms_median']:.2f} ms, p95 "
             f"{rate['step_ms_p95']:.2f} ms)")
     if busy_fraction is not None:
-        line += f"; the GPU busy {busy_fraction * 100:.0f} % of its profiled steps"
+        line += (f"; the GPU's busiest stream busy {busy_fraction * 100:.0f} % of its "
+                 "profiled steps")
+    if wait:
+        line += (f"\ndata wait (host): {wait['total_ms']:,.1f} ms over those steps, median "
+                 f"{wait['median_ms']:.2f} ms, p95 {wait['p95_ms']:.2f} ms; "
+                 f"{wait['steps_waited']} steps waited over {WAITED_MS:g} ms")
+    if loader:
+        line += (f"\nthe loader's {loader['workers']} workers: {loader['batches_per_s']:.1f} "
+                 f"batches/s ({loader['batches_per_s'] * batch / 1e3:.1f} k samples/s), "
+                 f"{loader['worker_batch_ms']:.0f} ms a batch in a worker")
     return line

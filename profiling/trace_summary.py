@@ -12,7 +12,10 @@ category, so each number here is defined once:
 - launches: runtime/driver launch calls in the window (cudaLaunchKernel, cuLaunchKernel...);
 - H2D copies: host-to-device memcpy activities launched in the window;
 - syncs: runtime calls that block the host on the device (…Synchronize, blocking memcpy);
-- step time: the `ProfilerStep#N` range's wall duration; GPU busy time of a step likewise;
+- step time: the `ProfilerStep#N` range's wall duration; GPU busy time of a step likewise,
+  in all (gpu_ms) and on its busiest stream (busiest_stream_ms: what the step's device time
+  cannot go below however its streams overlap; a copy on a side stream, or NCCL's stream,
+  runs beside the compute stream);
 - top kernels: the GPU activities of the profiled steps by name, their time and count per
   step (what a CUDA graph's replay spends, whose phases are not separate ranges).
 All per-step numbers are means over the profiled (active) steps; cpu_ms_each lists each
@@ -46,6 +49,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
     stats = {p: defaultdict(float) for p in phases}
     cpu_per_step = {p: [] for p in phases}  # each occurrence, in order: outliers show here
     step_gpu = defaultdict(float)
+    step_stream = defaultdict(float)  # (step, stream) -> microseconds
     by_name = defaultdict(lambda: [0.0, 0])  # kernel name -> [microseconds, calls]
     for start, end, name in sorted(phase_ranges):
         stats[name]["cpu_us"] += end - start
@@ -71,6 +75,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         dur = float(e.get("dur", 0))
         if launcher_step.get(corr) is not None:
             step_gpu[launcher_step[corr]] += dur
+            step_stream[launcher_step[corr], e.get("args", {}).get("stream")] += dur
             kernel = by_name[e.get("name", "?")[:TOP_NAME_CHARS]]
             kernel[0] += dur
             kernel[1] += 1
@@ -96,8 +101,17 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         "cpu_ms": sum(e - s for s, e, _ in step_ranges) / steps / 1e3,
         "cpu_ms_each": [round((e - s) / 1e3, 4) for s, e, _ in sorted(step_ranges)],
         "gpu_ms": sum(step_gpu.values()) / steps / 1e3,
+        "busiest_stream_ms": _busiest(step_stream) / steps / 1e3,
     }
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
     result["top_kernels"] = [{"name": n, "gpu_ms": us / steps / 1e3, "calls": calls / steps}
                              for n, (us, calls) in top]
     return result
+
+
+def _busiest(step_stream: dict) -> float:
+    """The sum over steps of each step's busiest stream's GPU time (microseconds)."""
+    busiest = defaultdict(float)
+    for (step, _stream), us in step_stream.items():
+        busiest[step] = max(busiest[step], us)
+    return sum(busiest.values())

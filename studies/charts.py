@@ -6,6 +6,7 @@ nothing about a GPU).
     ladder_chart(rows, path)      make ladder: step time per rung and strategy
     sweep_chart(rows, path, preset)  make sweep: log-log panels per axis
     throughput_chart(rows, path)  make throughput: sustained samples/s against the GPU's rate
+    step_times_chart(runs, path)  make throughput: each run's step times, step by step
 """
 
 from pathlib import Path
@@ -186,3 +187,36 @@ def throughput_chart(rows: list[dict], path: Path) -> None:
     ax.set_title("sustained over the run against the GPU's own rate" +
                  (f"\n({CPU_NOTE})" if on_cpu else ""))
     _save(plt, fig, path, dpi=110)
+
+
+def step_times_chart(runs: list[tuple[str, list[dict]]], path: Path) -> None:
+    """Each run's step times over the run (summary.json's step_times; the device's clock
+    where there is one, else the host's), one line per run: the steps a user sees, the
+    slow ones included. The y axis stops at five times the slowest run's median, so that
+    one very slow step (a compile, the trace's write) does not flatten the rest; steps
+    above it are drawn at the top edge."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    timed = [(name, _step_ms(times)) for name, times in runs]
+    timed = [(name, ms) for name, ms in timed if ms]
+    if not timed:
+        _no_runs(ax, "step times")
+    medians = [sorted(v for _, v in ms)[len(ms) // 2] for _, ms in timed]
+    top = 5 * max(medians) if medians else 1.0
+    for name, ms in timed:
+        ax.plot([s for s, _ in ms], [min(v, top) for _, v in ms], lw=0.8, label=name)
+    on_cpu = any(t["device_ms"] is None for _, times in runs for t in times[1:])
+    if timed:
+        ax.set_ylim(0, top * 1.02)
+        ax.legend(fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("ms per step (device)" if not on_cpu else "ms per step (host wall)")
+    ax.set_title("every step of each run" + (f"\n({CPU_NOTE})" if on_cpu else ""))
+    _save(plt, fig, path, dpi=110)
+
+
+def _step_ms(times: list[dict]) -> list[tuple[int, float]]:
+    """(step number, ms) of a run's steps, by the device's clock where it has one."""
+    on_device = any(t["device_ms"] is not None for t in times)
+    key = "device_ms" if on_device else "host_ms"
+    return [(i + 1, t[key]) for i, t in enumerate(times) if t[key] is not None]

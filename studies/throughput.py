@@ -10,10 +10,13 @@ budget instead (`--ragged-seconds`), their window at the start, and the table sa
 
 Per run, from its summary.json: **sustained samples/s** (the global batch over the summed
 device step times of every step after --settle; host wall time on a CPU), the **GPU's own
-rate** (the batch over the profiled steps' GPU work: what it could take if never left
-waiting), their ratio, the median and 95th-percentile step, the GPU's busy fraction and
-the data wait over the profiled steps. Written under profiles/throughput-<UTC time>/:
-throughput.md, throughput.csv and throughput.png, beside the run folders.
+rate** (the batch over the profiled steps' GPU work on their busiest stream: what it could
+take if never left waiting; a copy a step ahead, on its own stream, is not in it), their
+ratio, the median and 95th-percentile step, the busiest stream's busy fraction over the
+profiled steps, and the host's wait for the loader over every step after --settle.
+Written under profiles/throughput-<UTC time>/: throughput.md, throughput.csv,
+throughput.png (the rates) and steps.png (every run's step times over the run, the steps a
+user sees), beside the run folders.
 """
 
 import argparse
@@ -27,7 +30,7 @@ from core.names import RAGGED, describe, parse_variants, variants
 from core.tables import csv_text, markdown_of_dicts
 from kernels.cuda_giou import unavailable_reason
 from profiling.run_folder import display
-from studies.charts import throughput_chart
+from studies.charts import step_times_chart, throughput_chart
 from studies.common import (
     SKIPPED,
     attempt,
@@ -43,8 +46,8 @@ PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir")
 REFUSAL = ("is set per run by make throughput; choose runs with --strategies and the "
            "folder with --out")
 COLUMNS = ["strategy", "steps run", "sustained samples/s", "GPU's rate samples/s", "share",
-           "step median ms", "step p95 ms", "GPU busy", "data wait ms", "timer", "budget",
-           "run folder"]
+           "step median ms", "step p95 ms", "GPU busy", "data wait ms", "steps waited",
+           "timer", "budget", "run folder"]
 
 
 def run_fields(base: train.Config, given: dict, loss: str, ragged_seconds: float) -> dict:
@@ -64,17 +67,19 @@ def run_fields(base: train.Config, given: dict, loss: str, ragged_seconds: float
 
 def row_of(summary: dict, folder: Path) -> dict:
     rate, cfg = summary["sustained"] or {}, summary["config"]
-    gpu_ms = summary["step"]["gpu_ms"]
+    gpu_ms = summary["step"]["busiest_stream_ms"]
     batch = cfg["batch_size"] * summary.get("distributed", {}).get("world", 1)
     own = batch / gpu_ms * 1e3 if gpu_ms else None
     busy = summary.get("gpu_busy_fraction")
+    wait = summary.get("data_wait") or {}
     return {
         "strategy": describe(cfg["loss"], cfg["backend"]), "steps run": summary["steps_run"],
         "sustained samples/s": rate.get("samples_per_s"), "GPU's rate samples/s": own,
         "share": (f"{rate['samples_per_s'] / own * 100:.1f} %" if own and rate else None),
         "step median ms": rate.get("step_ms_median"), "step p95 ms": rate.get("step_ms_p95"),
         "GPU busy": None if busy is None else f"{busy * 100:.1f} %",
-        "data wait ms": summary["phases"]["data"]["cpu_ms"], "timer": rate.get("timer"),
+        "data wait ms": wait.get("total_ms"), "steps waited": wait.get("steps_waited"),
+        "timer": rate.get("timer"),
         "budget": f"{cfg['seconds']:g} s" if cfg.get("seconds") else None,
         "run folder": display(folder.absolute())}
 
@@ -97,7 +102,7 @@ def _main(argv) -> int:
     steps = run_fields(base, given, "padded", args.ragged_seconds).get("steps", base.steps)
     print(f"make throughput: {len(plan)} runs of {steps} steps each (loop and concat: "
           f"{args.ragged_seconds:g} s of steps)", flush=True)
-    rows, skipped, started = [], [], time.time()
+    rows, skipped, runs, started = [], [], [], time.time()
     for i, (loss, backend) in enumerate(plan, 1):
         tag = f"[{i}/{len(plan)}] {describe(loss, backend)}"
         if backend == "cuda" and cuda_reason:
@@ -113,15 +118,19 @@ def _main(argv) -> int:
         if record is None:
             skipped.append({"strategy": describe(loss, backend), "steps run": reason})
             continue
-        rows.append(row_of(load_summary(record["run_dir"]), Path(record["run_dir"])))
+        summary = load_summary(record["run_dir"])
+        rows.append(row_of(summary, Path(record["run_dir"])))
+        runs.append((describe(loss, backend), summary["step_times"]))
     (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
     table = markdown_of_dicts(COLUMNS, rows + skipped, left={"strategy", "timer", "budget",
                                                              "run folder"})
     (out / "throughput.md").write_text(table + "\n")
     (out / "throughput.csv").write_text(csv_text(COLUMNS, rows + skipped))
     throughput_chart(rows, out / "throughput.png")
+    step_times_chart(runs, out / "steps.png")
     print(table)
-    print(f"written: {display(out / 'throughput.md')}, throughput.csv, throughput.png")
+    print(f"written: {display(out / 'throughput.md')}, throughput.csv, throughput.png, "
+          "steps.png")
     return outcome(skipped, "steps run", len(rows), "runs")
 
 

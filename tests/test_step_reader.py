@@ -14,6 +14,7 @@ from profiling import step_reader
 from profiling.step_reader import StepReader, sustained
 from tests.helpers import SMALL, TINY, make_every_loss_nan
 from training import speedups
+from training.feed import CopyAhead
 
 
 def test_a_lagged_read_gives_each_loss_once_in_order():
@@ -70,32 +71,54 @@ def test_the_sustained_rate_is_samples_over_the_summed_step_times():
     assert "busy 50 %" in step_reader.describe(rate, 0.5)
 
 
+def test_the_data_wait_is_counted_over_the_steps_after_the_first():
+    times = [{"host_ms": 1.0, "device_ms": None, "data_ms": ms}
+             for ms in (500.0, 0.1, 0.2, 3.0, 0.1, 12.0)]
+    wait = step_reader.data_wait(times, first=1)
+    assert wait["steps"] == 5 and wait["total_ms"] == pytest.approx(15.4)
+    assert (wait["median_ms"], wait["p95_ms"], wait["steps_waited"]) == (0.2, 12.0, 2)
+    assert step_reader.data_wait(times, first=6) is None
+    line = step_reader.describe(sustained(times, 1, 8), None, wait,
+                                {"workers": 2, "batches_per_s": 50.0, "worker_batch_ms": 40.0},
+                                batch=8)
+    assert "2 steps waited over 1 ms" in line and "50.0 batches/s (0.4 k samples/s)" in line
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("loss,backend", [("padded", "triton"), ("compiled", "triton"),
                                           ("kernel", "triton"), ("kernel", "cuda"),
                                           ("conditional", "cuda")])
 def test_a_train_step_has_no_host_device_sync(loss, backend):
+    """As train.py runs it: the ring loader's pinned batches, each copied a step ahead on
+    a side stream (training/feed.py), the loss read a step late."""
     cfg = train.parse_config(SMALL + ["--loss", loss, "--backend", backend])
     strategy = losses.get(loss, backend=backend, capacity=cfg.max_boxes)
     device = torch.device("cuda")
     used = speedups.resolve(cfg, True)["on"]
     speedups.apply_backend_flags(used, True, many_runs=False)
     _, runner, optimizer = speedups.build(cfg, used, device, reuse=False)
-    to_device, train_step = train.make_step(cfg, strategy, runner, optimizer, device)
+    fns = train.make_step(cfg, strategy, runner, optimizer, device)
     loader = make_loader(SyntheticFaces(10 * cfg.batch_size, cfg.image_size, cfg.seed),
-                         cfg.batch_size, 0, strategy.collate, pin_memory=True)
-    batches = list(zip(range(5), loader))  # pinned host batches, made before the check
+                         cfg.batch_size, 0, strategy.collate, pin_memory=True, ring=True)
+    feed = CopyAhead(loader, fns.copy, fns.arrive)
     reader = StepReader(cuda=True, lag=1)
-    for step, batch in batches[:2]:  # compile, autotune, load kernels: outside the check
-        reader.put(step, train_step(*to_device(batch)), 0.0)
+
+    def step(i):
+        reader.put(i, fns.train_step(*feed.take()), 0.0)
+        feed.prepare()
+
+    for i in range(2):  # compile, autotune, load kernels: outside the check
+        step(i)
     torch.cuda.synchronize()  # host-device sync: before the check starts
+    # The next batches' generation on the host happens inside the check too (no workers):
+    # the loader's own work must not sync either.
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for step, batch in batches[2:]:
-            reader.put(step, train_step(*to_device(batch)), 0.0)
+        for i in range(2, 6):
+            step(i)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     reads = reader.drain()
-    assert [r.step for r in reads] == [0, 1, 2, 3, 4]
+    assert [r.step for r in reads] == [0, 1, 2, 3, 4, 5]
     assert all(torch.isfinite(torch.tensor(r.loss)) for r in reads)
     assert all(r.device_ms > 0 for r in reads[1:])
