@@ -338,8 +338,10 @@ def _steps(prof, feed, graphed, train_step, reader) -> None:
         else:
             loss = train_step(*feed.take())
         # Copy ahead: the next batch's copies enqueued behind this step's work, on their
-        # own stream; they run while the GPU runs this step.
-        feed.prepare()
+        # own stream; they run while the GPU runs this step. Not after the last planned
+        # step: at an epoch's end the loader would stop its workers inside this step.
+        if step + 1 < prof.total:
+            feed.prepare()
         reader.put(step, loss, t0, feed.waited_ms())
         # Release this step's loss here, outside every phase: kept, it would be freed by
         # the next step's assignment inside its ranges.

@@ -97,27 +97,36 @@ class RingLoader:
         self.pinned, self.pin = False, pinned
         self.workers = num_workers
         self.made, self.seconds = 0, 0.0  # batches handed out, their seconds in a worker
-        sample_shape = tuple(dataset[0][0].shape)
-        in_flight = PREFETCH * max(num_workers, 1)
+        self.dataset, self.batch_size, self.collate = dataset, batch_size, collate
+        self.in_flight = PREFETCH * max(num_workers, 1)
+        self.batches = _NumberedBatches(sampler or SequentialSampler(dataset), batch_size,
+                                        drop_last=True)
+        self.worker_init_fn = worker_init_fn
+        self.images = self.loader = None  # made by the first iteration (_make)
+
+    def _make(self) -> None:
+        """The ring and the DataLoader over it, at the first iteration: a sample is read
+        for the images' shape, and a dataset that fails then fails inside the run."""
+        sample_shape = tuple(self.dataset[0][0].shape)
         # Shared before the workers fork, so that every process writes the same pages.
-        self.images = torch.empty((in_flight + SPARE_SLOTS, batch_size, *sample_shape),
-                                  dtype=torch.uint8).share_memory_()
-        batches = _NumberedBatches(sampler or SequentialSampler(dataset), batch_size,
-                                   drop_last=True)
+        self.images = torch.empty((self.in_flight + SPARE_SLOTS, self.batch_size,
+                                   *sample_shape), dtype=torch.uint8).share_memory_()
         self.loader = torch.utils.data.DataLoader(
-            _RingDataset(dataset, self.images, collate), batch_sampler=batches,
-            num_workers=num_workers, collate_fn=_keep,
-            prefetch_factor=PREFETCH if num_workers else None,
-            worker_init_fn=worker_init_fn)
+            _RingDataset(self.dataset, self.images, self.collate),
+            batch_sampler=self.batches, num_workers=self.workers, collate_fn=_keep,
+            prefetch_factor=PREFETCH if self.workers else None,
+            worker_init_fn=self.worker_init_fn)
 
     def __len__(self) -> int:
-        return len(self.loader)
+        return len(self.batches)
 
     def __iter__(self):
         # The workers fork when the iteration starts; the pages are registered after: CUDA
         # may keep pinned pages out of a forked child (MADV_DONTFORK), and the workers must
         # see the ring.
         self.close()
+        if self.loader is None:
+            self._make()
         batches = iter(self.loader)
         self.pinned = self.pin and _register(self.images)
         copies = []  # events after the device copies of the batches handed out, oldest first
@@ -130,7 +139,9 @@ class RingLoader:
                 copies.append(event)
                 if len(copies) >= SPARE_SLOTS:
                     # The slot the loader fills next was last read by this batch's copy.
-                    copies.pop(0).synchronize()  # waits for an H2D copy, rarely at all
+                    oldest = copies.pop(0)
+                    if not oldest.query():  # done long ago, as a rule: no wait, no sync
+                        oldest.synchronize()  # host waits for an H2D copy
             try:
                 slot, targets, seconds = next(batches)
             except StopIteration:
