@@ -8,10 +8,11 @@ memory to cross to the main process, the pin-memory thread's copy out of that fr
 mapping into pinned memory), and the main process's pin thread does the last of them for
 every batch alone (results/host.md: 32 batches/s pinned, 53 unpinned, at 16 workers).
 Here a worker generates each sample as before (the same generator per (seed, index), so
-the same images and boxes in the same order) and writes it into its slot of the ring; it
-returns only the slot's number and the batch's targets (a few KB, as arrays; the main
-process pins them). The main process hands out its own view of that slot: memory that CUDA has
-registered as pinned, so the image batch's H2D copy is one DMA, with no copy on the host.
+the same images and boxes in the same order) and writes it into its slot of the ring, the
+batch's targets beside them (data/ring_targets.py); it returns only the slot's number and
+where each target tensor lies in it. The main process hands out its own views of that
+slot: memory that CUDA has registered as pinned, so each H2D copy is one DMA, with no copy
+on the host.
 
     loader = RingLoader(dataset, batch_size, num_workers, strategy.collate, pinned=True)
     for images, targets in loader:       # images: a view of one ring slot
@@ -29,9 +30,12 @@ import time
 import torch
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler
 
+from data.ring_targets import nbytes, pack, unpack
+
 _PIXEL = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the collate's stand-in for an image
 PREFETCH = 2  # batches each worker keeps ready (the DataLoader's prefetch_factor)
 SPARE_SLOTS = 2  # the batch in use and the one whose copy may still be in flight
+TARGET_FLOOR = 64 * 1024  # bytes of targets a slot holds at least
 
 
 class _NumberedBatches(BatchSampler):
@@ -45,8 +49,8 @@ class _NumberedBatches(BatchSampler):
 class _RingDataset(Dataset):
     """The dataset, read a batch at a time into ring slots (DataLoader's __getitems__)."""
 
-    def __init__(self, dataset, images: torch.Tensor, collate):
-        self.dataset, self.images, self.collate = dataset, images, collate
+    def __init__(self, dataset, images: torch.Tensor, targets: torch.Tensor, collate):
+        self.dataset, self.images, self.targets, self.collate = dataset, images, targets, collate
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -62,12 +66,22 @@ class _RingDataset(Dataset):
             out[row].copy_(image)
             pairs.append((_PIXEL, boxes))
         # The strategy's own collate makes the targets (and refuses a sample with more
-        # boxes than the model predicts); its stacked stand-in images are dropped. They
-        # cross to the main process as arrays, pickled in the message: a tensor would be
-        # moved into shared memory and its file descriptor passed by a server thread of
-        # this worker, which could print a traceback as the worker is stopped.
+        # boxes than the model predicts); its stacked stand-in images are dropped. The
+        # targets go into the slot; those too large for it cross pickled, as arrays (a
+        # tensor would be moved into shared memory and its file descriptor passed by a
+        # server thread of this worker, which could print a traceback as it is stopped).
         _, targets = self.collate(pairs)
-        return slot, _arrays(targets), time.perf_counter() - started
+        layout = pack(targets, self.targets[slot])
+        if layout is None:
+            layout = _Pickled(_arrays(targets))
+        return slot, layout, time.perf_counter() - started
+
+
+class _Pickled:
+    """Targets that did not fit their slot, as numpy arrays."""
+
+    def __init__(self, arrays):
+        self.arrays = arrays
 
 
 def _keep(batch):
@@ -102,17 +116,30 @@ class RingLoader:
         self.batches = _NumberedBatches(sampler or SequentialSampler(dataset), batch_size,
                                         drop_last=True)
         self.worker_init_fn = worker_init_fn
-        self.images = self.loader = None  # made by the first iteration (_make)
+        self.ring = self.images = self.targets = self.loader = None  # made by _make
 
     def _make(self) -> None:
-        """The ring and the DataLoader over it, at the first iteration: a sample is read
-        for the images' shape, and a dataset that fails then fails inside the run."""
-        sample_shape = tuple(self.dataset[0][0].shape)
+        """The ring and the DataLoader over it, at the first iteration: the first batch
+        is made here once, for the images' shape and the targets' size, so a dataset that
+        fails then fails inside the run. One buffer holds every slot's images, then every
+        slot's targets: one registration as pinned memory."""
+        _, indices = next(iter(self.batches))
+        samples = [self.dataset[i] for i in indices]
+        sample_shape = tuple(samples[0][0].shape)
+        _, first = self.collate(samples)
+        # Room for twice the first batch's targets (the padded layout's are always the
+        # same size; a list's vary a little around their mean), at least TARGET_FLOOR.
+        target_bytes = max(2 * nbytes(first), TARGET_FLOOR)
+        slots = self.in_flight + SPARE_SLOTS
+        image_bytes = self.batch_size * torch.Size(sample_shape).numel()
         # Shared before the workers fork, so that every process writes the same pages.
-        self.images = torch.empty((self.in_flight + SPARE_SLOTS, self.batch_size,
-                                   *sample_shape), dtype=torch.uint8).share_memory_()
+        self.ring = torch.empty(slots * (image_bytes + target_bytes),
+                                dtype=torch.uint8).share_memory_()
+        self.images = self.ring[:slots * image_bytes].view(slots, self.batch_size,
+                                                           *sample_shape)
+        self.targets = self.ring[slots * image_bytes:].view(slots, target_bytes)
         self.loader = torch.utils.data.DataLoader(
-            _RingDataset(self.dataset, self.images, self.collate),
+            _RingDataset(self.dataset, self.images, self.targets, self.collate),
             batch_sampler=self.batches, num_workers=self.workers, collate_fn=_keep,
             prefetch_factor=PREFETCH if self.workers else None,
             worker_init_fn=self.worker_init_fn)
@@ -128,7 +155,7 @@ class RingLoader:
         if self.loader is None:
             self._make()
         batches = iter(self.loader)
-        self.pinned = self.pin and _register(self.images)
+        self.pinned = self.pin and _register(self.ring)
         copies = []  # events after the device copies of the batches handed out, oldest first
         handed = False
         while True:
@@ -143,23 +170,31 @@ class RingLoader:
                     if not oldest.query():  # done long ago, as a rule: no wait, no sync
                         oldest.synchronize()  # host waits for an H2D copy
             try:
-                slot, targets, seconds = next(batches)
+                slot, layout, seconds = next(batches)
             except StopIteration:
                 return
             handed = True
             self.made, self.seconds = self.made + 1, self.seconds + seconds
-            # Handed out without a reference left here: the batch's targets are freed
-            # when the step drops them, as with PyTorch's loader (kept, they would be
-            # freed inside the next step, under the profiler).
-            held = [targets]
-            del targets
-            yield self.images[slot], _tensors(held.pop(), self.pinned)
+            # Handed out without a reference left here: targets that came pickled are
+            # freed when the step drops them, as with PyTorch's loader (kept, they would
+            # be freed inside the next step, under the profiler).
+            held = [layout]
+            del layout
+            yield self.images[slot], self._targets(held.pop(), slot)
+
+    def _targets(self, layout, slot: int):
+        """A batch's targets: views of its slot, or the pickled ones as tensors (pinned
+        where the batch goes to a GPU)."""
+        if isinstance(layout, _Pickled):
+            return _tensors(layout.arrays, self.pinned)
+        return unpack(layout, self.targets[slot])
 
     def rate(self) -> dict | None:
         """The workers' own rate over the batches handed out: how many batches a second
         they make together, each worker's batch timed inside it (generation, the writes
-        into the slot, the collate) under the run's load. The main process's part (the
-        targets' unpickling and pinning, a few KB) is not in it. None before a batch."""
+        into the slot, the collate, the targets' writes) under the run's load. The main
+        process's part (a message of a few numbers per batch) is not in it. None before a
+        batch."""
         if not self.made:
             return None
         batch_ms = self.seconds / self.made * 1e3
@@ -170,19 +205,18 @@ class RingLoader:
     def close(self) -> None:
         """Unregisters the ring's pages, before they are freed."""
         if self.pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.images.data_ptr())
+            torch.cuda.cudart().cudaHostUnregister(self.ring.data_ptr())
             self.pinned = False
 
     def __del__(self):
         self.close()
 
 
-def _register(images: torch.Tensor) -> bool:
+def _register(ring: torch.Tensor) -> bool:
     """Registers the ring's pages with CUDA as pinned memory; False without a GPU."""
     if not torch.cuda.is_available():
         return False
-    code = torch.cuda.cudart().cudaHostRegister(images.data_ptr(),
-                                                images.numel() * images.element_size(), 0)
+    code = torch.cuda.cudart().cudaHostRegister(ring.data_ptr(), ring.numel(), 0)
     if int(code) != 0:
         raise RuntimeError(f"cudaHostRegister of the loader's ring failed (CUDA error "
                            f"{int(code)}); run with --loader torch")

@@ -22,9 +22,15 @@ def _batches(loader, n):
     for i, (images, targets) in enumerate(loader):
         if i == n:
             break
-        # The ring's images are a view of a slot that is written again later: copy.
-        out.append((images.clone(), targets))
+        # The ring's batches are views of a slot that is written again later: copy.
+        out.append((images.clone(), _cloned(targets)))
     return out
+
+
+def _cloned(targets):
+    if isinstance(targets, torch.Tensor):
+        return targets.clone()
+    return type(targets)(_cloned(t) for t in targets)
 
 
 @pytest.mark.parametrize("loss", ("loop", "padded"))
