@@ -47,7 +47,7 @@ sweep: $(SETUP)
 	$(PYTHON) -m studies.sweep $(ARGS)
 
 # What each strategy sustains over an epoch against the GPU's own rate (studies/throughput.py);
-# ARGS="--strategies padded,kernel:triton --loader ring" and so on.
+# ARGS="--strategies padded,kernel:triton --loader torch" and so on.
 throughput: $(SETUP)
 	$(PYTHON) -m studies.throughput $(ARGS)
 

@@ -15,14 +15,16 @@ slot: memory that CUDA has registered as pinned, so each H2D copy is one DMA, wi
 on the host.
 
     loader = RingLoader(dataset, batch_size, num_workers, strategy.collate, pinned=True)
-    for images, targets in loader:       # images: a view of one ring slot
+    for images, targets in loader:       # views of one ring slot
         ...                              # copy them to the device within this step
 
 A slot is written again only once the device copy read from it has completed: a batch is
 handed out, its step enqueues its copies, and an event recorded when the next batch is
 asked for marks them; the ring holds as many slots as the loader keeps batches in flight
 (prefetch x workers) and two more, and before each request the event of the batch two
-back is waited for (long done, as the host runs at most a step ahead of the GPU).
+back is waited for (long done, as the host runs at most a step ahead of the GPU; queried
+first, so the wait is not even a call as a rule). training/feed.py's copy ahead asks for
+the next batch on its side stream, so the event follows that batch's copies there.
 """
 
 import time

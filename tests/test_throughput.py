@@ -2,10 +2,13 @@
 the ragged ones, and a table of sustained samples/s from the runs' summaries."""
 
 import csv
+import json
+
+import pytest
 
 import train
 from studies import throughput
-from tests.helpers import TINY
+from tests.helpers import SMALL, TINY
 
 SHORT = TINY + ["--dataset-length", "40"]  # batch 4: an epoch of 10 steps
 # The same without --wait, which TINY sets: the command places the window then.
@@ -43,3 +46,23 @@ def test_a_tiny_throughput_table(tmp_path, capsys):
 def test_options_set_per_run_are_refused(tmp_path, capsys):
     assert throughput.main(["--out", str(tmp_path / "x"), "--loss", "padded", *SHORT]) == 2
     assert "--loss is set per run by make throughput" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_a_small_throughput_table_on_the_gpu(tmp_path, capsys):
+    """On the device: the rates come from CUDA events, the GPU's rate from the trace's
+    busiest stream, the runs copy ahead from the ring, and steps.png is drawn."""
+    out = tmp_path / "tp"
+    code = throughput.main(["--out", str(out), "--strategies", "padded,kernel:cuda", *SMALL,
+                            "--dataset-length", "1280"])  # batch 64: an epoch of 20 steps
+    assert code == 0, capsys.readouterr().err
+    assert (out / "steps.png").exists() and (out / "throughput.png").exists()
+    rows = {r["strategy"]: r for r in csv.DictReader((out / "throughput.csv").open())}
+    for name in ("padded", "kernel/cuda"):
+        row = rows[name]
+        assert row["steps run"] == "20" and row["timer"].startswith("device")
+        assert 0 < float(row["sustained samples/s"]) and 0 < float(row["GPU's rate samples/s"])
+        summary = json.loads((out / name.replace("/", "-") / "summary.json").read_text())
+        assert summary["batches"]["copy"] == "a step ahead, on a side stream"
+        assert summary["batches"]["loader"] == "ring"
+        assert summary["data_wait"]["steps"] == 20 - summary["config"]["settle"]
