@@ -7,7 +7,10 @@ ranges (a fused loss of 10 us of GPU work read 1.5-14 ms of CPU time, step times
 steady.
 """
 
+import atexit
+import multiprocessing
 import os
+import signal
 
 import torch
 
@@ -42,8 +45,28 @@ def split_cores(main_cores: int) -> tuple[set[int], set[int]] | None:
     return set(cores[:main_cores]), set(cores[main_cores:])
 
 
+# Set in the main process as it exits: from then on a worker ends on SIGTERM (the
+# terminate() that multiprocessing sends its daemonic children at exit); before, a SIGTERM
+# came from outside, to the whole group, and the main process acts on it alone.
+_EXITING = multiprocessing.Event()
+atexit.register(_EXITING.set)  # runs before multiprocessing's own exit handler (LIFO)
+
+
+def _on_sigterm(signum, frame) -> None:
+    if _EXITING.is_set():
+        os._exit(0)
+
+
 def _worker_init(worker_cores: set[int] | None):
     def init(worker_id: int) -> None:
+        # Ctrl-C and SIGTERM sent to the whole process group (a terminal, `timeout`, a
+        # batch scheduler) reach the workers too: killed by one, a worker would make the
+        # main process raise "worker killed by signal" in the middle of keeping the steps
+        # it is ending with. The main process alone acts on them: it stops its workers
+        # (None on their queues), or as it exits terminates them (_EXITING); a worker
+        # whose parent is gone exits on its own.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _on_sigterm)
         os.nice(19)
         if worker_cores:
             os.sched_setaffinity(0, worker_cores)

@@ -52,8 +52,9 @@ from training.ranks import Ranks
 
 
 @contextlib.contextmanager
-def _signals_deferred():
-    """Ctrl-C and SIGTERM that arrive inside are held and acted on at the end.
+def _signals_deferred(act: bool = True, say=None):
+    """Ctrl-C and SIGTERM that arrive inside are held and acted on at the end (act=False:
+    dropped, for a run already ending). say(line): told once when the first one arrives.
 
     Python-level handlers that only take note, not pthread_sigmask: a signal blocked in
     the main thread is delivered to another thread, and its KeyboardInterrupt could still
@@ -62,14 +63,22 @@ def _signals_deferred():
         yield  # signal handlers can only be set from the main thread
         return
     held = []
-    previous = {signum: signal.signal(signum, lambda n, _frame: held.append(n))
+
+    def hold(signum, _frame):
+        if not held and say is not None:
+            say(f"{signal.Signals(signum).name} received: held until the run's files are "
+                "written")
+        held.append(signum)
+
+    previous = {signum: signal.signal(signum, hold)
                 for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if held:
+            if signal.getsignal(signum) is hold:  # not where a rank chose to ignore them
+                signal.signal(signum, handler)
+        if held and act:
             handler = previous[held[0]]
             if callable(handler):
                 handler(held[0], None)  # Ctrl-C's KeyboardInterrupt, train.py's SIGTERM
@@ -200,6 +209,14 @@ class ProfiledRun:
             self.profiler.step()
 
     def __exit__(self, exc_type, exc, tb):
+        # Writing the trace and the summary takes seconds (the loop's trace at batch 128:
+        # 6.6 s): a Ctrl-C or SIGTERM meanwhile is held, so that it cannot cut the files
+        # short. A complete run then ends as interrupted, its folder complete; a run
+        # already ending early ends as it was going to.
+        with _signals_deferred(act=exc is None, say=self.say):
+            return self._exit(exc_type, exc, tb)
+
+    def _exit(self, exc_type, exc, tb):
         if exc is not None and self.ranks.distributed:
             _ignore_further_signals()  # torchrun stops every rank once one has ended
             if not self.ranks.main:

@@ -58,7 +58,8 @@ def start_long_run(out: Path, *args):
     return subprocess.Popen([sys.executable, "-u", str(REPO / "train.py"), *LONG,
                              "--out-dir", str(out), "--run-name", "run", *args], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_ctrl_c_as_a_terminal_gives_it)
+                            preexec_fn=_ctrl_c_as_a_terminal_gives_it,
+                            start_new_session=True)  # its own process group, as a job
 
 
 def _ctrl_c_as_a_terminal_gives_it():
@@ -68,12 +69,19 @@ def _ctrl_c_as_a_terminal_gives_it():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def signal_after(proc, line_part: str, signum, timeout=300):
-    """Sends signum once stdout shows line_part; returns (exit code, stderr lines)."""
+def signal_after(proc, line_part: str, signum, timeout=300, group=False, again=None):
+    """Sends signum once stdout shows line_part (group: to the process's whole group, as a
+    terminal or `timeout` does; again: seconds after which it is sent a second time);
+    returns (exit code, stderr lines)."""
+    import os
+    send = (lambda: os.killpg(proc.pid, signum)) if group else (lambda: proc.send_signal(signum))
     deadline = time.time() + timeout
     for line in proc.stdout:
         if line_part in line:
-            proc.send_signal(signum)
+            send()
+            if again is not None:
+                time.sleep(again)
+                send()
             break
         assert time.time() < deadline, f"no {line_part!r} in {timeout} s"
     _, err = proc.communicate(timeout=timeout)

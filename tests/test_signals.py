@@ -1,0 +1,62 @@
+"""Signals as a terminal, `timeout` or a batch scheduler send them: to the run's whole
+process group (its data workers too), and a second one while the run's files are being
+written. Each ends with one line, exit 130, a marked folder, and no process left."""
+
+import json
+import random
+import signal
+import time
+
+import pytest
+
+from tests.helpers import processes_mentioning, signal_after, start_long_run
+
+TRIALS = 4
+
+
+def _gone(text: str, seconds: float = 15) -> bool:
+    deadline = time.time() + seconds
+    while processes_mentioning(text) and time.time() < deadline:
+        time.sleep(0.2)
+    return not processes_mentioning(text)
+
+
+def _kept_as_interrupted(tmp_path, code, lines, name):
+    assert code == 130 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: interrupted ({name}) at step "), lines
+    assert [p.name for p in tmp_path.iterdir()] == ["run-interrupted"], lines
+    summary = json.loads((tmp_path / "run-interrupted" / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert _gone(str(tmp_path))
+
+
+@pytest.mark.parametrize("loader", ("ring", "torch"))
+@pytest.mark.parametrize("signum,name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+def test_a_signal_to_the_whole_group_keeps_the_steps(tmp_path_factory, loader, signum, name):
+    rng = random.Random(f"{loader}{name}")
+    for trial in range(TRIALS):
+        tmp = tmp_path_factory.mktemp(f"group{trial}")
+        at = rng.randint(3, 25)
+        proc = start_long_run(tmp, "--num-workers", "2", "--loader", loader)
+        code, lines = signal_after(proc, f"step {at}/401 (profiled)", signum, group=True)
+        _kept_as_interrupted(tmp, code, lines, name)
+
+
+def test_a_second_ctrl_c_soon_after_the_first_still_keeps_the_steps(tmp_path_factory):
+    for trial, gap in enumerate((0.0, 0.02, 0.05, 0.2)):
+        tmp = tmp_path_factory.mktemp(f"twice{trial}")
+        proc = start_long_run(tmp, "--num-workers", "2")
+        code, lines = signal_after(proc, "step 6/401 (profiled)", signal.SIGINT, group=True,
+                                   again=gap)
+        _kept_as_interrupted(tmp, code, lines, "Ctrl-C")
+
+
+def test_ctrl_c_while_a_complete_run_is_written_waits_for_its_files(tmp_path):
+    proc = start_long_run(tmp_path, "--active", "30")
+    code, lines = signal_after(proc, "writing the trace", signal.SIGINT, group=True)
+    assert code == 130 and len(lines) == 1 and "interrupted" in lines[0], lines
+    # The run was complete: its folder is too, unsuffixed, with its whole summary.
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["steps"] == 30
+    assert _gone(str(tmp_path))
