@@ -53,6 +53,11 @@ class RunInterrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM ended the run; str() is the line to print."""
 
 
+class StudyInterrupted(RunInterrupted):
+    """Ctrl-C or SIGTERM ended a command that makes many measurements; str() is the whole
+    line, saying what was kept."""
+
+
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN or inf: the steps after it would measure nothing useful."""
 
@@ -106,7 +111,8 @@ def run_command(main, unwritten: str) -> None:
     try:
         code = main()
     except KeyboardInterrupt as exc:
-        print_error(f"{str(exc) or 'interrupted'}; {unwritten}")
+        print_error(str(exc) if isinstance(exc, StudyInterrupted)
+                    else f"{str(exc) or 'interrupted'}; {unwritten}")
         code = exit_code(exc)
     sys.exit(code)
 

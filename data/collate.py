@@ -24,6 +24,8 @@ def check_capacity(samples, capacity: int) -> None:
 
 
 def _stack_images(samples) -> torch.Tensor:
+    if not samples:
+        raise UserError("a batch must hold at least one sample: the collate got none")
     return torch.stack([image for image, _ in samples])
 
 

@@ -12,6 +12,9 @@ from losses.strategy import Strategy, list_to_device
 
 def concat_loss(pred, targets):
     check_list(pred, targets)
+    if not targets:  # an empty batch: a zero loss, still attached to pred (zero gradient)
+        none = pred.reshape(-1, 4)[:0]
+        return giou_loss_terms(none, none).sum()
     valid_pred = torch.cat([pred[i, :t.shape[0]] for i, t in enumerate(targets)])
     valid_target = torch.cat(list(targets))
     # len() is host metadata: no sync.

@@ -11,8 +11,9 @@ from losses.strategy import Strategy, list_to_device
 def loop_loss(pred, targets):
     check_list(pred, targets)
     # Starting from an empty slice keeps the loss attached to pred (zero gradient) even
-    # when the batch holds no box at all.
-    total = giou_loss_terms(pred[:0, 0], pred[:0, 0]).sum()
+    # when the batch holds no box at all (and when it has no sample or no slot).
+    none = pred.reshape(-1, 4)[:0]
+    total = giou_loss_terms(none, none).sum()
     count = 0
     for i, t in enumerate(targets):
         n = t.shape[0]  # shape is host metadata: no sync

@@ -21,17 +21,18 @@ grid (Triton's interpreter, no CUDA backend) and its times mean nothing.
 """
 
 import argparse
+import contextlib
 import math
 import time
 from pathlib import Path
 
 import torch
 
-from core.errors import UserError, command, one_line, run_command
+from core.errors import StudyInterrupted, UserError, command, one_line, run_command
 from core.names import describe, parse_variants, variants
 from core.tables import csv_text
 from kernels.cuda_giou import unavailable_reason
-from profiling.run_folder import display
+from profiling.run_folder import display, mark
 from studies.charts import sweep_chart
 from studies.common import fresh_out
 from studies.sweep_point import measure, samples, sigma_label
@@ -60,9 +61,15 @@ def _numbers(text: str, kind, name: str) -> list:
         raise UserError(f"--{name} takes a comma-separated list of numbers"
                         + (" (or 'full')" if name == "sigma" else "") + f", not {text!r}"
                         ) from None
-    if not values or any(v <= 0 for v in values):
+    if not values or not all(v > 0 for v in values):  # nan is not > 0 either
         raise UserError(f"--{name} values must be positive, got {text!r}")
     return values
+
+
+def _at_least(args, name: str, low: int) -> None:
+    value = getattr(args, name.replace("-", "_"))
+    if value < low:
+        raise UserError(f"--{name} must be at least {low}, got {value}")
 
 
 def parse(argv) -> argparse.Namespace:
@@ -90,6 +97,9 @@ def parse(argv) -> argparse.Namespace:
     args.batch = _numbers(args.batch, int, "batch")
     args.capacity = _numbers(args.capacity, int, "capacity")
     args.sigma = _numbers(args.sigma, float, "sigma")
+    _at_least(args, "boxes-capacity", 1)
+    _at_least(args, "rep-ms", 1)
+    _at_least(args, "loop-max-batch", 0)
     args.strategies = parse_variants(args.strategies)
     args.centre = GRIDS[preset]["centre"]
     return args
@@ -113,12 +123,15 @@ def left_out(loss: str, backend: str, batch: int, args,
     return None
 
 
-def run(args) -> list[dict]:
+def run(args, rows: list | None = None) -> list[dict]:
+    """Every point's row, appended to `rows` as it is measured (the caller keeps those
+    done if the sweep is interrupted)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     cuda_reason = unavailable_reason()
     plan = [(pt, s) for pt in points(args) for s in args.strategies]
-    rows, done, data, started = [], {}, {}, time.time()
+    rows = [] if rows is None else rows
+    done, data, started = {}, {}, time.time()
     print(f"make sweep: {len(plan)} points (axis point x strategy), each timed for about "
           f"{args.rep_ms} ms and profiled; about 3 minutes on an H100 at the default grid",
           flush=True)
@@ -172,6 +185,12 @@ def _redraw(folder: Path) -> int:
     if not (folder / "sweep.csv").exists():
         raise UserError(f"no sweep.csv in {folder}")
     rows = read_rows(folder / "sweep.csv")
+    # The columns the chart reads (a sweep's CSV from an older commit may lack others).
+    missing = [c for c in ("axis", "batch", "capacity", "sigma", "strategy", "status",
+                           "GPU ms", "timer") if rows and c not in rows[0]]
+    if not rows or missing:
+        raise UserError(f"{folder / 'sweep.csv'} is not a sweep's table (" +
+                        (f"no column {missing[0]!r})" if rows else "no rows)"))
     preset = "cpu" if any("CPU wall" in r["timer"] for r in rows) else "gpu"
     sweep_chart(rows, folder / "sweep.png", preset)
     print(f"redrawn: {display(folder)}/sweep.png")
@@ -184,7 +203,12 @@ def _main(argv) -> int:
         return _redraw(args.redraw)
     out = fresh_out(args.out, "sweep", "sweep")
     started = time.time()
-    rows = run(args)
+    rows = []
+    try:
+        run(args, rows)
+    except KeyboardInterrupt:
+        # The points measured so far are kept, marked; an empty folder is not left.
+        raise StudyInterrupted(_keep_partial(out, rows, args, time.time() - started)) from None
     (out / "sweep.csv").write_text(csv_text(COLUMNS, rows))
     (out / "sweep.md").write_text(markdown(rows, args, time.time() - started))
     sweep_chart(rows, out / "sweep.png", args.preset)
@@ -193,6 +217,21 @@ def _main(argv) -> int:
           f"sweep.png" + (f"; {failed} points failed (rows in the table)" if failed else ""),
           flush=True)
     return 1 if failed else 0
+
+
+def _keep_partial(out: Path, rows: list, args, seconds: float) -> str:
+    """The interrupted sweep's rows, in <out>-interrupted/ (the folder is removed if no
+    point was measured); the line to print."""
+    if not rows:
+        with contextlib.suppress(OSError):
+            out.rmdir()  # only if empty: never a user's files
+        return "interrupted before the first point; nothing kept"
+    (out / "sweep.csv").write_text(csv_text(COLUMNS, rows))
+    (out / "sweep.md").write_text(f"**Interrupted** after {len(rows)} points: the rows "
+                                  "below are those measured.\n\n"
+                                  + markdown(rows, args, seconds))
+    marked = mark(out, "interrupted")
+    return f"interrupted; {display(marked)} holds the {len(rows)} points measured"
 
 
 main = command(_main)

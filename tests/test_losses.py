@@ -36,6 +36,28 @@ def test_empty_and_full_batches(name, counts):
     assert torch.equal(pred.grad, torch.zeros_like(pred))
 
 
+@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize("B,M", [(0, 8), (3, 0)])
+def test_no_sample_or_no_slot_is_a_zero_loss(name, B, M):
+    """An empty batch, or a model with no box slot: loss 0 and a zero gradient for every
+    strategy (the ragged ones raised torch.cat's and an IndexError here)."""
+    pred = torch.rand(B, M, 4, requires_grad=True)
+    if name in RAGGED:
+        targets = [torch.zeros(0, 4, dtype=torch.uint8) for _ in range(B)]
+    else:
+        targets = (torch.zeros(B, M, 4, dtype=torch.uint8), torch.zeros(B, dtype=torch.int32))
+    loss = losses.get(name, capacity=max(M, 1)).loss(pred, targets)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(pred.grad, torch.zeros_like(pred))
+
+
+def test_a_collate_of_no_sample_is_one_clear_error():
+    from core.errors import UserError
+    for name in ("loop", "padded"):
+        with pytest.raises(UserError, match="at least one sample"):
+            losses.get(name).collate([])
+
+
 def test_giou_is_one_minus_giou_with_clamped_intersection():
     """Known values: identical boxes lose 0; disjoint boxes get no intersection."""
     from losses.giou import giou_loss_terms

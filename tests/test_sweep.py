@@ -110,11 +110,46 @@ def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch, c
     (["--batch", "x"], "--batch takes a comma-separated list of numbers"),
     (["--sigma", "0"], "--sigma values must be positive"),
     (["--strategies", "padded,bogus"], "unknown strategy 'bogus'"),
+    (["--sigma", "nan"], "--sigma values must be positive"),
+    (["--batch", "4,-2"], "--batch values must be positive"),
+    (["--boxes-capacity", "-1"], "--boxes-capacity must be at least 1"),
+    (["--rep-ms", "-5"], "--rep-ms must be at least 1"),
+    (["--strategies", ""], "--strategies"),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, args, message):
     assert sweep.main(["--out", str(tmp_path / "x"), *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_redrawing_a_csv_that_is_not_a_sweeps_is_one_line(tmp_path, capsys):
+    (tmp_path / "sweep.csv").write_text("a,b\n1,2\n")
+    assert sweep.main(["--redraw", str(tmp_path)]) == 2
+    assert "is not a sweep's table (no column 'axis')" in capsys.readouterr().err
+
+
+def test_ctrl_c_keeps_the_points_measured(tmp_path, monkeypatch):
+    real, calls = sweep.measure, []
+
+    def measure(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "measure", measure)
+    out = tmp_path / "sweep"
+    with pytest.raises(sweep.StudyInterrupted, match="holds the 2 points measured"):
+        sweep.main(["--out", str(out), *TINY, "--strategies", "padded"])
+    assert [p.name for p in tmp_path.iterdir()] == ["sweep-interrupted"]
+    kept = tmp_path / "sweep-interrupted"
+    assert len(_rows(kept)) == 2 and (kept / "sweep.md").read_text().startswith("**Interrupted**")
+    # Before any point: nothing is left.
+    calls.clear()
+    calls.extend([1, 1])
+    with pytest.raises(sweep.StudyInterrupted, match="nothing kept"):
+        sweep.main(["--out", str(tmp_path / "again"), *TINY, "--strategies", "padded"])
+    assert not (tmp_path / "again").exists()
 
 
 def test_each_round_gets_the_gpu_work_its_call_launched():
