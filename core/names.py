@@ -66,8 +66,14 @@ def parse_variant(text: str) -> tuple[str, str]:
 
 
 def parse_variants(text: str) -> list[tuple[str, str]]:
-    """A comma-separated list of strategies (parse_variant); an empty one is refused."""
+    """A comma-separated list of strategies (parse_variant); an empty one, or one naming a
+    strategy twice, is refused."""
     variants_given = [v for v in text.split(",") if v]
     if not variants_given:
         raise UserError("--strategies is empty: name at least one strategy")
-    return [parse_variant(v) for v in variants_given]
+    parsed = [parse_variant(v) for v in variants_given]
+    names = [describe(*variant) for variant in parsed]  # padded:cuda is padded
+    for i, name in enumerate(names):
+        if name in names[:i]:  # it would run twice and keep one
+            raise UserError(f"--strategies names {name} twice")
+    return parsed

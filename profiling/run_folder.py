@@ -14,6 +14,7 @@ from pathlib import Path
 from core.errors import UserError
 
 EARLY_END_STATUSES = ("interrupted", "failed")
+NAME_BYTES = 255  # a folder name's limit on Linux's file systems
 
 
 def utc_stamp() -> str:
@@ -25,6 +26,11 @@ def check_run_name(name: str) -> None:
     if name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
         raise UserError(f"--run-name {name!r} must be a plain folder name (no '/', not "
                         "'.' or '..')")
+    # A folder name is at most 255 bytes, and an early end adds "-interrupted".
+    longest = NAME_BYTES - max(len(s) + 1 for s in EARLY_END_STATUSES)
+    if len(name.encode()) > longest:
+        raise UserError(f"--run-name is {len(name.encode())} bytes long: a run folder's name "
+                        f"may have at most {longest}")
     if name.endswith(tuple(f"-{s}" for s in EARLY_END_STATUSES)):
         raise UserError(f"--run-name {name!r} ends like a run that ended early; choose "
                         "another name")

@@ -71,6 +71,8 @@ def test_same_seed_same_losses_across_strategies(tmp_path):
     (["--image-size", "40"], "image size 40 must be a multiple of 16"),
     (["--run-name", "../escaped"], "--run-name '../escaped' must be a plain folder name"),
     (["--run-name", "x-failed"], "ends like a run that ended early"),
+    (["--run-name", "r" * 250], "--run-name is 250 bytes long: a run folder's name may have "
+                                "at most 243"),
     (["--bucket-mb", "0"], "--bucket-mb must be a positive number, got 0.0"),
     (["--comm-hook", "bf16", "--no-overlap"], "--comm-hook bf16 is a DDP hook"),
     (["--scaling-baseline", "/nonexistent"], "--scaling-baseline /nonexistent: no readable "
