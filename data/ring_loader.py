@@ -32,6 +32,7 @@ import time
 import torch
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler
 
+from core.trees import map_leaves
 from data.ring_targets import nbytes, pack, unpack
 
 _PIXEL = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the collate's stand-in for an image
@@ -75,7 +76,7 @@ class _RingDataset(Dataset):
         _, targets = self.collate(pairs)
         layout = pack(targets, self.targets[slot])
         if layout is None:
-            layout = _Pickled(_arrays(targets))
+            layout = _Pickled(map_leaves(torch.Tensor.numpy, targets))
         return slot, layout, time.perf_counter() - started
 
 
@@ -90,19 +91,13 @@ def _keep(batch):
     return batch  # __getitems__ returned the whole batch already
 
 
-def _arrays(targets):
-    """The targets' tensors as numpy arrays, in the same tuples and lists."""
-    if isinstance(targets, torch.Tensor):
-        return targets.numpy()
-    return type(targets)(_arrays(t) for t in targets)
-
-
-def _tensors(targets, pin: bool):
-    """_arrays undone in the main process, pinned where the batch goes to a GPU."""
-    if not isinstance(targets, (tuple, list)):
-        tensor = torch.from_numpy(targets)
-        return tensor.pin_memory() if pin else tensor
-    return type(targets)(_tensors(t, pin) for t in targets)
+def _tensors(arrays, pin: bool):
+    """Pickled targets' arrays as tensors in the main process, pinned where the batch goes
+    to a GPU."""
+    def tensor(array):
+        made = torch.from_numpy(array)
+        return made.pin_memory() if pin else made
+    return map_leaves(tensor, arrays)
 
 
 class RingLoader:

@@ -10,22 +10,33 @@ copy reads them there, and the main process neither unpickles nor pins them.
     layout = pack(targets, slot_bytes)     # in the worker: None if they do not fit
     targets = unpack(layout, slot_bytes)   # in the main process: views of the slot
 
-A layout mirrors the targets (a tensor, or tuples and lists of them) with (offset, dtype,
-shape) for each tensor; offsets are aligned to ALIGN bytes so every dtype's view is legal.
+A layout mirrors the targets (a tensor, or tuples and lists of them: core/trees.py) with a
+Placed(offset, dtype, shape) for each tensor; offsets are aligned to ALIGN bytes so every
+dtype's view is legal.
 Targets larger than the slot (a batch with far more boxes than the first one) return None
 and travel pickled instead (RingLoader does that), never truncated.
 """
 
+from dataclasses import dataclass
+
 import torch
+
+from core.trees import leaves, map_leaves
 
 ALIGN = 64
 
 
+@dataclass(frozen=True)
+class Placed:
+    """Where one target tensor lies in its slot."""
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
 def nbytes(targets) -> int:
     """The bytes pack() needs for these targets, alignment included."""
-    if isinstance(targets, torch.Tensor):
-        return _aligned(targets.numel() * targets.element_size())
-    return sum(nbytes(t) for t in targets)
+    return sum(_aligned(t.numel() * t.element_size()) for t in leaves(targets))
 
 
 def pack(targets, slot: torch.Tensor):
@@ -33,27 +44,24 @@ def pack(targets, slot: torch.Tensor):
     if they do not fit."""
     if nbytes(targets) > slot.numel():
         return None
-    return _pack(targets, slot, [0])
+    at = 0  # the next free byte
 
-
-def _pack(targets, slot, at):
-    if isinstance(targets, torch.Tensor):
-        offset, size = at[0], targets.numel() * targets.element_size()
+    def place(tensor: torch.Tensor) -> Placed:
+        nonlocal at
+        offset, size = at, tensor.numel() * tensor.element_size()
         if size:
-            flat = targets.contiguous().view(-1).view(torch.uint8)
-            slot[offset:offset + size].copy_(flat)
-        at[0] += _aligned(size)
-        return (offset, targets.dtype, tuple(targets.shape))
-    return type(targets)(_pack(t, slot, at) for t in targets)
+            slot[offset:offset + size].copy_(tensor.contiguous().view(-1).view(torch.uint8))
+        at += _aligned(size)
+        return Placed(offset, tensor.dtype, tuple(tensor.shape))
+    return map_leaves(place, targets)
 
 
 def unpack(layout, slot: torch.Tensor):
     """The targets as views of slot, from their layout."""
-    if isinstance(layout, tuple) and len(layout) == 3 and isinstance(layout[1], torch.dtype):
-        offset, dtype, shape = layout
-        size = torch.Size(shape).numel() * dtype.itemsize
-        return slot[offset:offset + size].view(dtype).view(shape)
-    return type(layout)(unpack(part, slot) for part in layout)
+    def view(placed: Placed) -> torch.Tensor:
+        size = torch.Size(placed.shape).numel() * placed.dtype.itemsize
+        return slot[placed.offset:placed.offset + size].view(placed.dtype).view(placed.shape)
+    return map_leaves(view, layout)
 
 
 def _aligned(size: int) -> int:

@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import Dataset
 
 import losses
+from core.trees import leaves
 from data import ring_loader
 from data.loader import make_loader
 from data.ring_targets import ALIGN, nbytes, pack, unpack
@@ -35,7 +36,7 @@ def test_targets_come_back_equal_as_aligned_views_of_the_slot(make):
     layout = pack(targets, slot)
     back = unpack(layout, slot)
     assert _equal(back, targets)
-    for tensor in (back,) if isinstance(back, torch.Tensor) else back:
+    for tensor in leaves(back):
         assert tensor.untyped_storage().data_ptr() == slot.untyped_storage().data_ptr()
         assert (tensor.data_ptr() - slot.data_ptr()) % ALIGN == 0
 

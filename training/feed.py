@@ -34,6 +34,8 @@ import time
 
 import torch
 
+from core.trees import leaves
+
 phase = torch.profiler.record_function
 
 
@@ -98,15 +100,6 @@ class CopyAhead(InStep):
         batch, self.ready = self.ready, None
         compute = torch.cuda.current_stream()
         compute.wait_stream(self.stream)  # no host sync: the compute stream waits
-        for tensor in _tensors(batch):
+        for tensor in leaves(batch):  # the images and every target tensor
             tensor.record_stream(compute)
         return self.arrive(batch)
-
-
-def _tensors(batch):
-    """Every tensor of a batch (images, and targets as a tensor, tuple or list)."""
-    if isinstance(batch, torch.Tensor):
-        yield batch
-        return
-    for part in batch:
-        yield from _tensors(part)
