@@ -27,6 +27,7 @@ from core.names import (
     describe,
     phases_of,
 )
+from core.signals import ignore_stop_signals
 from profiling.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from profiling.scaling import check_baseline
 from training import ddp, speedups
@@ -357,14 +358,6 @@ def _stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 
-def _ignore_signals() -> None:
-    """The run is over (its files kept or removed): a further Ctrl-C or SIGTERM, while the
-    line is printed and the data workers and the interpreter shut down, changes nothing
-    and must not turn the exit into a traceback or a death by signal."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
-
-
 def _report(line: str) -> None:
     """The one line of an early end: on stderr, or, on a rank of training/launch.py's
     job, left for the launcher, which prints the line of the rank that failed first."""
@@ -379,9 +372,12 @@ def main(argv=None) -> int:
     try:
         run(parse_config(argv))
         stop()  # leaves the process group of a torchrun job
-        _ignore_signals()
+        # The run is over (its files kept or removed): a further Ctrl-C or SIGTERM, while
+        # the line is printed and the data workers and the interpreter shut down, changes
+        # nothing and must not turn the exit into a traceback or a death by signal.
+        ignore_stop_signals()
     except (KeyboardInterrupt, ProjectError) as exc:
-        _ignore_signals()
+        ignore_stop_signals()
         # Ctrl-C (the harness's RunInterrupted, or before the run), a user's mistake, a
         # backend this machine lacks, a run that failed (its line says where its files
         # went): core/errors.py gives each its line and exit code.

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from core.errors import NonFiniteLoss, RunFailed, RunInterrupted, UserError, one_line
+from core.signals import STOP_SIGNALS, ignore_stop_signals
 from profiling import run_folder
 from profiling.communication import communication
 from profiling.environment import environment
@@ -71,7 +72,7 @@ def _signals_deferred(act: bool = True, say=None):
         held.append(signum)
 
     previous = {signum: signal.signal(signum, hold)
-                for signum in (signal.SIGINT, signal.SIGTERM)}
+                for signum in STOP_SIGNALS}
     try:
         yield
     finally:
@@ -84,14 +85,6 @@ def _signals_deferred(act: bool = True, say=None):
                 handler(held[0], None)  # Ctrl-C's KeyboardInterrupt, train.py's SIGTERM
             elif handler == signal.SIG_DFL:
                 os.kill(os.getpid(), held[0])
-
-
-def _ignore_further_signals() -> None:
-    """A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and torchrun's)
-    must not cut its trace or folder work short."""
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.SIG_IGN)
 
 
 def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train") -> torch.profiler.profile:
@@ -218,7 +211,10 @@ class ProfiledRun:
 
     def _exit(self, exc_type, exc, tb):
         if exc is not None and self.ranks.distributed:
-            _ignore_further_signals()  # torchrun stops every rank once one has ended
+            # A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and
+            # torchrun's, which stops every rank once one has ended) must not cut its
+            # trace or folder work short.
+            ignore_stop_signals()
             if not self.ranks.main:
                 # Only rank 0 keeps an early end's steps: the others write no trace (into
                 # a folder that rank 0 may be renaming).
@@ -333,7 +329,10 @@ class ProfiledRun:
         reason = f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else one_line(exc)
         self.writer.close()
         if self.ranks.distributed:
-            _ignore_further_signals()  # torchrun stops every rank once one has ended
+            # A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and
+            # torchrun's, which stops every rank once one has ended) must not cut its
+            # trace or folder work short.
+            ignore_stop_signals()
             if not self.ranks.main:
                 remove_plain_traces(self.dir, self.ranks.worker_name())
                 raise (RunInterrupted if interrupted else RunFailed)(f"{reason} {at}") from exc
