@@ -25,3 +25,10 @@ def giou_loss_terms(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             * (torch.maximum(py2, gy2) - torch.minimum(py1, gy1)))
     giou = inter / (union + EPS) - (hull - union) / (hull + EPS)
     return 1 - giou
+
+
+def no_boxes_loss(pred: torch.Tensor) -> torch.Tensor:
+    """A zero loss still attached to pred (a zero gradient): the GIoU terms of no box.
+    Any B and M, 0 included."""
+    none = pred.reshape(-1, 4)[:0]
+    return giou_loss_terms(none, none).sum()

@@ -98,10 +98,16 @@ def sustained(step_times: list[dict], first: int, samples_per_step: int) -> dict
         else sorted(t["host_ms"] for t in timed)
     if not times or sum(times) <= 0:
         return None
+    median, p95 = _median_p95(times)
     return {"timer": "device (CUDA events at step boundaries)" if on_device else "host wall",
             "steps": len(times), "samples_per_s": samples_per_step * len(times) / sum(times) * 1e3,
-            "step_ms_median": times[len(times) // 2],
-            "step_ms_p95": times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]}
+            "step_ms_median": median, "step_ms_p95": p95}
+
+
+def _median_p95(ordered: list[float]) -> tuple[float, float]:
+    """The median and 95th percentile of values sorted in ascending order (not empty)."""
+    last = len(ordered) - 1
+    return ordered[len(ordered) // 2], ordered[min(last, round(0.95 * last))]
 
 
 WAITED_MS = 1.0  # a step whose data phase took longer waited for the loader
@@ -114,9 +120,9 @@ def data_wait(step_times: list[dict], first: int) -> dict | None:
     waits = sorted(t.get("data_ms", 0.0) for t in step_times[first:])
     if not waits:
         return None
+    median, p95 = _median_p95(waits)
     return {"steps": len(waits), "total_ms": round(sum(waits), 3),
-            "median_ms": round(waits[len(waits) // 2], 4),
-            "p95_ms": round(waits[min(len(waits) - 1, round(0.95 * (len(waits) - 1)))], 4),
+            "median_ms": round(median, 4), "p95_ms": round(p95, 4),
             "steps_waited": sum(w > WAITED_MS for w in waits)}
 
 

@@ -96,10 +96,11 @@ def _main(argv) -> int:
     args, train_args = parser.parse_known_args(argv)
     plan = parse_variants(args.strategies)
     base, given = base_config(train_args, PER_RUN, REFUSAL)
-    train.validate(run_config(base, **run_fields(base, given, "padded", args.ragged_seconds)))
+    padded = run_fields(base, given, "padded", args.ragged_seconds)  # a padded-layout run's
+    train.validate(run_config(base, **padded))
     out = fresh_out(args.out, "throughput", "throughput")
     cuda_reason = unavailable_reason()
-    steps = run_fields(base, given, "padded", args.ragged_seconds).get("steps", base.steps)
+    steps = padded.get("steps", base.steps)
     print(f"make throughput: {len(plan)} runs of {steps} steps each (loop and concat: "
           f"{args.ragged_seconds:g} s of steps)", flush=True)
     rows, skipped, runs, started = [], [], [], time.time()

@@ -88,6 +88,14 @@ def signal_after(proc, line_part: str, signum, timeout=300, group=False, again=N
     return proc.returncode, our_lines(err)
 
 
+def gone(text: str, seconds: float = 15) -> bool:
+    """No process mentions text, within seconds (workers see their parent gone and exit)."""
+    deadline = time.time() + seconds
+    while processes_mentioning(text) and time.time() < deadline:
+        time.sleep(0.2)
+    return not processes_mentioning(text)
+
+
 def processes_mentioning(text: str) -> list[int]:
     """The pids whose command line holds text (Linux /proc)."""
     found = []

@@ -7,17 +7,9 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.helpers import (
-    REPO,
-    TINY,
-    our_lines,
-    processes_mentioning,
-    signal_after,
-    start_long_run,
-)
+from tests.helpers import REPO, TINY, gone, our_lines, signal_after, start_long_run
 
 STEPS = 300
 
@@ -29,14 +21,6 @@ def _leftovers() -> set[str]:
     shm = Path("/dev/shm")
     found = {f"/dev/shm/{p.name}" for p in shm.iterdir()} if shm.is_dir() else set()
     return found | {str(p) for p in Path("/tmp").glob("pymp-*")}
-
-
-def _gone(text: str, seconds: float = 10) -> bool:
-    """No process mentions text, within seconds (workers see their parent gone and exit)."""
-    deadline = time.time() + seconds
-    while processes_mentioning(text) and time.time() < deadline:
-        time.sleep(0.2)
-    return not processes_mentioning(text)
 
 
 def test_a_run_of_hundreds_of_steps_times_and_counts_every_one(tmp_path):
@@ -93,7 +77,7 @@ def test_a_workers_error_deep_into_a_run_leaves_nothing_behind(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["run-failed"]
     summary = json.loads((tmp_path / "run-failed" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["completed_steps"] == 40
-    assert _gone(str(tmp_path))
+    assert gone(str(tmp_path))
     assert _leftovers() <= before, sorted(_leftovers() - before)
 
 
@@ -103,5 +87,5 @@ def test_ctrl_c_deep_into_a_ring_run_leaves_nothing_behind(tmp_path):
     code, lines = signal_after(proc, "step 120/401", signal.SIGINT)
     assert code == 130 and len(lines) == 1 and "interrupted (Ctrl-C)" in lines[0], lines
     assert [p.name for p in tmp_path.iterdir()] == ["run-interrupted"]
-    assert _gone(str(tmp_path))
+    assert gone(str(tmp_path))
     assert _leftovers() <= before, sorted(_leftovers() - before)

@@ -5,20 +5,12 @@ written. Each ends with one line, exit 130, a marked folder, and no process left
 import json
 import random
 import signal
-import time
 
 import pytest
 
-from tests.helpers import processes_mentioning, signal_after, start_long_run
+from tests.helpers import gone, signal_after, start_long_run
 
 TRIALS = 4
-
-
-def _gone(text: str, seconds: float = 15) -> bool:
-    deadline = time.time() + seconds
-    while processes_mentioning(text) and time.time() < deadline:
-        time.sleep(0.2)
-    return not processes_mentioning(text)
 
 
 def _kept_as_interrupted(tmp_path, code, lines, name):
@@ -27,7 +19,7 @@ def _kept_as_interrupted(tmp_path, code, lines, name):
     assert [p.name for p in tmp_path.iterdir()] == ["run-interrupted"], lines
     summary = json.loads((tmp_path / "run-interrupted" / "summary.json").read_text())
     assert summary["status"] == "interrupted"
-    assert _gone(str(tmp_path))
+    assert gone(str(tmp_path))
 
 
 @pytest.mark.parametrize("loader", ("ring", "torch"))
@@ -59,4 +51,4 @@ def test_ctrl_c_while_a_complete_run_is_written_waits_for_its_files(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["steps"] == 30
-    assert _gone(str(tmp_path))
+    assert gone(str(tmp_path))
