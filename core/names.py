@@ -4,9 +4,11 @@ Everything else (the registry, the command line, make compare, the tests) import
 from core.errors import UserError
 
 # The loss strategies, in the order tables list them.
-STRATEGIES = ("loop", "concat", "padded", "compiled", "kernel", "conditional")
+STRATEGIES = ("loop", "concat", "padded", "compiled", "kernel", "conditional", "packed",
+              "nested")
 RAGGED = ("loop", "concat")              # targets stay a list of per-sample tensors
-FUSED = ("kernel", "conditional")        # the strategies whose kernel backend is chosen
+PACKED = ("packed", "nested")            # every box in one [N, 4] tensor, N per batch
+FUSED = ("kernel", "conditional", "packed")  # the strategies whose kernel backend is chosen
 BACKENDS = ("triton", "cuda")            # the fused kernels' implementations
 
 # train: the full step; forward: the original's measurement (forward and loss only, a
@@ -30,8 +32,9 @@ GPU_ONLY_SPEEDUPS = ("cudnn_benchmark", "bf16_shadow", "cuda_graph")
 # preset leaves them off, and make ladder skips their rungs there.
 INTERPRETER_SLOW_SPEEDUPS = ("triton_first_block", "triton_second_block")
 # The strategies whose tensors keep their shapes from step to step: a CUDA graph can
-# replay their step. The ragged ones (RAGGED) cannot be captured.
-STATIC_SHAPE = tuple(s for s in STRATEGIES if s not in RAGGED)
+# replay their step. The ragged and packed ones (their target shapes change with every
+# batch) cannot be captured.
+STATIC_SHAPE = tuple(s for s in STRATEGIES if s not in RAGGED + PACKED)
 
 
 def phases_of(mode: str, graphed: bool = False) -> tuple[str, ...]:

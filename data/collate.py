@@ -6,7 +6,13 @@ stack the images; they differ in the targets:
   per sample later);
 - `collate_padded`: one `[B, capacity, 4]` tensor, zero past each sample's count, plus an
   int32 `[B]` tensor of counts (two copies for the whole batch). Validity comes from the
-  counts, never from a sentinel coordinate.
+  counts, never from a sentinel coordinate;
+- `collate_packed`: every valid box of the batch in one `[N, 4]` tensor, in image order,
+  and an int32 `[2, N]` index: each box's image and its slot (its place among the image's
+  boxes). Nothing is padded: the targets are N * 12 bytes whatever the capacity;
+- `collate_nested`: the packed layout plus int64 `[B + 1]` offsets, image b's boxes being
+  rows offsets[b] .. offsets[b + 1] - 1: what torch.nested's jagged layout is made of.
+All of it is computed here on the host, so the device needs no sync to learn a count.
 """
 
 import torch
@@ -41,3 +47,26 @@ def collate_padded(samples, capacity: int):
     for row, (_, boxes) in enumerate(samples):
         padded[row, :boxes.shape[0]] = boxes
     return _stack_images(samples), (padded, counts)
+
+
+def packed_targets(per_sample: list[torch.Tensor]):
+    """(boxes [N, 4], index int32 [2, N], offsets int64 [B + 1]) of per-sample [n_i, 4]
+    boxes: the packed layout, built on the host."""
+    counts = torch.tensor([boxes.shape[0] for boxes in per_sample], dtype=torch.int64)
+    offsets = torch.zeros(len(per_sample) + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    boxes = torch.cat(per_sample) if per_sample else torch.zeros(0, 4, dtype=torch.uint8)
+    image = torch.repeat_interleave(torch.arange(len(per_sample)), counts)
+    slot = torch.arange(boxes.shape[0]) - offsets[image]
+    return boxes, torch.stack([image, slot]).to(torch.int32), offsets
+
+
+def collate_packed(samples, capacity: int):
+    check_capacity(samples, capacity)
+    boxes, index, _ = packed_targets([boxes for _, boxes in samples])
+    return _stack_images(samples), (boxes, index)
+
+
+def collate_nested(samples, capacity: int):
+    check_capacity(samples, capacity)
+    return _stack_images(samples), packed_targets([boxes for _, boxes in samples])

@@ -1,10 +1,14 @@
 """Fused GIoU kernels, each a torch custom op with autograd and a fake implementation.
 
     loss = giou_loss(pred, boxes, counts, backend="triton" | "cuda", conditional=False)
+    loss = bind_packed_loss(backend)(pred, boxes, index)     # the packed layout
+
 
 Naming ladder (per backend): _giou_fwd_kernel / _giou_bwd_kernel -> launchers inside the
 custom op (giou::triton_loss, giou_cuda::loss) -> autograd registration -> bind_loss /
-giou_loss -> the `kernel` and `conditional` strategies in losses/fused.py. A new backend
+giou_loss -> the `kernel` and `conditional` strategies in losses/fused.py; the packed layout's
+(_packed_fwd_kernel ... giou::triton_packed_loss, giou_cuda::packed_loss) ->
+bind_packed_loss -> losses/packed.py. A new backend
 is one module here with an op `(pred, target, counts, conditional) -> (loss, denom)`, a
 branch in bind_loss and its name in core.names.BACKENDS.
 
@@ -19,7 +23,7 @@ import sys
 
 import torch
 
-from core.checks import check_padded
+from core.checks import check_packed, check_padded
 from core.errors import BackendUnavailable, InputError
 from core.names import BACKENDS
 
@@ -77,6 +81,30 @@ def bind_loss(backend: str = "triton", conditional: bool = False):
         if not pred.is_cuda:
             raise InputError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
         return op(pred, boxes, counts, conditional)[0]
+    return loss
+
+
+@functools.lru_cache(maxsize=None)
+def bind_packed_loss(backend: str = "triton"):
+    """The fused loss over the packed layout, resolved once as bind_loss is:
+    (pred, boxes [N, 4], index [2, N]) -> mean of 1 - GIoU over the N boxes; no sync."""
+    check_backend(backend)
+    if backend == "triton":
+        from kernels.triton_packed import triton_packed_loss
+
+        def loss(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor):
+            return triton_packed_loss(pred, boxes, index)[0]
+        return loss
+
+    from kernels.cuda_giou import load
+    load()
+    op = torch.ops.giou_cuda.packed_loss.default
+
+    def loss(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor):
+        check_packed(pred, boxes, index)
+        if not pred.is_cuda:
+            raise InputError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
+        return op(pred, boxes, index)[0]
     return loss
 
 

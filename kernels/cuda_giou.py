@@ -1,5 +1,6 @@
 """The CUDA C++ GIoU op: built on first use with torch.utils.cpp_extension (ninja), cached
-in build/giou_cuda/. The schema and the CUDA kernels live in csrc/giou.cu, the autograd in
+in build/giou_cuda/. The schema and the CUDA kernels live in csrc/giou.cu (padded) and
+csrc/packed.cu (packed), what they share in csrc/giou_common.cuh, the autograd in
 csrc/giou_autograd.cpp (C++, so that a call never enters Python after torch.ops), and the
 fake implementations that torch.compile traces with here in Python."""
 
@@ -10,7 +11,9 @@ import torch
 
 from core.errors import BackendUnavailable
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("giou.cu", "giou_autograd.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name
+           for name in ("giou.cu", "packed.cu", "giou_autograd.cpp")]
+HEADERS = [Path(__file__).parent / "csrc" / "giou_common.cuh"]
 BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "giou_cuda"
 
 _loaded = False
@@ -40,12 +43,20 @@ def load() -> None:
         raise BackendUnavailable(reason)
     from torch.utils.cpp_extension import load as load_extension
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    # torch rebuilds when a source or a flag changes, not a header: the header's hash is
+    # a flag, so editing it rebuilds too.
+    header = f"-DGIOU_HEADERS_CRC={_headers_crc()}"
     load_extension(name="giou_cuda_ext", sources=[str(s) for s in SOURCES],
-                   build_directory=str(BUILD_DIR), extra_cflags=["-O3"],
-                   extra_cuda_cflags=["-O3", "-lineinfo"], is_python_module=False,
+                   build_directory=str(BUILD_DIR), extra_cflags=["-O3", header],
+                   extra_cuda_cflags=["-O3", "-lineinfo", header], is_python_module=False,
                    verbose=False)
     _register_fakes()
     _loaded = True
+
+
+def _headers_crc() -> int:
+    import zlib
+    return zlib.crc32(b"".join(h.read_bytes() for h in HEADERS))
 
 
 def _check_one_device(*tensors) -> None:
@@ -68,4 +79,15 @@ def _register_fakes() -> None:
     @torch.library.register_fake("giou_cuda::loss_backward")
     def _(grad_loss, denom, pred, target, counts, conditional):
         _check_one_device(grad_loss, denom, pred, target, counts)
+        return torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)
+
+    @torch.library.register_fake("giou_cuda::packed_loss")
+    def _(pred, boxes, index):
+        _check_one_device(pred, boxes, index)
+        dt = torch.promote_types(pred.dtype, torch.float32)
+        return pred.new_empty((), dtype=dt), pred.new_empty((), dtype=dt)
+
+    @torch.library.register_fake("giou_cuda::packed_loss_backward")
+    def _(grad_loss, denom, pred, boxes, index):
+        _check_one_device(grad_loss, denom, pred, boxes, index)
         return torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)

@@ -104,6 +104,36 @@ def _giou_parts(px1, py1, px2, py2, gx1, gy1, gx2, gy2):
 
 
 @triton.jit
+def _giou_term(px1, py1, px2, py2, gx1, gy1, gx2, gy2, EPS_: tl.constexpr):
+    """1 - GIoU of each slot (core/giou_rules.py)."""
+    _, _, _, _, inter, union, cw, ch = _giou_parts(px1, py1, px2, py2, gx1, gy1, gx2, gy2)
+    hull = cw * ch
+    return 1.0 - inter / (union + EPS_) + (hull - union) / (hull + EPS_)
+
+
+@triton.jit
+def _giou_grads(px1, py1, px2, py2, gx1, gy1, gx2, gy2, s, EPS_: tl.constexpr):
+    """s * dGIoU/dp for each coordinate of p (the maths in _giou_bwd_kernel's docstring);
+    shared with the packed layout's kernels (kernels/triton_packed.py)."""
+    wp = px2 - px1
+    hp = py2 - py1
+    iw_raw, ih_raw, iw, ih, inter, union, cw, ch = _giou_parts(
+        px1, py1, px2, py2, gx1, gy1, gx2, gy2)
+    a = 1.0 / (union + EPS_)
+    c = 1.0 / (cw * ch + EPS_)
+    g_u = c - inter * a * a
+    g_i = a - g_u
+    g_c = -(union + EPS_) * c * c
+    mw = tl.where(iw_raw >= 0, 1.0, 0.0)
+    mh = tl.where(ih_raw >= 0, 1.0, 0.0)
+    g1 = s * (-g_u * hp - g_i * ih * mw * _d_max(px1, gx1) - g_c * ch * _d_max(gx1, px1))
+    g2 = s * (-g_u * wp - g_i * iw * mh * _d_max(py1, gy1) - g_c * cw * _d_max(gy1, py1))
+    g3 = s * (g_u * hp + g_i * ih * mw * _d_max(gx2, px2) + g_c * ch * _d_max(px2, gx2))
+    g4 = s * (g_u * wp + g_i * iw * mh * _d_max(gy2, py2) + g_c * cw * _d_max(py2, gy2))
+    return g1, g2, g3, g4
+
+
+@triton.jit
 def _chunk_limits(counts_ptr, b, chunk, M, CHUNK: tl.constexpr, CONDITIONAL: tl.constexpr):
     """This program's slots [lo, hi), the end of those it loads and computes (work_hi: the
     chunk's end for `kernel`, the sample's count within the chunk for `conditional`), the
@@ -141,9 +171,7 @@ def _giou_fwd_kernel(pred_ptr, target_ptr, counts_ptr, partial_ptr, M,
         load = slots < work_hi
         px1, py1, px2, py2 = _load_coords(pred_ptr, b, slots, load, spb, spm, spc, COMPUTE)
         gx1, gy1, gx2, gy2 = _load_coords(target_ptr, b, slots, load, stb, stm, stc, COMPUTE)
-        _, _, _, _, inter, union, cw, ch = _giou_parts(px1, py1, px2, py2, gx1, gy1, gx2, gy2)
-        hull = cw * ch
-        term = 1.0 - inter / (union + EPS_) + (hull - union) / (hull + EPS_)
+        term = _giou_term(px1, py1, px2, py2, gx1, gy1, gx2, gy2, EPS_)
         terms += tl.where(slots < n, term, 0.0)
     partial = tl.where(bad, float("nan"), tl.sum(terms, axis=0))
     tl.store(partial_ptr + b * tl.num_programs(1) + chunk, partial)
@@ -198,21 +226,7 @@ def _giou_bwd_kernel(grad_loss_ptr, denom_ptr, pred_ptr, target_ptr, counts_ptr,
         load = slots < work_hi
         px1, py1, px2, py2 = _load_coords(pred_ptr, b, slots, load, spb, spm, spc, COMPUTE)
         gx1, gy1, gx2, gy2 = _load_coords(target_ptr, b, slots, load, stb, stm, stc, COMPUTE)
-        wp = px2 - px1
-        hp = py2 - py1
-        iw_raw, ih_raw, iw, ih, inter, union, cw, ch = _giou_parts(
-            px1, py1, px2, py2, gx1, gy1, gx2, gy2)
-        a = 1.0 / (union + EPS_)
-        c = 1.0 / (cw * ch + EPS_)
-        g_u = c - inter * a * a
-        g_i = a - g_u
-        g_c = -(union + EPS_) * c * c
-        mw = tl.where(iw_raw >= 0, 1.0, 0.0)
-        mh = tl.where(ih_raw >= 0, 1.0, 0.0)
-        g1 = s * (-g_u * hp - g_i * ih * mw * _d_max(px1, gx1) - g_c * ch * _d_max(gx1, px1))
-        g2 = s * (-g_u * wp - g_i * iw * mh * _d_max(py1, gy1) - g_c * cw * _d_max(gy1, py1))
-        g3 = s * (g_u * hp + g_i * ih * mw * _d_max(gx2, px2) + g_c * ch * _d_max(px2, gx2))
-        g4 = s * (g_u * wp + g_i * iw * mh * _d_max(gy2, py2) + g_c * cw * _d_max(py2, gy2))
+        g1, g2, g3, g4 = _giou_grads(px1, py1, px2, py2, gx1, gy1, gx2, gy2, s, EPS_)
         # Invalid slots get exactly zero by selection, not by a zero factor: a NaN or inf
         # in a padding slot times 0 would still be NaN.
         valid = slots < n

@@ -1,6 +1,7 @@
 """The loss strategies for ragged targets, by name (core/names.py lists them).
 
-    strategy = losses.get("padded")     # or loop, concat, compiled, kernel, conditional
+    strategy = losses.get("padded")     # or loop, concat, compiled, kernel, conditional,
+                                        # packed, nested
     images, targets = strategy.collate(samples)
     loss = strategy.loss(pred, strategy.to_device(targets, device))
 
@@ -9,7 +10,7 @@ add its name to core.names.STRATEGIES and one line to _MAKERS.
 """
 
 from core.names import BACKENDS, STRATEGIES
-from losses import compiled, concat, fused, loop, padded
+from losses import compiled, concat, fused, loop, nested, packed, padded
 from losses.strategy import Strategy
 
 _MAKERS = {
@@ -19,6 +20,8 @@ _MAKERS = {
     "compiled": compiled.make,
     "kernel": fused.make_kernel,
     "conditional": fused.make_conditional,
+    "packed": packed.make,
+    "nested": nested.make,
 }
 assert tuple(_MAKERS) == STRATEGIES, "core.names.STRATEGIES and _MAKERS must agree"
 

@@ -13,7 +13,7 @@ import torch
 from core.checks import check_padded
 from data import collate_padded
 from losses.padded import masked_giou_loss
-from losses.strategy import Strategy, padded_to_device
+from losses.strategy import Strategy, tensors_to_device
 
 
 def make(capacity: int, backend: str) -> Strategy:
@@ -24,5 +24,5 @@ def make(capacity: int, backend: str) -> Strategy:
         check_padded(pred, boxes, counts)
         return compiled(pred, boxes, counts)
 
-    return Strategy("compiled", partial(collate_padded, capacity=capacity), padded_to_device,
+    return Strategy("compiled", partial(collate_padded, capacity=capacity), tensors_to_device,
                     compiled_loss)

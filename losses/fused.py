@@ -10,7 +10,7 @@ from functools import partial
 
 from data import collate_padded
 from kernels import bind_loss
-from losses.strategy import Strategy, padded_to_device
+from losses.strategy import Strategy, tensors_to_device
 
 
 def _make(name: str, conditional: bool, capacity: int, backend: str) -> Strategy:
@@ -22,7 +22,7 @@ def _make(name: str, conditional: bool, capacity: int, backend: str) -> Strategy
         boxes, counts = targets
         return giou(pred, boxes, counts)
 
-    return Strategy(name, partial(collate_padded, capacity=capacity), padded_to_device,
+    return Strategy(name, partial(collate_padded, capacity=capacity), tensors_to_device,
                     fused_loss, needs_cuda=backend == "cuda")
 
 

@@ -15,14 +15,20 @@ from core.giou_rules import EPS, compute_dtype
 def giou_loss_terms(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per-box 1 - GIoU for boxes [..., 4]; computed in fp32 (fp64 for fp64 input)."""
     dt = compute_dtype(pred)
-    px1, py1, px2, py2 = pred.to(dt).unbind(-1)
-    gx1, gy1, gx2, gy2 = target.to(dt).unbind(-1)
-    inter_w = (torch.minimum(px2, gx2) - torch.maximum(px1, gx1)).clamp(min=0)
-    inter_h = (torch.minimum(py2, gy2) - torch.maximum(py1, gy1)).clamp(min=0)
+    return giou_terms_of(*pred.to(dt).unbind(-1), *target.to(dt).unbind(-1))
+
+
+def giou_terms_of(px1, py1, px2, py2, gx1, gy1, gx2, gy2, minimum=torch.minimum,
+                  maximum=torch.maximum):
+    """1 - GIoU from the eight coordinates, each a tensor of one shape. `minimum` and
+    `maximum` are parameters for the nested strategy, whose jagged tensors have no
+    backward for torch.minimum and torch.maximum (losses/nested.py)."""
+    inter_w = (minimum(px2, gx2) - maximum(px1, gx1)).clamp(min=0)
+    inter_h = (minimum(py2, gy2) - maximum(py1, gy1)).clamp(min=0)
     inter = inter_w * inter_h
     union = (px2 - px1) * (py2 - py1) + (gx2 - gx1) * (gy2 - gy1) - inter
-    hull = ((torch.maximum(px2, gx2) - torch.minimum(px1, gx1))
-            * (torch.maximum(py2, gy2) - torch.minimum(py1, gy1)))
+    hull = ((maximum(px2, gx2) - minimum(px1, gx1))
+            * (maximum(py2, gy2) - minimum(py1, gy1)))
     giou = inter / (union + EPS) - (hull - union) / (hull + EPS)
     return 1 - giou
 

@@ -7,7 +7,7 @@ import torch
 from core.checks import check_padded
 from data import collate_padded
 from losses.giou import giou_loss_terms
-from losses.strategy import Strategy, padded_to_device
+from losses.strategy import Strategy, tensors_to_device
 
 
 def padded_loss(pred, targets):
@@ -34,5 +34,5 @@ def masked_giou_loss(pred, boxes, counts):
 
 
 def make(capacity: int, backend: str) -> Strategy:
-    return Strategy("padded", partial(collate_padded, capacity=capacity), padded_to_device,
+    return Strategy("padded", partial(collate_padded, capacity=capacity), tensors_to_device,
                     padded_loss)

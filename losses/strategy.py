@@ -26,7 +26,7 @@ def list_to_device(targets, device):
     return [t.to(device, non_blocking=True) for t in targets]
 
 
-def padded_to_device(targets, device):
-    """Two copies for the whole batch: padded boxes and counts."""
-    boxes, counts = targets
-    return boxes.to(device, non_blocking=True), counts.to(device, non_blocking=True)
+def tensors_to_device(targets, device):
+    """One copy per tensor for the whole batch: padded boxes and counts; packed boxes and
+    their index (and the nested layout's offsets)."""
+    return tuple(t.to(device, non_blocking=True) for t in targets)

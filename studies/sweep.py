@@ -50,7 +50,8 @@ GRIDS = {
 }
 COLUMNS = ["axis", "batch", "capacity", "sigma", "strategy", "status", "GPU ms", "GPU p20 ms",
            "GPU p80 ms", "elapsed ms", "elapsed p20 ms", "elapsed p80 ms", "host ms",
-           "launches", "H2D copies", "valid boxes", "boxes per image", "bytes", "GB/s",
+           "launches", "H2D copies", "collate ms", "H2D ms", "H2D bytes", "targets ms",
+           "valid boxes", "boxes per image", "bytes", "GB/s",
            "% of peak", "timer"]
 
 

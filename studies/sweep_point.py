@@ -17,6 +17,12 @@ every slot filled). Predictions are valid boxes made on the device in the model'
 - host ms: the host's time to issue one call (median of single calls, no sync);
 - launches and H2D copies per call (the strategy's to_device included), counted with
   profiling/trace_events.py's definitions;
+- what the layout costs before the loss: collate ms, the host's time to build the
+  targets from the point's samples (median of single collates; the images are one pixel,
+  so it is the targets' share of the collate); H2D ms, the GPU time of the targets'
+  copies from pinned memory, as the loaders copy them; H2D bytes, their size; and
+  targets ms, collate + H2D + the loss's GPU ms: the whole cost of the targets (host and
+  GPU times added, as a step that waits for its batch would see them);
 - bytes: what the layout makes the loss read and write at the least (layout_bytes), and
   that over the GPU time against the GPU's peak bandwidth.
 """
@@ -28,7 +34,8 @@ import time
 import torch
 
 import losses
-from core.names import RAGGED
+from core.names import PACKED, RAGGED
+from core.trees import leaves, map_leaves
 from data import SyntheticFaces
 from model.boxnet import boxes_from_raw
 from profiling.trace_events import (
@@ -62,11 +69,15 @@ def layout_bytes(loss: str, batch: int, capacity: int, valid: int, pred_bytes: i
                  target_bytes: int, count_bytes: int) -> int:
     """The least a loss over this layout reads and writes, forward and backward: each pass
     reads the boxes it must look at (every slot for the padded layout; the valid ones for
-    conditional, which skips the rest, and for the ragged layouts, which hold no others)
-    and the counts; the backward writes the dense gradient of every prediction."""
+    conditional, which skips the rest, and for the ragged and packed layouts, which hold no
+    others) and the counts (for the packed layouts, each box's image and slot:
+    count_bytes is then the index's element size); the backward writes the dense gradient
+    of every prediction."""
     box = 4 * (pred_bytes + target_bytes)
     if loss in RAGGED:
         read = valid * box
+    elif loss in PACKED:
+        read = valid * (box + 2 * count_bytes)
     elif loss == "conditional":
         read = valid * box + batch * count_bytes
     else:
@@ -118,8 +129,9 @@ def _host_ms(call, device, calls: int = 5) -> float:
 
 
 def _profiled_calls(copy, call, device, calls: int) -> dict:
-    """Each call's GPU ms, and its launches and H2D copies (its copy's included), from
-    one profile of `calls` rounds of copy() then call(), each in its own range."""
+    """Each call's GPU ms, its copy's GPU ms, and its launches and H2D copies (its copy's
+    included), from one profile of `calls` rounds of copy() then call(), each in its own
+    range."""
     from torch.profiler import ProfilerActivity, profile, record_function
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                            else [])
@@ -136,9 +148,9 @@ def _profiled_calls(copy, call, device, calls: int) -> dict:
 
 def per_round(events: list[dict], calls: int) -> dict:
     """From a trace of `calls` rounds of a "sweep_copy" then a "sweep_call" range: each
-    round's GPU ms (the activities its call launched), its launches and its H2D copies
-    (its copy's included), tied to the ranges by the launching runtime call's correlation
-    id, as profiling/trace_events.launchers ties them to phases."""
+    round's GPU ms (the activities its call launched), its copy's GPU ms, its launches and
+    its H2D copies (its copy's included), tied to the ranges by the launching runtime
+    call's correlation id, as profiling/trace_events.launchers ties them to phases."""
     events = [e for e in events if e.get("ph") == "X"]
     found = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"])
                    for e in events if e.get("cat") == "user_annotation"
@@ -146,7 +158,7 @@ def per_round(events: list[dict], calls: int) -> dict:
     # In time order: copy and call of round 0, of round 1, ... (they never overlap).
     windows = Windows([(start, end, (i // 2, name))
                         for i, (start, end, name) in enumerate(found)])
-    gpu_us, launches, h2d = [0.0] * calls, [0] * calls, [0] * calls
+    gpu_us, copy_us, launches, h2d = [0.0] * calls, [0.0] * calls, [0] * calls, [0] * calls
     launched_by = {}  # correlation id -> (round, "sweep_copy" or "sweep_call")
     for e in events:
         if e.get("cat") not in RUNTIME_CATS:
@@ -165,8 +177,10 @@ def per_round(events: list[dict], calls: int) -> dict:
         h2d[owner[0]] += is_h2d(e)
         if owner[1] == "sweep_call":
             gpu_us[owner[0]] += float(e.get("dur", 0))
-    return {"gpu_ms": [u / 1e3 for u in gpu_us], "launches": statistics.median(launches),
-            "h2d": statistics.median(h2d)}
+        else:
+            copy_us[owner[0]] += float(e.get("dur", 0))
+    return {"gpu_ms": [u / 1e3 for u in gpu_us], "copy_ms": [u / 1e3 for u in copy_us],
+            "launches": statistics.median(launches), "h2d": statistics.median(h2d)}
 
 
 def loss_call(strategy, pred: torch.Tensor, targets):
@@ -182,7 +196,10 @@ def measure(loss: str, backend: str, batch: int, capacity: int, sigma: float,
             pairs: list, device, dtype, seed: int, rep_ms: int) -> dict:
     """Every figure of one point for one strategy (raises if the strategy fails there)."""
     strategy = losses.get(loss, backend, capacity=capacity)
+    collate_ms = _host_ms(lambda: strategy.collate(pairs), torch.device("cpu"))
     _, host_targets = strategy.collate(pairs)
+    if device.type == "cuda":  # pinned, as the loaders hand them over
+        host_targets = map_leaves(lambda t: t.pin_memory(), host_targets)
     pred = predictions(batch, capacity, device, dtype, seed)
     targets = strategy.to_device(host_targets, device)
 
@@ -196,8 +213,10 @@ def measure(loss: str, backend: str, batch: int, capacity: int, sigma: float,
                              calls)
     if device.type == "cuda":
         gpu, g20, g80 = _quantiles(counts["gpu_ms"])
+        copy_ms = _quantiles(counts["copy_ms"])[0]
     else:  # no GPU activities: the wall time is all there is
         gpu, g20, g80 = elapsed, e20, e80
+        copy_ms = None
     valid = sum(int(boxes.shape[0]) for _, boxes in pairs)
     # Padded layouts: (boxes [B, M, 4], counts [B]); ragged: a list of [n, 4] boxes.
     count_bytes = 0 if loss in RAGGED else host_targets[1].element_size()
@@ -208,6 +227,9 @@ def measure(loss: str, backend: str, batch: int, capacity: int, sigma: float,
     return {"GPU ms": gpu, "GPU p20 ms": g20, "GPU p80 ms": g80, "elapsed ms": elapsed,
             "elapsed p20 ms": e20, "elapsed p80 ms": e80, "host ms": host,
             "launches": counts["launches"], "H2D copies": counts["h2d"],
+            "collate ms": collate_ms, "H2D ms": copy_ms,
+            "H2D bytes": sum(t.numel() * t.element_size() for t in leaves(host_targets)),
+            "targets ms": collate_ms + (copy_ms or 0.0) + gpu,
             "valid boxes": valid, "boxes per image": valid / batch, "bytes": nbytes,
             "GB/s": bandwidth / 1e9,
             "% of peak": None if peak is None else 100 * bandwidth / peak, "timer": timer}

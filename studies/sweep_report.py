@@ -91,22 +91,47 @@ def _fits(rows) -> list[str]:
     return table(head, lines, left={"strategy"}).splitlines()
 
 
-def _conditional_vs_kernel(rows) -> list[str]:
-    head = ["axis", "batch", "M", "sigma", "backend", "kernel ms", "conditional ms",
-            "kernel / conditional"]
+def _same_point(rows, row, strategy) -> dict | None:
+    return next((x for x in ok_rows(rows, row["axis"], strategy)
+                 if (x["batch"], x["capacity"], x["sigma"]) ==
+                 (row["batch"], row["capacity"], row["sigma"])), None)
+
+
+def _versus(rows, strategy: str, other: str, fields: tuple[str, ...]) -> list[str]:
+    """`strategy` (any backend) against `other` on the same backend, point by point: each
+    field of both and their ratio, other / strategy (above 1: `strategy` is faster)."""
+    head = ["axis", "batch", "M", "sigma", "backend"]
+    for f in fields:
+        head += [f"{other} {f}", f"{strategy} {f}", "ratio"]
     lines = []
     for r in ok_rows(rows):
-        if not r["strategy"].startswith("conditional/"):
+        name, _, backend = r["strategy"].partition("/")
+        if name != strategy:
             continue
-        backend = r["strategy"].split("/")[1]
-        k = next((x for x in ok_rows(rows, r["axis"], f"kernel/{backend}")
-                  if (x["batch"], x["capacity"], x["sigma"]) ==
-                  (r["batch"], r["capacity"], r["sigma"])), None)
-        if k:
-            lines.append([r["axis"], str(r["batch"]), str(r["capacity"]), r["sigma"], backend,
-                          f"{k['GPU ms']:.4g}", f"{r['GPU ms']:.4g}",
-                          f"{k['GPU ms'] / r['GPU ms']:.2f}"])
+        for b in ([backend] if backend else ["triton", "cuda"]):
+            o = _same_point(rows, r, f"{other}/{b}")
+            if not o:
+                continue
+            line = [r["axis"], str(r["batch"]), str(r["capacity"]), r["sigma"], b]
+            for f in fields:
+                line += [f"{o[f]:.4g}", f"{r[f]:.4g}",
+                         f"{o[f] / r[f]:.2f}" if r[f] else "-"]
+            lines.append(line)
     return table(head, lines, left={"axis", "backend"}).splitlines()
+
+
+def _targets_cost(rows) -> list[str]:
+    """What each layout costs from the samples to the gradient, at each point."""
+    head = ["axis", "batch", "M", "sigma", "strategy", "collate ms (host)", "H2D ms (GPU)",
+            "H2D bytes", "loss GPU ms", "targets ms"]
+    lines = []
+    for r in ok_rows(rows):
+        copy = "-" if r["H2D ms"] in (None, "") else f"{r['H2D ms']:.4g}"
+        lines.append([r["axis"], str(r["batch"]), str(r["capacity"]), r["sigma"],
+                      r["strategy"], f"{r['collate ms']:.3g}", copy,
+                      f"{int(r['H2D bytes']):,}", f"{r['GPU ms']:.4g}",
+                      f"{r['targets ms']:.4g}"])
+    return table(head, lines, left={"axis", "strategy"}).splitlines()
 
 
 def _largest(rows) -> list[str]:
@@ -154,7 +179,17 @@ def markdown(rows: list[dict], args, seconds: float) -> str:
             "the GPU's fixed cost per launch); 'flat until': the largest value whose GPU ms "
             "is within 1.5x of the axis' first point.", ""] + _fits(rows) + [""]
     out += ["## conditional against kernel, GPU ms (above 1: conditional is faster)", ""] + \
-        _conditional_vs_kernel(rows) + [""]
+        _versus(rows, "conditional", "kernel", ("GPU ms",)) + [""]
+    out += ["## What the targets cost, from the samples to the gradient", "",
+            "collate ms: the host's time to build the targets (the images are one pixel "
+            "here); H2D ms: the GPU time of their copies from pinned memory; loss GPU ms: "
+            "forward and backward; targets ms: the three added, host and GPU time, as a "
+            "step that waits for its batch sees them.", ""] + _targets_cost(rows) + [""]
+    for layout in ("packed", "nested"):
+        if any(r["strategy"].partition("/")[0] == layout for r in ok_rows(rows)):
+            out += [f"## {layout} against conditional (ratio above 1: {layout} is faster)",
+                    ""] + _versus(rows, layout, "conditional",
+                                  ("targets ms", "GPU ms")) + [""]
     out += ["## Bytes and bandwidth at each axis' largest point", "",
             "Bytes: the least the layout makes the loss read and write "
             "(studies/sweep_point.layout_bytes); GB/s: those bytes over the median time.",
@@ -168,7 +203,8 @@ def markdown(rows: list[dict], args, seconds: float) -> str:
 
 
 NUMBERS = ("batch", "capacity", "GPU ms", "GPU p20 ms", "GPU p80 ms", "elapsed ms",
-           "elapsed p20 ms", "elapsed p80 ms", "boxes per image")
+           "elapsed p20 ms", "elapsed p80 ms", "boxes per image", "collate ms", "H2D ms",
+           "H2D bytes", "targets ms")
 
 
 def read_rows(path: Path) -> list[dict]:

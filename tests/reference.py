@@ -59,7 +59,16 @@ LOSS_TOL = 1e-5
 
 
 def targets_for(name, case):
-    return case.targets if name in ("loop", "concat") else (case.boxes, case.counts)
+    """The case's targets in the layout of strategy `name`."""
+    from data.collate import packed_targets
+    if name in ("loop", "concat"):
+        return case.targets
+    if name in ("packed", "nested"):
+        device = case.pred.device
+        boxes, index, offsets = (t.to(device) for t in packed_targets(
+            [t.cpu() for t in case.targets]))
+        return (boxes, index) if name == "packed" else (boxes, index, offsets)
+    return case.boxes, case.counts
 
 
 def check_against_reference(strategy, case, device="cpu"):

@@ -1,5 +1,5 @@
-"""Runs both GIoU kernel backends, both variants, and the Triton first block, forward and
-backward, over odd shapes, for
+"""Runs both GIoU kernel backends, both variants and the packed layout's kernels, and the
+Triton first and second blocks, forward and backward, over odd shapes, for
 compute-sanitizer (make test-gpu). Exits non-zero on a wrong answer; the sanitizer itself
 reports out-of-bounds or misaligned accesses. The caching allocator is off so every
 tensor is its own allocation and an overrun is visible."""
@@ -38,8 +38,34 @@ def main() -> int:
                 failures += not ok
                 print(f"{backend:6} conditional={conditional!s:5} B={B} M={M:4} {dtype}: "
                       f"loss rel err {err:.1e} {'ok' if ok else 'WRONG'}")
-    failures += first_block_cases() + second_block_cases()
+    failures += packed_cases() + first_block_cases() + second_block_cases()
     return 1 if failures else 0
+
+
+def packed_cases() -> int:
+    """The packed kernels over odd sizes, no box at all, and boxes past a program's block."""
+    import losses
+    from tests.reference import targets_for
+    failures = 0
+    for backend in ("triton", "cuda"):
+        loss_fn = losses.get("packed", backend=backend).loss
+        for B, M, dtype, counts in ((1, 1, torch.float32, "full"),
+                                    (3, 7, torch.bfloat16, "mixed"),
+                                    (5, 256, torch.float16, "mixed"),
+                                    (3, 2051, torch.bfloat16, "mixed"),
+                                    (4, 33, torch.float32, "empty")):
+            case = make_case("mixed", B, M, dtype, counts=counts).to("cuda")
+            pred = case.pred.clone().requires_grad_(True)
+            loss = loss_fn(pred, targets_for("packed", case))
+            loss.backward()
+            torch.cuda.synchronize()  # host-device sync: the check reads the results
+            ref, _ = reference_loss(case.pred, case.boxes, case.counts)
+            err = rel_err(loss, ref, 1.0)
+            ok = err < 1e-5 and torch.isfinite(pred.grad).all().item()  # host-device sync
+            failures += not ok
+            print(f"{backend:6} packed B={B} M={M:4} {dtype}: loss rel err {err:.1e} "
+                  f"{'ok' if ok else 'WRONG'}")
+    return failures
 
 
 def first_block_cases() -> int:

@@ -1,6 +1,7 @@
 """training/distributed.py: two gloo ranks with DistributedDataParallel, each on its share of
 a global batch, give the loss and every parameter's gradient of one process over that
-whole batch (padded, concat, and the Triton kernel in its interpreter)."""
+whole batch (padded, concat, the Triton kernel in its interpreter, and the packed
+layouts: the packed kernel and nested)."""
 
 import os
 import socket
@@ -16,7 +17,8 @@ from model import build_model
 from training.distributed import GlobalBatch, RankShare, local_boxes
 from training.ranks import Ranks
 
-STRATEGIES = [("padded", "triton"), ("concat", "triton"), ("kernel", "triton")]
+STRATEGIES = [("padded", "triton"), ("concat", "triton"), ("kernel", "triton"),
+              ("packed", "triton"), ("nested", "triton")]
 PER_RANK, WORLD, SIGMA = 3, 2, 4.0
 
 
@@ -99,5 +101,9 @@ def test_a_rank_without_boxes_adds_nothing_but_its_count():
         assert local_boxes("concat", [torch.zeros(0, 4), torch.zeros(3, 4)], "cpu").item() == 3
         counts = torch.tensor([2, 0, 5], dtype=torch.int32)
         assert local_boxes("padded", (torch.zeros(3, 8, 4), counts), "cpu").item() == 7
+        from data.collate import packed_targets
+        packed = packed_targets([torch.zeros(2, 4), torch.zeros(0, 4), torch.zeros(5, 4)])
+        assert local_boxes("packed", packed[:2], "cpu").item() == 7
+        assert local_boxes("nested", packed, "cpu").item() == 7
     finally:
         dist.destroy_process_group()

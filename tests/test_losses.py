@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import losses
-from core.names import RAGGED
+from core.names import PACKED, RAGGED
 from core.names import STRATEGIES as ALL_STRATEGIES
 from tests.cases import KINDS, make_case
 from tests.reference import DTYPES, check_against_reference, targets_for
@@ -44,6 +44,10 @@ def test_no_sample_or_no_slot_is_a_zero_loss(name, B, M):
     pred = torch.rand(B, M, 4, requires_grad=True)
     if name in RAGGED:
         targets = [torch.zeros(0, 4, dtype=torch.uint8) for _ in range(B)]
+    elif name in PACKED:
+        from data.collate import packed_targets
+        targets = packed_targets([torch.zeros(0, 4, dtype=torch.uint8)] * B)
+        targets = targets[:2] if name == "packed" else targets
     else:
         targets = (torch.zeros(B, M, 4, dtype=torch.uint8), torch.zeros(B, dtype=torch.int32))
     loss = losses.get(name, capacity=max(M, 1)).loss(pred, targets)
@@ -53,7 +57,7 @@ def test_no_sample_or_no_slot_is_a_zero_loss(name, B, M):
 
 def test_a_collate_of_no_sample_is_one_clear_error():
     from core.errors import UserError
-    for name in ("loop", "padded"):
+    for name in ("loop", "padded", "packed", "nested"):
         with pytest.raises(UserError, match="at least one sample"):
             losses.get(name).collate([])
 
@@ -77,7 +81,7 @@ def test_compiled_padded_loss_matches_reference(dtype):
 
 def test_unknown_strategy_or_backend_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown loss strategy 'nope': choose one of loop, "
-                       "concat, padded, compiled, kernel, conditional"):
+                       "concat, padded, compiled, kernel, conditional, packed, nested"):
         losses.get("nope")
     # A backend typo is an error for every strategy, not only the fused ones.
     with pytest.raises(ValueError, match="unknown kernel backend 'bogus': choose one of "
@@ -92,7 +96,10 @@ def test_bad_shapes_are_clear_errors(name):
     strategy = losses.get(name)
     with pytest.raises(InputError, match="predictions must be a \\[batch, slots, 4\\] tensor"):
         strategy.loss(case.pred[..., :3], targets_for(name, case))
-    one_sample = ("predictions hold 1 samples but the targets hold 2" if name in RAGGED else
-                  "padded targets \\(2, 8, 4\\) must have the predictions' shape \\(1, 8, 4\\)")
+    if name == "packed":  # its targets do not say how many samples they come from
+        return
+    one_sample = {"nested": "offsets must be a \\[2\\] tensor \\(batch \\+ 1\\), got \\(3,\\)"}.get(
+        name, "predictions hold 1 samples but the targets hold 2" if name in RAGGED else
+        "padded targets \\(2, 8, 4\\) must have the predictions' shape \\(1, 8, 4\\)")
     with pytest.raises(InputError, match=one_sample):
         strategy.loss(case.pred[:1], targets_for(name, case))

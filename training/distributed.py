@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from core.names import RAGGED
+from core.names import PACKED, RAGGED
 
 
 class RankShare(Sampler):
@@ -51,10 +51,11 @@ class RankShare(Sampler):
 
 def local_boxes(loss_name: str, targets, device) -> torch.Tensor:
     """This rank's valid boxes as a 0-d tensor on the device, without a host sync: the
-    padded layouts' counts summed there; the ragged lists' lengths are host metadata,
-    filled into a device scalar (a fill kernel, no copy)."""
-    if loss_name in RAGGED:
-        return torch.full((), sum(int(t.shape[0]) for t in targets), dtype=torch.int64,
+    padded layouts' counts summed there; the ragged lists' lengths and the packed boxes'
+    N are host metadata, filled into a device scalar (a fill kernel, no copy)."""
+    if loss_name in RAGGED + PACKED:
+        boxes = targets if loss_name in RAGGED else targets[:1]
+        return torch.full((), sum(int(t.shape[0]) for t in boxes), dtype=torch.int64,
                           device=device)
     return targets[1].sum(dtype=torch.int64)
 

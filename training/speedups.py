@@ -35,7 +35,7 @@ use where the step is built.
 """
 
 from core.errors import UserError
-from core.names import GPU_ONLY_SPEEDUPS, RAGGED, SPEEDUPS
+from core.names import GPU_ONLY_SPEEDUPS, PACKED, RAGGED, SPEEDUPS
 
 HELP = {
     "cudnn_benchmark": "cuDNN autotunes each convolution in the first (unprofiled) step "
@@ -65,6 +65,9 @@ def graph_refusal(cfg, cuda: bool) -> str | None:
     if loss in RAGGED:
         return (f"the {loss} strategy's targets are ragged (their shapes change every "
                 "batch), so its step cannot be captured as a CUDA graph")
+    if loss in PACKED:
+        return (f"the {loss} strategy's targets are packed ([boxes, 4]: the number of "
+                "boxes changes every batch), so its step cannot be captured as a CUDA graph")
     if mode != "train":
         return ("forward mode closes each phase with a device sync, which a CUDA graph "
                 "cannot hold")

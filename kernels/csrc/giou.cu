@@ -13,13 +13,14 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "giou_common.cuh"
+
 #include <cmath>
 #include <string>
 #include <type_traits>
 
 namespace {
 
-constexpr float kEps = 1e-7f;
 constexpr int kFinalizeThreads = 1024;
 
 // Per variant: the slots a block owns (kChunk) and its threads (kThreads); a block walks
@@ -40,12 +41,6 @@ struct Shape<true> {
 };
 // gridDim.y holds a sample's chunks.
 constexpr int64_t kMaxChunks = 65535;
-
-// d max(a, b) / da with PyTorch's tie rule: half the gradient to each side of a tie.
-template <typename T>
-__device__ __forceinline__ T d_max(T a, T b) {
-  return a > b ? T(1) : (a == b ? T(0.5) : T(0));
-}
 
 __device__ __forceinline__ int64_t load_count(const void* counts, bool counts64, int64_t b) {
   return counts64 ? static_cast<const int64_t*>(counts)[b]
@@ -83,11 +78,6 @@ struct Strides {
   int64_t pb, pm, pc, tb, tm, tc;
 };
 
-template <typename acc_t>
-struct Boxes {
-  acc_t px1, py1, px2, py2, gx1, gy1, gx2, gy2;
-};
-
 template <typename scalar_t, typename target_t, typename acc_t>
 __device__ __forceinline__ Boxes<acc_t> load_boxes(const scalar_t* pred, const target_t* target,
                                                    int64_t b, int64_t slot, const Strides& s) {
@@ -97,37 +87,6 @@ __device__ __forceinline__ Boxes<acc_t> load_boxes(const scalar_t* pred, const t
           static_cast<acc_t>(p[2 * s.pc]), static_cast<acc_t>(p[3 * s.pc]),
           static_cast<acc_t>(t[0]), static_cast<acc_t>(t[s.tc]),
           static_cast<acc_t>(t[2 * s.tc]), static_cast<acc_t>(t[3 * s.tc])};
-}
-
-template <typename acc_t>
-__device__ __forceinline__ acc_t giou_term(const Boxes<acc_t>& x) {
-  const acc_t eps = static_cast<acc_t>(kEps);
-  acc_t iw = fmax(fmin(x.px2, x.gx2) - fmax(x.px1, x.gx1), acc_t(0));
-  acc_t ih = fmax(fmin(x.py2, x.gy2) - fmax(x.py1, x.gy1), acc_t(0));
-  acc_t inter = iw * ih;
-  acc_t uni = (x.px2 - x.px1) * (x.py2 - x.py1) + (x.gx2 - x.gx1) * (x.gy2 - x.gy1) - inter;
-  acc_t hull = (fmax(x.px2, x.gx2) - fmin(x.px1, x.gx1)) * (fmax(x.py2, x.gy2) - fmin(x.py1, x.gy1));
-  return acc_t(1) - inter / (uni + eps) + (hull - uni) / (hull + eps);
-}
-
-template <typename acc_t>
-__device__ __forceinline__ acc_t warp_sum(acc_t v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// Sum over the block; the result is valid in thread 0.
-template <typename acc_t>
-__device__ acc_t block_sum(acc_t v) {
-  __shared__ acc_t warp_totals[32];
-  v = warp_sum(v);
-  if (blockDim.x <= 32) return v;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_totals[warp] = v;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) / 32;
-  v = threadIdx.x < warps ? warp_totals[threadIdx.x] : acc_t(0);
-  return warp == 0 ? warp_sum(v) : acc_t(0);
 }
 
 // Grid (B, cdiv(M, kChunk)); partial[b * gridDim.y + chunk] is the sum over the chunk's
@@ -176,47 +135,6 @@ __global__ void giou_finalize_kernel(const acc_t* __restrict__ partial, int64_t 
   }
 }
 
-// One gradient row (4 values) as one 8- or 16-byte store (two for fp64) rather than four
-// scalar ones: in Triton the scalar stores ran the zero rows at half a memset's speed
-// (results/sweep.md). __stwb is a plain write-back store that is always one vector
-// instruction; here nvcc split a vector assignment (or a memcpy) into 4-byte stores. The
-// gradient is ours (at::empty, contiguous, blocks aligned to 512 bytes), so each row is
-// aligned to its own size.
-template <typename scalar_t, typename acc_t>
-__device__ __forceinline__ void store_row(scalar_t* out, const acc_t (&g)[4]) {
-  if constexpr (sizeof(scalar_t) == 2) {  // fp16, bf16: their bits packed into one uint2
-    const auto bits = [](acc_t v) { return static_cast<uint32_t>(static_cast<scalar_t>(v).x); };
-    __stwb(reinterpret_cast<uint2*>(out),
-           make_uint2(bits(g[0]) | bits(g[1]) << 16, bits(g[2]) | bits(g[3]) << 16));
-  } else if constexpr (sizeof(scalar_t) == 4) {
-    __stwb(reinterpret_cast<float4*>(out), make_float4(g[0], g[1], g[2], g[3]));
-  } else {
-    __stwb(reinterpret_cast<double2*>(out), make_double2(g[0], g[1]));
-    __stwb(reinterpret_cast<double2*>(out) + 1, make_double2(g[2], g[3]));
-  }
-}
-
-// dLoss/dp of one valid slot; the maths is in triton_giou.py's _giou_bwd_kernel docstring.
-template <typename acc_t>
-__device__ __forceinline__ void slot_gradient(const Boxes<acc_t>& x, acc_t scale, acc_t (&g)[4]) {
-  const acc_t eps = static_cast<acc_t>(kEps);
-  const acc_t wp = x.px2 - x.px1, hp = x.py2 - x.py1;
-  const acc_t iw_raw = fmin(x.px2, x.gx2) - fmax(x.px1, x.gx1);
-  const acc_t ih_raw = fmin(x.py2, x.gy2) - fmax(x.py1, x.gy1);
-  const acc_t iw = fmax(iw_raw, acc_t(0)), ih = fmax(ih_raw, acc_t(0));
-  const acc_t inter = iw * ih;
-  const acc_t uni = wp * hp + (x.gx2 - x.gx1) * (x.gy2 - x.gy1) - inter;
-  const acc_t cw = fmax(x.px2, x.gx2) - fmin(x.px1, x.gx1);
-  const acc_t ch = fmax(x.py2, x.gy2) - fmin(x.py1, x.gy1);
-  const acc_t a = acc_t(1) / (uni + eps), c = acc_t(1) / (cw * ch + eps);
-  const acc_t gu = c - inter * a * a, gi = a - gu, gc = -(uni + eps) * c * c;
-  const acc_t mw = iw_raw >= 0 ? acc_t(1) : acc_t(0), mh = ih_raw >= 0 ? acc_t(1) : acc_t(0);
-  g[0] = scale * (-gu * hp - gi * ih * mw * d_max(x.px1, x.gx1) - gc * ch * d_max(x.gx1, x.px1));
-  g[1] = scale * (-gu * wp - gi * iw * mh * d_max(x.py1, x.gy1) - gc * cw * d_max(x.gy1, x.py1));
-  g[2] = scale * (gu * hp + gi * ih * mw * d_max(x.gx2, x.px2) + gc * ch * d_max(x.px2, x.gx2));
-  g[3] = scale * (gu * wp + gi * iw * mh * d_max(x.gy2, x.py2) + gc * cw * d_max(x.py2, x.gy2));
-}
-
 // Gradient of the loss w.r.t. the predictions, grid as the forward's. Both variants load
 // only the valid slots: `kernel`'s threads past the count skip their loads, as they have
 // since it was written (the Triton `kernel` loads every slot). `conditional` then writes
@@ -251,19 +169,6 @@ __global__ void __launch_bounds__(Shape<kConditional>::kThreads)
     store_row(rows + slot * 4, zero);
 }
 
-// Numbers in the check messages below are text made here (std::to_string), never
-// streamed: with torch 2.11 on the H100 machine, every check whose message streamed an
-// integer (tensor.sizes() or a size) crashed the process (SIGSEGV) instead of raising,
-// while those streaming only text, a dtype or a device raised (results/correctness.md).
-std::string shape_of(const at::Tensor& t) {
-  std::string s = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (d > 0) s += ", ";
-    s += std::to_string(t.size(d));
-  }
-  return s + "]";
-}
-
 void check_inputs(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts) {
   TORCH_CHECK(pred.is_cuda(), "giou_cuda: predictions must be a CUDA tensor, got ",
               pred.device(), " (the CUDA backend needs a CUDA GPU)");
@@ -288,19 +193,6 @@ Strides strides_of(const at::Tensor& pred, const at::Tensor& target) {
   return {pred.stride(0), pred.stride(1), pred.stride(2),
           target.stride(0), target.stride(1), target.stride(2)};
 }
-
-at::ScalarType acc_type_of(const at::Tensor& pred) {
-  return pred.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
-// Dispatch over the prediction dtype (fp16, bf16, fp32, fp64) and then the target's.
-#define GIOU_DISPATCH(PRED, TARGET, NAME, ...)                                            \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, PRED.scalar_type(), NAME, [&] { \
-    using pred_t = scalar_t;                                                               \
-    using acc_t = at::acc_type<pred_t, /*is_cuda=*/true>;                                  \
-    AT_DISPATCH_ALL_TYPES_AND2(at::kHalf, at::kBFloat16, TARGET.scalar_type(), NAME,       \
-                               [&] { using target_t = scalar_t; __VA_ARGS__(); });         \
-  })
 
 // A sample's chunks (the grid's second dimension) in the variant's shape.
 int64_t chunks_per_sample(int64_t M, bool conditional) {

@@ -66,8 +66,59 @@ std::tuple<at::Tensor, at::Tensor> loss_autograd(const at::Tensor& pred,
   return {out[0], out[1]};
 }
 
+// The packed layout's op (packed.cu): the same pattern, inputs (pred, boxes, index).
+std::tuple<at::Tensor, at::Tensor> call_packed_loss(const at::Tensor& pred,
+                                                    const at::Tensor& boxes,
+                                                    const at::Tensor& index) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("giou_cuda::packed_loss", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  return op.call(pred, boxes, index);
+}
+
+at::Tensor call_packed_loss_backward(const at::Tensor& grad_loss, const at::Tensor& denom,
+                                     const at::Tensor& pred, const at::Tensor& boxes,
+                                     const at::Tensor& index) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("giou_cuda::packed_loss_backward", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&)>();
+  return op.call(grad_loss, denom, pred, boxes, index);
+}
+
+struct PackedGiouLoss : public torch::autograd::Function<PackedGiouLoss> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& pred,
+                               const at::Tensor& boxes, const at::Tensor& index) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [loss, denom] = call_packed_loss(pred, boxes, index);
+    ctx->save_for_backward({pred, boxes, index, denom});
+    ctx->mark_non_differentiable({denom});
+    ctx->set_materialize_grads(false);
+    return {loss, denom};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& grad_loss = grads[0];
+    if (!grad_loss.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor grad = call_packed_loss_backward(grad_loss, saved[3], saved[0], saved[1],
+                                                saved[2]);
+    return {grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> packed_loss_autograd(const at::Tensor& pred,
+                                                        const at::Tensor& boxes,
+                                                        const at::Tensor& index) {
+  auto out = PackedGiouLoss::apply(pred, boxes, index);
+  return {out[0], out[1]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(giou_cuda, Autograd, m) {
   m.impl("loss", &loss_autograd);
+  m.impl("packed_loss", &packed_loss_autograd);
 }

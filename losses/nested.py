@@ -1,0 +1,83 @@
+"""nested: the packed targets as PyTorch's jagged tensors (torch.nested, layout=torch.jagged:
+values plus offsets), and the GIoU maths in torch ops on them.
+
+Each box's prediction is gathered by its (image, slot) from the collate's index (one
+index_select: the only gather, no padding copied), and the eight coordinates become
+jagged tensors [B, j] on the collate's offsets, so every term is a tensor of the batch's
+ragged shape. The loss is the sum of the terms over every box / max(N, 1).
+
+What torch.nested does and does not do for this loss (torch 2.13 on the CPU and 2.11 on
+the H100, results/strategies.md "Two more layouts"):
+- torch.nested.narrow(pred, 1, 0, counts, layout=torch.jagged) views the padded
+  predictions without a copy, but nothing useful follows: an elementwise op with the
+  targets' jagged tensor is refused (their ragged dims are different nested ints);
+  .contiguous() then fails in the backward (CloneBackward0 returns the wrong ragged
+  shape), and .sum() of the view sums the padding too (its gradient is 1 in every slot).
+  So the predictions are gathered, not narrowed.
+- backward is missing for unbind(-1), select (x[..., i]) and narrow on the last dim, and
+  for torch.minimum / torch.maximum (aten.masked_fill_ has no jagged kernel). The
+  coordinates are therefore split before they are wrapped, and min / max are written
+  with torch.where, with PyTorch's tie rule (half the gradient to each side) kept by
+  an explicit tie branch, so the gradient is that of every other strategy.
+- clamp, where, arithmetic, .to(dtype) and .values() have jagged kernels and backward.
+- The jagged structure itself is never used by this loss (a mean over all boxes): the
+  ops run on the values, with a Python __torch_dispatch__ per op on the host.
+
+Bad values (core/giou_rules.py): an image or slot out of range is clamped for the gather
+and makes the loss and every box's gradient NaN, as in the packed kernels; a slot no box
+names is never read, so its gradient is exactly 0 whatever it holds. The offsets must
+partition the N boxes (the collate's); they are not checked (that needs a sync).
+"""
+
+from functools import partial
+
+import torch
+
+from core.checks import check_nested
+from core.giou_rules import compute_dtype
+from data import collate_nested
+from losses.giou import giou_terms_of
+from losses.strategy import Strategy, tensors_to_device
+
+
+def _minimum(a, b):
+    # torch.minimum's value and its tie rule (half the gradient to each side on a tie),
+    # from where, which jagged tensors can differentiate.
+    return torch.where(a < b, a, torch.where(b < a, b, (a + b) * 0.5))
+
+
+def _maximum(a, b):
+    return torch.where(a > b, a, torch.where(b > a, b, (a + b) * 0.5))
+
+
+def gather_predictions(pred, index):
+    """Each box's prediction [N, 4] by its (image, slot), and a factor that is NaN when a
+    place is out of range (else 1): no sync, no out-of-bounds read."""
+    B, M = pred.shape[0], pred.shape[1]
+    image, slot = index.long().unbind(0)
+    bad = (image < 0) | (image >= B) | (slot < 0) | (slot >= M)
+    rows = torch.where(bad, 0, image * M + slot)
+    # A bad box reads row 0 and drops it by selection, so no gradient flows back there.
+    picked = torch.where(bad[:, None], 0, pred.reshape(-1, 4).index_select(0, rows))
+    return picked, torch.where(bad.any(), float("nan"), 1.0)
+
+
+def nested_loss(pred, targets):
+    boxes, index, offsets = targets
+    check_nested(pred, boxes, index, offsets)
+    picked, poison = gather_predictions(pred, index)
+    dt = compute_dtype(pred)
+    p = picked.to(dt) * poison.to(dt)
+    g = boxes.to(dt)
+
+    def jagged(column):
+        return torch.nested.nested_tensor_from_jagged(column.contiguous(), offsets)
+
+    coords = [jagged(p[:, i]) for i in range(4)] + [jagged(g[:, i]) for i in range(4)]
+    terms = giou_terms_of(*coords, minimum=_minimum, maximum=_maximum)
+    return terms.values().sum() / max(boxes.shape[0], 1)
+
+
+def make(capacity: int, backend: str) -> Strategy:
+    return Strategy("nested", partial(collate_nested, capacity=capacity), tensors_to_device,
+                    nested_loss)
