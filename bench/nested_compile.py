@@ -1,7 +1,9 @@
-"""How far torch.compile goes with the nested strategy's loss (losses/nested.py) on this
-machine's torch: fullgraph or not, over batches whose box count N changes, the compiles,
-graph breaks and the first error; then, where it compiles, the host and GPU time of a
-call eager and compiled at the workload's point (batch 1024, M = 256, sigma 3).
+"""How far torch.nested and torch.compile go with the nested strategy's loss
+(losses/nested.py) on this machine's torch: which jagged ops have a backward, what
+torch.nested.narrow's view of the padded predictions does; torch.compile fullgraph or
+not, over batches whose box count N changes (the compiles, graph breaks and the first
+error); then, where it compiles, the host and stream time of a call eager and compiled
+at the workload's point (batch 1024, M = 256, sigma 3).
 
     python3 bench/nested_compile.py            # prints a Markdown report
 """
@@ -24,6 +26,63 @@ def _batches(device, n: int, batch: int, capacity: int):
     for k in range(n):
         _, targets = strategy.collate(samples(batch, capacity, 3.0, seed=k))
         yield tuple(t.to(device) for t in targets)
+
+
+def _outcome(fn) -> str:
+    try:
+        fn()
+        return "works"
+    except Exception as exc:  # the finding is the error itself
+        first = str(exc).strip().splitlines()
+        return f"fails: {type(exc).__name__}: {first[0][:160] if first else ''}"
+
+
+def jagged_backward(device) -> list[str]:
+    """Each op the loss could use on a jagged [3, j, 4] tensor, forward and backward."""
+    offsets = torch.tensor([0, 2, 2, 5], device=device)
+    ops = {"x[..., 0] (select)": lambda x: x[..., 0],
+           "x.unbind(-1)": lambda x: x.unbind(-1)[0],
+           "x.narrow(-1, 0, 1)": lambda x: x.narrow(-1, 0, 1),
+           "torch.minimum": lambda x: torch.minimum(x, x * 0.5),
+           "torch.maximum": lambda x: torch.maximum(x, x * 0.5),
+           "clamp(min=)": lambda x: x.clamp(min=0.3),
+           "torch.where": lambda x: torch.where(x > 0.5, x, 0.0),
+           "arithmetic": lambda x: (x * 2 - 1) / (x + 1),
+           ".to(float64)": lambda x: x.to(torch.float64)}
+    lines = []
+    for name, op in ops.items():
+        values = torch.rand(5, 4, device=device, requires_grad=True)
+
+        def run(op=op, values=values):
+            x = torch.nested.nested_tensor_from_jagged(values, offsets)
+            op(x).values().sum().backward()
+        lines.append(f"- {name}: {_outcome(run)}")
+    return lines
+
+
+def narrowed_view(device) -> list[str]:
+    """torch.nested.narrow over padded predictions [3, 6, 4] with counts 2, 0, 5."""
+    counts = torch.tensor([2, 0, 5], device=device)
+    offsets = torch.tensor([0, 2, 2, 7], device=device)
+    targets = torch.nested.nested_tensor_from_jagged(torch.rand(7, 4, device=device), offsets)
+    pred = torch.rand(3, 6, 4, device=device, requires_grad=True)
+
+    def view():
+        return torch.nested.narrow(pred, 1, torch.zeros_like(counts), counts,
+                                   layout=torch.jagged)
+
+    def summed():
+        pred.grad = None
+        view().sum().backward()
+        padding = int((pred.grad[0, 2:] != 0).sum())  # host-device sync
+        if padding:
+            raise AssertionError(f"the gradient reaches {padding} padding values of "
+                                 "sample 0: sum() covers the padding")
+    return [f"- narrow, then minus the targets' jagged tensor: "
+            f"{_outcome(lambda: view() - targets)}",
+            f"- narrow, .contiguous(), backward: "
+            f"{_outcome(lambda: view().contiguous().values().sum().backward())}",
+            f"- narrow, .sum(), backward reaches only the valid slots: {_outcome(summed)}"]
 
 
 def try_compile(device, fullgraph: bool, dynamic) -> str:
@@ -69,7 +128,13 @@ def _time(fn, device, calls: int = 20) -> tuple[float, float]:
 
 def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    print(f"# torch.compile and the nested loss: torch {torch.__version__}, {device}\n")
+    print(f"# torch.nested, torch.compile and the nested loss: torch {torch.__version__}, "
+          f"{device}\n")
+    print("## Jagged ops with a backward\n")
+    print("\n".join(jagged_backward(device)) + "\n")
+    print("## torch.nested.narrow over the padded predictions\n")
+    print("\n".join(narrowed_view(device)) + "\n")
+    print("## torch.compile over three batches of different N\n")
     results = {}
     for fullgraph in (True, False):
         for dynamic in (True, None):
