@@ -7,7 +7,7 @@ jagged tensors [B, j] on the collate's offsets, so every term is a tensor of the
 ragged shape. The loss is the sum of the terms over every box / max(N, 1).
 
 What torch.nested does and does not do for this loss (torch 2.13 on the CPU and 2.11 on
-the H100, results/strategies.md "Two more layouts"):
+the H100, the same on both unless said; bench/nested_compile.py):
 - torch.nested.narrow(pred, 1, 0, counts, layout=torch.jagged) views the padded
   predictions without a copy, but nothing useful follows: an elementwise op with the
   targets' jagged tensor is refused (their ragged dims are different nested ints);
@@ -17,11 +17,19 @@ the H100, results/strategies.md "Two more layouts"):
 - backward is missing for unbind(-1), select (x[..., i]) and narrow on the last dim, and
   for torch.minimum / torch.maximum (aten.masked_fill_ has no jagged kernel). The
   coordinates are therefore split before they are wrapped, and min / max are written
-  with torch.where, with PyTorch's tie rule (half the gradient to each side) kept by
-  an explicit tie branch, so the gradient is that of every other strategy.
-- clamp, where, arithmetic, .to(dtype) and .values() have jagged kernels and backward.
+  as (a + b -/+ |a - b|) / 2: PyTorch's tie rule (half the gradient to each side, as
+  d|x|/dx = 0 at 0), values within a rounding of a + b. torch.where has a backward but
+  cost twice the host time (its jagged broadcast is Python): 54 against 30 ms a call
+  on 2 CPU cores at batch 1024.
+- clamp, abs, where, arithmetic, .to(dtype) and .values() have jagged kernels and backward.
 - The jagged structure itself is never used by this loss (a mean over all boxes): the
-  ops run on the values, with a Python __torch_dispatch__ per op on the host.
+  ops run on the values, each through a Python __torch_dispatch__ on the host, so a call
+  is host-bound (tens of ms at batch 1024).
+- torch.compile: on torch 2.13 (CPU) the loss compiles with fullgraph and dynamic
+  shapes, one graph for every N; on torch 2.11 (the H100) Inductor refuses it
+  ("inductor does not support layout=torch.jagged"), with or without fullgraph. The
+  strategy therefore runs eager everywhere: the same code on both versions.
+  bench/nested_compile.py reproduces every line of this list.
 
 Bad values (core/giou_rules.py): an image or slot out of range is clamped for the gather
 and makes the loss and every box's gradient NaN, as in the packed kernels; a slot no box
@@ -41,13 +49,13 @@ from losses.strategy import Strategy, tensors_to_device
 
 
 def _minimum(a, b):
-    # torch.minimum's value and its tie rule (half the gradient to each side on a tie),
-    # from where, which jagged tensors can differentiate.
-    return torch.where(a < b, a, torch.where(b < a, b, (a + b) * 0.5))
+    # torch.minimum's value and its tie rule (half the gradient to each side on a tie,
+    # as d|x|/dx = 0 at 0), from ops with a jagged backward.
+    return (a + b - (a - b).abs()) * 0.5
 
 
 def _maximum(a, b):
-    return torch.where(a > b, a, torch.where(b > a, b, (a + b) * 0.5))
+    return (a + b + (a - b).abs()) * 0.5
 
 
 def gather_predictions(pred, index):

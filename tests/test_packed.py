@@ -238,7 +238,15 @@ def test_torch_compile_over_changing_box_counts(name, backend):
         results = []
         for fn in (loss_fn, compiled):
             pred = case.pred.clone().requires_grad_(True)
-            loss = fn(pred, targets)
-            results.append((loss, torch.autograd.grad(loss, pred)[0]))
+            try:
+                loss = fn(pred, targets)
+                results.append((loss, torch.autograd.grad(loss, pred)[0]))
+            except Exception as exc:
+                # torch 2.11's Inductor lowers no jagged layout (results/strategies.md);
+                # any other error fails the test.
+                if name == "nested" and "does not support layout=torch.jagged" in str(exc):
+                    pytest.xfail(f"torch {torch.__version__}: Inductor does not support "
+                                 "layout=torch.jagged")
+                raise
         torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(results[1][1], results[0][1], rtol=2e-2, atol=1e-6)
