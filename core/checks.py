@@ -44,10 +44,12 @@ def check_padded(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor) 
                          f"{pred.device}, {boxes.device} and {counts.device}")
 
 
-def check_packed(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor) -> None:
-    """Packed targets: boxes [N, 4] and index [2, N] (each box's image, then its slot)
-    beside predictions [B, M, 4]. Whether the places are in range needs the values (a
-    sync): the kernels check those on the device."""
+def check_packed(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor,
+                 offsets: torch.Tensor) -> None:
+    """Packed targets: boxes [N, 4], index [2, N] (each box's image, then its slot) and
+    offsets [B + 1] (image b's boxes are rows offsets[b] .. offsets[b + 1] - 1) beside
+    predictions [B, M, 4]. Whether the values are in range needs a sync: the kernels and
+    the nested strategy check those on the device."""
     check_pred(pred)
     if not isinstance(boxes, torch.Tensor) or boxes.dim() != 2 or boxes.shape[-1] != 4:
         shape = tuple(boxes.shape) if isinstance(boxes, torch.Tensor) else type(boxes).__name__
@@ -56,25 +58,16 @@ def check_packed(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor) -
     if index.dim() != 2 or tuple(index.shape) != (2, boxes.shape[0]):
         raise InputError(f"the packed index must be [2, {boxes.shape[0]}] (each box's image "
                          f"and slot), got {tuple(index.shape)}")
-    if index.dtype not in (torch.int32, torch.int64):
-        raise InputError(f"the packed index must be int32 or int64, got {index.dtype}")
-    if not pred.device == boxes.device == index.device:
-        raise InputError(f"predictions, targets and index must be on one device, got "
-                         f"{pred.device}, {boxes.device} and {index.device}")
-
-
-def check_nested(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor,
-                 offsets: torch.Tensor) -> None:
-    """The packed targets plus offsets [B + 1] (image b's boxes are rows offsets[b] ..
-    offsets[b + 1] - 1)."""
-    check_packed(pred, boxes, index)
     if offsets.dim() != 1 or offsets.shape[0] != pred.shape[0] + 1:
         raise InputError(f"offsets must be a [{pred.shape[0] + 1}] tensor (batch + 1), got "
                          f"{tuple(offsets.shape)}")
-    if offsets.dtype not in (torch.int32, torch.int64):
-        raise InputError(f"offsets must be int32 or int64, got {offsets.dtype}")
-    if offsets.device != pred.device:
-        raise InputError(f"offsets are on {offsets.device}, predictions on {pred.device}")
+    for name, t in (("the packed index", index), ("offsets", offsets)):
+        if t.dtype not in (torch.int32, torch.int64):
+            raise InputError(f"{name} must be int32 or int64, got {t.dtype}")
+    if not pred.device == boxes.device == index.device == offsets.device:
+        raise InputError(f"predictions, targets, index and offsets must be on one device, "
+                         f"got {pred.device}, {boxes.device}, {index.device} and "
+                         f"{offsets.device}")
 
 
 def check_list(pred: torch.Tensor, targets) -> None:

@@ -7,11 +7,11 @@ stack the images; they differ in the targets:
 - `collate_padded`: one `[B, capacity, 4]` tensor, zero past each sample's count, plus an
   int32 `[B]` tensor of counts (two copies for the whole batch). Validity comes from the
   counts, never from a sentinel coordinate;
-- `collate_packed`: every valid box of the batch in one `[N, 4]` tensor, in image order,
-  and an int32 `[2, N]` index: each box's image and its slot (its place among the image's
-  boxes). Nothing is padded: the targets are N * 12 bytes whatever the capacity;
-- `collate_nested`: the packed layout plus int64 `[B + 1]` offsets, image b's boxes being
-  rows offsets[b] .. offsets[b + 1] - 1: what torch.nested's jagged layout is made of.
+- `collate_packed` (packed and nested): every valid box of the batch in one `[N, 4]`
+  tensor, in image order; an int32 `[2, N]` index: each box's image and its slot (its
+  place among the image's boxes); int64 `[B + 1]` offsets, image b's boxes being rows
+  offsets[b] .. offsets[b + 1] - 1 (what torch.nested's jagged layout is made of).
+  Nothing is padded: the targets are N * 12 + 8(B + 1) bytes whatever the capacity.
 All of it is computed here on the host, so the device needs no sync to learn a count.
 """
 
@@ -62,11 +62,5 @@ def packed_targets(per_sample: list[torch.Tensor]):
 
 
 def collate_packed(samples, capacity: int):
-    check_capacity(samples, capacity)
-    boxes, index, _ = packed_targets([boxes for _, boxes in samples])
-    return _stack_images(samples), (boxes, index)
-
-
-def collate_nested(samples, capacity: int):
     check_capacity(samples, capacity)
     return _stack_images(samples), packed_targets([boxes for _, boxes in samples])

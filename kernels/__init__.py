@@ -1,7 +1,7 @@
 """Fused GIoU kernels, each a torch custom op with autograd and a fake implementation.
 
     loss = giou_loss(pred, boxes, counts, backend="triton" | "cuda", conditional=False)
-    loss = bind_packed_loss(backend)(pred, boxes, index)     # the packed layout
+    loss = bind_packed_loss(backend)(pred, boxes, index, offsets)     # the packed layout
 
 
 Naming ladder (per backend): _giou_fwd_kernel / _giou_bwd_kernel -> launchers inside the
@@ -87,24 +87,27 @@ def bind_loss(backend: str = "triton", conditional: bool = False):
 @functools.lru_cache(maxsize=None)
 def bind_packed_loss(backend: str = "triton"):
     """The fused loss over the packed layout, resolved once as bind_loss is:
-    (pred, boxes [N, 4], index [2, N]) -> mean of 1 - GIoU over the N boxes; no sync."""
+    (pred, boxes [N, 4], index [2, N], offsets [B + 1]) -> mean of 1 - GIoU over the N
+    boxes; no sync."""
     check_backend(backend)
     if backend == "triton":
         from kernels.triton_packed import triton_packed_loss
 
-        def loss(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor):
-            return triton_packed_loss(pred, boxes, index)[0]
+        def loss(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor,
+                 offsets: torch.Tensor):
+            return triton_packed_loss(pred, boxes, index, offsets)[0]
         return loss
 
     from kernels.cuda_giou import load
     load()
     op = torch.ops.giou_cuda.packed_loss.default
 
-    def loss(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor):
-        check_packed(pred, boxes, index)
+    def loss(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor,
+             offsets: torch.Tensor):
+        check_packed(pred, boxes, index, offsets)
         if not pred.is_cuda:
             raise InputError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
-        return op(pred, boxes, index)[0]
+        return op(pred, boxes, index, offsets)[0]
     return loss
 
 

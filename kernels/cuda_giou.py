@@ -82,12 +82,12 @@ def _register_fakes() -> None:
         return torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)
 
     @torch.library.register_fake("giou_cuda::packed_loss")
-    def _(pred, boxes, index):
-        _check_one_device(pred, boxes, index)
+    def _(pred, boxes, index, offsets):
+        _check_one_device(pred, boxes, index, offsets)
         dt = torch.promote_types(pred.dtype, torch.float32)
         return pred.new_empty((), dtype=dt), pred.new_empty((), dtype=dt)
 
     @torch.library.register_fake("giou_cuda::packed_loss_backward")
-    def _(grad_loss, denom, pred, boxes, index):
-        _check_one_device(grad_loss, denom, pred, boxes, index)
+    def _(grad_loss, denom, pred, boxes, offsets):
+        _check_one_device(grad_loss, denom, pred, boxes, offsets)
         return torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)

@@ -1,37 +1,43 @@
 """Fused GIoU loss over the packed layout in Triton: `_packed_fwd_kernel` +
-`_packed_finalize_kernel` forward, a zero fill + `_packed_bwd_kernel` backward, and the
+`_packed_finalize_kernel` forward, `_packed_bwd_kernel` backward, and the
 `giou::triton_packed_loss` custom op.
 
 Layout (data/collate.py, collate_packed): the batch's N valid boxes as one [N, 4] tensor
-(any integer or float dtype), and index [2, N] int32 or int64: row 0 each box's image,
-row 1 its slot in that image's predictions. Predictions [B, M, 4] (fp16/bf16/fp32/fp64,
-any strides). loss = sum over the boxes of 1 - GIoU(pred[image, slot], box) / max(N, 1).
-N is the targets' shape, host metadata, so the denominator costs no reduction.
+(any integer or float dtype), in image order; index [2, N] int32 or int64: row 0 each
+box's image, row 1 its slot in that image's predictions; offsets [B + 1] int32 or int64:
+image b's boxes are rows offsets[b] .. offsets[b + 1] - 1, in slot order. Predictions
+[B, M, 4] (fp16/bf16/fp32/fp64, any strides). loss = sum over the boxes of
+1 - GIoU(pred[image, slot], box) / max(N, 1). N is the targets' shape, host metadata.
 
-Grid: cdiv(N, BLOCK) programs, each owning BLOCK boxes: no program exists for an empty
-slot or an empty image, whatever B and M are. The forward gathers each box's prediction
-by (image, slot); the backward scatters its gradient there. Every other gradient row is
-zero: the backward fills the gradient with zeros first (one memset, the same bytes as
-`conditional`'s zero rows) and then writes the boxes' rows. The fill is a separate launch
-because no program here owns a range of rows: a box may name any row, so zero stores from
-one program could land after another's gradient.
+Forward grid: cdiv(N, BLOCK) programs, each owning BLOCK boxes, which it gathers by
+(image, slot): no program exists for an empty slot or an empty image, whatever B and M.
+Backward grid: (B, cdiv(M, CHUNK)), as `conditional`'s: a program walks its chunk's slots
+below the image's count (offsets[b + 1] - offsets[b]), reading box offsets[b] + slot, then
+writes the rest of its chunk as zero rows. So the dense gradient is written in one launch
+with no memset: a first version filled it with zeros and scattered the boxes' rows (two
+launches), 7-17 % slower than `conditional` in GPU time at batch 64-1024
+(results/sweep.md). The backward needs the offsets, the forward the index.
 
 Gradient: per box exactly that of kernels/triton_giou.py's `_giou_bwd_kernel` docstring,
 scaled by -grad_loss / max(N, 1) (the shared `_giou_grads`).
 
-Contract (core/giou_rules.py): an image outside [0, B) or a slot outside [0, M) cannot be
-checked on the host without a sync; such a box is never read or written, and makes the
-loss NaN and every box's gradient NaN (the denominator is NaN). Each (image, slot) must
-be named at most once (the collate's layout); two boxes on one slot would race in the
-backward, and this is not checked. NaN or inf in a slot no box names never matters.
+Contract (core/giou_rules.py), checked on the device (the host would need a sync):
+- a box whose image or slot is out of range is never read; it makes the loss NaN and,
+  through a NaN denominator, every box's gradient NaN;
+- offsets that do not partition the N boxes into counts within [0, M] make the loss NaN
+  (the finalize checks them) and every gradient row of an image whose count is bad NaN
+  (its boxes are not read);
+- index and offsets must describe the same boxes (the collate's); each (image, slot) is
+  named once. That agreement is not checked.
+NaN or inf in a slot no box names never matters: it is not read, its gradient is 0.
 
-Byte ledger at B=1024, M=256, bf16 predictions, uint8 boxes, int32 index, 1.915 valid
-boxes per image (N ~ 1961):
+Byte ledger at B=1024, M=256, bf16 predictions, uint8 boxes, int32 index, int64 offsets,
+1.915 valid boxes per image (N ~ 1961):
   forward: reads N*(8 + 4 + 8) = 39 KB, writes 8 bytes a program (2 partials);
-  finalize: reads 2 partials a program, writes 8 bytes;
-  backward: the fill writes B*M*8 = 2.1 MB (33.5 MB at M = 4096); the scatter reads
-  39 KB again and writes N*8 = 16 KB.
-  The H2D copy of the targets: N*12 bytes, 24 KB, against B*M*4 + 4B = 1.05 MB padded.
+  finalize: reads the partials and the offsets (8 KB), writes 8 bytes;
+  backward: reads 2 offsets an image and N*(8 + 4) = 24 KB of boxes, writes B*M*8 =
+  2.1 MB of gradient (33.5 MB at M = 4096), like `conditional`.
+  The targets' H2D copy: N*12 + 8(B+1) = 32 KB, against B*M*4 + 4B = 1.05 MB padded.
 """
 
 import torch
@@ -40,16 +46,25 @@ import triton.language as tl
 
 from core.checks import check_packed
 from core.giou_rules import EPS, compute_dtype
-from kernels.triton_giou import _giou_grads, _giou_term, _load_coords, _tl_compute
+from kernels.triton_giou import (
+    SHAPES,
+    _giou_grads,
+    _giou_term,
+    _load_coords,
+    _store_grads,
+    _store_rows,
+    _tl_compute,
+)
 from kernels.triton_op import INTERPRETED, define_op, launch
 
-BLOCK = 256            # boxes per program
+BLOCK = 256            # boxes per forward program
 FINALIZE_BLOCK = 1024
+BWD = SHAPES[True]     # the backward's chunk, step and zero-row shapes: conditional's
 
 
 @triton.jit
 def _box_places(index_ptr, si_row, si_box, B, M, boxes, live):
-    """Each box's image and slot, whether it is in range, and whether it may be read."""
+    """Each box's image and slot, whether it is out of range, and whether it may be read."""
     image = tl.load(index_ptr + boxes * si_box, mask=live, other=0)
     slot = tl.load(index_ptr + si_row + boxes * si_box, mask=live, other=0)
     bad = live & ((image < 0) | (image >= B) | (slot < 0) | (slot >= M))
@@ -74,55 +89,78 @@ def _packed_fwd_kernel(pred_ptr, boxes_ptr, index_ptr, partial_ptr, N, B, M,
 
 
 @triton.jit
-def _packed_finalize_kernel(partial_ptr, loss_ptr, denom_ptr, P, N,
+def _packed_finalize_kernel(partial_ptr, offsets_ptr, loss_ptr, denom_ptr, P, N, B, M,
                             BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
     """loss = sum(partials) / denom, denom = max(N, 1), or NaN when a box was out of range
-    (the backward then makes every box's gradient NaN). One program, a fixed order."""
+    or the offsets do not partition the N boxes into counts within [0, M] (the backward
+    then makes every box's gradient NaN). One program, a fixed order."""
     acc = tl.zeros((BLOCK,), dtype=COMPUTE)
     bad = tl.zeros((BLOCK,), dtype=COMPUTE)
     for start in range(0, P, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         acc += tl.load(partial_ptr + offs, mask=offs < P, other=0.0)
         bad += tl.load(partial_ptr + P + offs, mask=offs < P, other=0.0)
-    denom = tl.where(tl.sum(bad, axis=0) > 0, float("nan"), tl.maximum(N, 1).to(COMPUTE))
+    for start in range(0, B, BLOCK):
+        b = start + tl.arange(0, BLOCK)
+        first = tl.load(offsets_ptr + b, mask=b < B, other=0)
+        end = tl.load(offsets_ptr + b + 1, mask=b < B, other=0)
+        count = end - first
+        bad += tl.where((b < B) & ((count < 0) | (count > M)), 1.0, 0.0)
+    ends = tl.load(offsets_ptr + tl.arange(0, 2) * B)  # offsets[0] and offsets[B]
+    partition = tl.sum(tl.where(ends == tl.arange(0, 2) * N, 0, 1), axis=0) == 0
+    any_bad = (tl.sum(bad, axis=0) > 0) | ~partition
+    denom = tl.where(any_bad, float("nan"), tl.maximum(N, 1).to(COMPUTE))
     tl.store(loss_ptr, tl.sum(acc, axis=0) / denom)
     tl.store(denom_ptr, denom)
 
 
 @triton.jit
-def _packed_bwd_kernel(grad_loss_ptr, denom_ptr, pred_ptr, boxes_ptr, index_ptr, grad_ptr,
-                       N, B, M, spb, spm, spc, sbn, sbc, si_row, si_box,
-                       EPS_: tl.constexpr, BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
-    """grad[image, slot] = -dGIoU/dp * grad_loss / denom for each box in range; the
-    gradient is contiguous and already zero elsewhere."""
-    pid = tl.program_id(0)
-    boxes = pid * BLOCK + tl.arange(0, BLOCK)
-    image, slot, _, ok = _box_places(index_ptr, si_row, si_box, B, M, boxes, boxes < N)
+def _packed_bwd_kernel(grad_loss_ptr, denom_ptr, pred_ptr, boxes_ptr, offsets_ptr, grad_ptr,
+                       N, M, spb, spm, spc, sbn, sbc,
+                       EPS_: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                       ZERO_BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
+    """grad[b, slot] = -dGIoU/dp * grad_loss / denom for slot < image b's count, against
+    box offsets[b] + slot; 0 for the rest of the chunk; NaN in every row of an image whose
+    offsets are out of range (its boxes are then not read)."""
+    b = tl.program_id(0)
+    chunk = tl.program_id(1)
+    first = tl.load(offsets_ptr + b)
+    end = tl.load(offsets_ptr + b + 1)
+    bad = (end - first < 0) | (end - first > M) | (first < 0) | (end > N)
+    n = tl.where(bad, 0, end - first).to(tl.int32)
+    nan = tl.where(bad, float("nan"), 0.0)
+    lo = chunk * CHUNK
+    hi = tl.minimum(lo + CHUNK, M)
+    work_hi = tl.maximum(tl.minimum(hi, n), lo)
     s = -(tl.load(grad_loss_ptr).to(COMPUTE) / tl.load(denom_ptr).to(COMPUTE))
-    px1, py1, px2, py2 = _load_coords(pred_ptr, image, slot, ok, spb, spm, spc, COMPUTE)
-    gx1, gy1, gx2, gy2 = _load_coords(boxes_ptr, 0, boxes, ok, 0, sbn, sbc, COMPUTE)
-    g1, g2, g3, g4 = _giou_grads(px1, py1, px2, py2, gx1, gy1, gx2, gy2, s, EPS_)
-    out = grad_ptr + (image.to(tl.int64) * M + slot) * 4
-    ty = grad_ptr.dtype.element_ty
-    tl.store(out, g1.to(ty), mask=ok)
-    tl.store(out + 1, g2.to(ty), mask=ok)
-    tl.store(out + 2, g3.to(ty), mask=ok)
-    tl.store(out + 3, g4.to(ty), mask=ok)
+    for start in range(lo, work_hi, BLOCK):
+        slots = start + tl.arange(0, BLOCK)
+        load = slots < work_hi
+        px1, py1, px2, py2 = _load_coords(pred_ptr, b, slots, load, spb, spm, spc, COMPUTE)
+        gx1, gy1, gx2, gy2 = _load_coords(boxes_ptr, 0, first + slots, load, 0, sbn, sbc,
+                                          COMPUTE)
+        g1, g2, g3, g4 = _giou_grads(px1, py1, px2, py2, gx1, gy1, gx2, gy2, s, EPS_)
+        _store_grads(grad_ptr, b, M, slots, load, g1, g2, g3, g4)
+    # The chunk's slots past the count: zero rows, stored without a load or a flop.
+    zero = tl.zeros((ZERO_BLOCK, 4), dtype=COMPUTE) + nan
+    for start in range(work_hi, hi, ZERO_BLOCK):
+        slots = start + tl.arange(0, ZERO_BLOCK)
+        _store_rows(grad_ptr, b, M, slots, slots < hi, zero)
 
 
 def _programs(boxes: torch.Tensor) -> int:
     return triton.cdiv(boxes.shape[0], BLOCK)
 
 
-def _meta(pred) -> dict:
-    return dict(EPS_=EPS, BLOCK=BLOCK, COMPUTE=_tl_compute(pred), num_warps=4)
+def _bwd_grid(pred) -> tuple[int, int]:
+    return pred.shape[0], triton.cdiv(pred.shape[1], BWD["CHUNK"])
 
 
 @define_op("giou::triton_packed_loss", mutates_args=())
-def triton_packed_loss(pred: torch.Tensor, boxes: torch.Tensor,
-                       index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def triton_packed_loss(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor,
+                       offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, denominator) over the packed boxes: 2 launches (1 with no box), no sync."""
-    check_packed(pred, boxes, index)
+    check_packed(pred, boxes, index, offsets)
     P, (N, B, M) = _programs(boxes), (boxes.shape[0], pred.shape[0], pred.shape[1])
     dt = compute_dtype(pred)
     partial = torch.empty(2 * P, dtype=dt, device=pred.device)
@@ -130,8 +168,9 @@ def triton_packed_loss(pred: torch.Tensor, boxes: torch.Tensor,
     denom = torch.empty((), dtype=dt, device=pred.device)
     if P > 0:
         launch(_packed_fwd_kernel, (P,), pred, boxes, index, partial, N, B, M,
-               *pred.stride(), *boxes.stride(), *index.stride(), **_meta(pred))
-    launch(_packed_finalize_kernel, (1,), partial, loss, denom, P, N,
+               *pred.stride(), *boxes.stride(), *index.stride(),
+               EPS_=EPS, BLOCK=BLOCK, COMPUTE=_tl_compute(pred), num_warps=4)
+    launch(_packed_finalize_kernel, (1,), partial, offsets, loss, denom, P, N, B, M,
            BLOCK=FINALIZE_BLOCK, COMPUTE=_tl_compute(pred), num_warps=4)
     return loss, denom
 
@@ -139,39 +178,39 @@ def triton_packed_loss(pred: torch.Tensor, boxes: torch.Tensor,
 @define_op("giou::triton_packed_loss_backward", mutates_args=())
 def triton_packed_loss_backward(grad_loss: torch.Tensor, denom: torch.Tensor,
                                 pred: torch.Tensor, boxes: torch.Tensor,
-                                index: torch.Tensor) -> torch.Tensor:
-    """Gradient w.r.t. the predictions, in their dtype: a zero fill and 1 launch, no sync."""
-    grad = torch.zeros(pred.shape, dtype=pred.dtype, device=pred.device)
-    P = _programs(boxes)
-    if P > 0:
-        launch(_packed_bwd_kernel, (P,), grad_loss, denom, pred, boxes, index, grad,
-               boxes.shape[0], pred.shape[0], pred.shape[1], *pred.stride(),
-               *boxes.stride(), *index.stride(), **_meta(pred))
+                                offsets: torch.Tensor) -> torch.Tensor:
+    """Gradient w.r.t. the predictions, in their dtype: 1 launch writes every row, no sync."""
+    grad = torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)
+    if pred.numel() > 0:
+        launch(_packed_bwd_kernel, _bwd_grid(pred), grad_loss, denom, pred, boxes, offsets,
+               grad, boxes.shape[0], pred.shape[1], *pred.stride(), *boxes.stride(),
+               EPS_=EPS, COMPUTE=_tl_compute(pred), **BWD)
     return grad
 
 
 def _setup_context(ctx, inputs, output):
-    pred, boxes, index = inputs
-    ctx.save_for_backward(pred, boxes, index, output[1])
+    pred, boxes, _index, offsets = inputs
+    ctx.save_for_backward(pred, boxes, offsets, output[1])
     ctx.set_materialize_grads(False)  # the denominator gets no gradient: no fill launch
 
 
 def _backward(ctx, grad_loss, _grad_denom):
     if grad_loss is None:
-        return None, None, None
-    pred, boxes, index, denom = ctx.saved_tensors
-    return triton_packed_loss_backward(grad_loss, denom, pred, boxes, index), None, None
+        return None, None, None, None
+    pred, boxes, offsets, denom = ctx.saved_tensors
+    grad = triton_packed_loss_backward(grad_loss, denom, pred, boxes, offsets)
+    return grad, None, None, None
 
 
 triton_packed_loss.register_autograd(_backward, setup_context=_setup_context)
 
 if INTERPRETED:
     @triton_packed_loss.register_fake
-    def _(pred, boxes, index):
-        check_packed(pred, boxes, index)
+    def _(pred, boxes, index, offsets):
+        check_packed(pred, boxes, index, offsets)
         dt = compute_dtype(pred)
         return pred.new_empty((), dtype=dt), pred.new_empty((), dtype=dt)
 
     @triton_packed_loss_backward.register_fake
-    def _(grad_loss, denom, pred, boxes, index):
+    def _(grad_loss, denom, pred, boxes, offsets):
         return torch.empty(pred.shape, dtype=pred.dtype, device=pred.device)

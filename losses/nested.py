@@ -31,19 +31,20 @@ the H100, the same on both unless said; bench/nested_compile.py):
   strategy therefore runs eager everywhere: the same code on both versions.
   bench/nested_compile.py reproduces every line of this list.
 
-Bad values (core/giou_rules.py): an image or slot out of range is clamped for the gather
-and makes the loss and every box's gradient NaN, as in the packed kernels; a slot no box
-names is never read, so its gradient is exactly 0 whatever it holds. The offsets must
-partition the N boxes (the collate's); they are not checked (that needs a sync).
+Bad values (core/giou_rules.py), checked on the device as the packed kernels check them:
+an image or slot out of range (never read: the gather reads row 0 and drops it), or
+offsets that do not partition the N boxes into counts within [0, M], make the loss and
+every box's gradient NaN; a slot no box names is never read, so its gradient is exactly
+0 whatever it holds.
 """
 
 from functools import partial
 
 import torch
 
-from core.checks import check_nested
+from core.checks import check_packed
 from core.giou_rules import compute_dtype
-from data import collate_nested
+from data import collate_packed
 from losses.giou import giou_terms_of
 from losses.strategy import Strategy, tensors_to_device
 
@@ -58,22 +59,26 @@ def _maximum(a, b):
     return (a + b + (a - b).abs()) * 0.5
 
 
-def gather_predictions(pred, index):
+def gather_predictions(pred, index, offsets):
     """Each box's prediction [N, 4] by its (image, slot), and a factor that is NaN when a
-    place is out of range (else 1): no sync, no out-of-bounds read."""
-    B, M = pred.shape[0], pred.shape[1]
+    place is out of range or the offsets do not partition the N boxes into counts within
+    [0, M] (else 1): no sync, no out-of-bounds read."""
+    B, M, N = pred.shape[0], pred.shape[1], index.shape[1]
     image, slot = index.long().unbind(0)
     bad = (image < 0) | (image >= B) | (slot < 0) | (slot >= M)
     rows = torch.where(bad, 0, image * M + slot)
     # A bad box reads row 0 and drops it by selection, so no gradient flows back there.
     picked = torch.where(bad[:, None], 0, pred.reshape(-1, 4).index_select(0, rows))
-    return picked, torch.where(bad.any(), float("nan"), 1.0)
+    counts = offsets[1:] - offsets[:-1]
+    ends = torch.stack([offsets[0], offsets[-1] - N])
+    wrong = bad.any() | ((counts < 0) | (counts > M)).any() | (ends != 0).any()
+    return picked, torch.where(wrong, float("nan"), 1.0)
 
 
 def nested_loss(pred, targets):
     boxes, index, offsets = targets
-    check_nested(pred, boxes, index, offsets)
-    picked, poison = gather_predictions(pred, index)
+    check_packed(pred, boxes, index, offsets)
+    picked, poison = gather_predictions(pred, index, offsets)
     dt = compute_dtype(pred)
     p = picked.to(dt) * poison.to(dt)
     g = boxes.to(dt)
@@ -87,5 +92,5 @@ def nested_loss(pred, targets):
 
 
 def make(capacity: int, backend: str) -> Strategy:
-    return Strategy("nested", partial(collate_nested, capacity=capacity), tensors_to_device,
+    return Strategy("nested", partial(collate_packed, capacity=capacity), tensors_to_device,
                     nested_loss)

@@ -1,6 +1,7 @@
 """packed: every valid box of the batch in one [N, 4] tensor with each box's image and slot
-(the layout ultralytics' YOLO trainers collate), and one fused kernel over the boxes
-(Triton or CUDA: kernels/triton_packed.py, kernels/csrc/packed.cu).
+(the layout ultralytics' YOLO trainers collate) and per-image offsets, and fused kernels
+(Triton or CUDA: kernels/triton_packed.py, kernels/csrc/packed.cu): the forward one
+program per block of boxes, the backward `conditional`'s walk of each image's slots.
 
 Nothing is padded, so the targets cost N * 12 bytes to collate and copy whatever the
 capacity M, and the loss reads only the valid boxes; the backward still writes the dense
@@ -20,8 +21,7 @@ def make(capacity: int, backend: str) -> Strategy:
     giou = bind_packed_loss(backend)
 
     def packed_loss(pred, targets):
-        boxes, index = targets
-        return giou(pred, boxes, index)
+        return giou(pred, *targets)
 
     return Strategy("packed", partial(collate_packed, capacity=capacity), tensors_to_device,
                     packed_loss, needs_cuda=backend == "cuda")

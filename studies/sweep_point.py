@@ -76,8 +76,8 @@ def layout_bytes(loss: str, batch: int, capacity: int, valid: int, pred_bytes: i
     box = 4 * (pred_bytes + target_bytes)
     if loss in RAGGED:
         read = valid * box
-    elif loss in PACKED:
-        read = valid * (box + 2 * count_bytes)
+    elif loss in PACKED:  # and the int64 offsets
+        read = valid * (box + 2 * count_bytes) + (batch + 1) * 8
     elif loss == "conditional":
         read = valid * box + batch * count_bytes
     else:

@@ -67,7 +67,7 @@ def targets_for(name, case):
         device = case.pred.device
         boxes, index, offsets = (t.to(device) for t in packed_targets(
             [t.cpu() for t in case.targets]))
-        return (boxes, index) if name == "packed" else (boxes, index, offsets)
+        return boxes, index, offsets
     return case.boxes, case.counts
 
 

@@ -47,7 +47,6 @@ def test_no_sample_or_no_slot_is_a_zero_loss(name, B, M):
     elif name in PACKED:
         from data.collate import packed_targets
         targets = packed_targets([torch.zeros(0, 4, dtype=torch.uint8)] * B)
-        targets = targets[:2] if name == "packed" else targets
     else:
         targets = (torch.zeros(B, M, 4, dtype=torch.uint8), torch.zeros(B, dtype=torch.int32))
     loss = losses.get(name, capacity=max(M, 1)).loss(pred, targets)
@@ -96,9 +95,8 @@ def test_bad_shapes_are_clear_errors(name):
     strategy = losses.get(name)
     with pytest.raises(InputError, match="predictions must be a \\[batch, slots, 4\\] tensor"):
         strategy.loss(case.pred[..., :3], targets_for(name, case))
-    if name == "packed":  # its targets do not say how many samples they come from
-        return
-    one_sample = {"nested": "offsets must be a \\[2\\] tensor \\(batch \\+ 1\\), got \\(3,\\)"}.get(
+    one_sample = {"packed": "offsets must be a \\[2\\] tensor \\(batch \\+ 1\\), got \\(3,\\)",
+                  "nested": "offsets must be a \\[2\\] tensor \\(batch \\+ 1\\), got \\(3,\\)"}.get(
         name, "predictions hold 1 samples but the targets hold 2" if name in RAGGED else
         "padded targets \\(2, 8, 4\\) must have the predictions' shape \\(1, 8, 4\\)")
     with pytest.raises(InputError, match=one_sample):

@@ -8,7 +8,7 @@ import torch
 
 import losses
 from core.errors import InputError
-from data.collate import collate_nested, collate_packed, packed_targets
+from data.collate import collate_packed, packed_targets
 from tests.cases import make_case
 from tests.reference import DTYPES, check_against_reference, reference_loss, rel_err, targets_for
 
@@ -82,6 +82,26 @@ def test_every_block_edge(name, backend, device):
 
 
 @pytest.mark.parametrize("name,backend,device", RUNS)
+@pytest.mark.parametrize("bad", ([0, 24, 24, 36], [0, 12, 10, 36], [-1, 12, 24, 36],
+                                 [0, 12, 24, 40]),
+                         ids=("count>M", "count<0", "first<0", "past N"))
+def test_bad_offsets_poison_the_loss(name, backend, device, bad):
+    """Offsets that do not partition the 36 boxes (3 images of M = 12) into counts within
+    [0, M]: the loss is NaN (both strategies), and the packed kernel's backward writes NaN
+    over every row of an image whose range is bad, never reading outside [0, N)."""
+    case = make_case("random", 3, 12, torch.float32, counts="full").to(device)
+    boxes, index, _ = targets_for(name, case)
+    offsets = torch.tensor(bad, device=device)
+    pred = case.pred.clone().requires_grad_(True)
+    loss = losses.get(name, backend=backend).loss(pred, (boxes, index, offsets))
+    loss.backward()
+    where = f"{name} seed={case.seed} offsets={bad}"
+    assert torch.isnan(loss), where
+    if name == "packed":
+        assert torch.isnan(pred.grad).any(), where
+
+
+@pytest.mark.parametrize("name,backend,device", RUNS)
 def test_rows_no_box_names_get_exact_zeros(name, backend, device, monkeypatch):
     """The gradient outside the boxes is zero whatever the allocator hands back: fresh
     memory holds NaN here (torch.empty patched; on CUDA a freed NaN block first)."""
@@ -119,17 +139,20 @@ def test_float64_predictions_compute_in_float64(backend, device):
 def test_bad_inputs_are_clear_errors(name, backend, device):
     case = make_case("random", 2, 8, torch.float32).to(device)
     strategy = losses.get(name, backend=backend)
-    p, (boxes, index, *rest) = case.pred, targets_for(name, case)
+    p, (boxes, index, offsets) = case.pred, targets_for(name, case)
     bad = {
-        "packed targets must be a \\[boxes, 4\\] tensor": (p, boxes[:, :3], index),
-        "the packed index must be \\[2, ": (p, boxes, index[:1]),
-        "the packed index must be int32 or int64, got torch.float32": (p, boxes, index.float()),
-        "must be on one device": (p, boxes, index.to("meta")),
-        "integer or float": (p, boxes.bool(), index),
+        "packed targets must be a \\[boxes, 4\\] tensor": (boxes[:, :3], index, offsets),
+        "the packed index must be \\[2, ": (boxes, index[:1], offsets),
+        "the packed index must be int32 or int64, got torch.float32":
+            (boxes, index.float(), offsets),
+        "offsets must be a \\[3\\] tensor": (boxes, index, offsets[:2]),
+        "offsets must be int32 or int64, got torch.float32": (boxes, index, offsets.float()),
+        "must be on one device": (boxes, index.to("meta"), offsets),
+        "integer or float": (boxes.bool(), index, offsets),
     }
     for message, targets in bad.items():
         with pytest.raises(InputError, match=message):
-            strategy.loss(targets[0], tuple(targets[1:]) + tuple(rest))
+            strategy.loss(p, targets)
 
 
 def test_the_collates_lay_out_the_boxes_on_the_host():
@@ -137,13 +160,11 @@ def test_the_collates_lay_out_the_boxes_on_the_host():
              torch.zeros(0, 4, dtype=torch.uint8),
              torch.tensor([[9, 9, 10, 10]], dtype=torch.uint8)]
     samples = [(torch.zeros(1, 2, 2, dtype=torch.uint8), b) for b in boxes]
-    images, (packed, index) = collate_packed(samples, capacity=4)
+    images, (packed, index, offsets) = collate_packed(samples, capacity=4)
     assert images.shape == (3, 1, 2, 2)
     assert torch.equal(packed, torch.cat(boxes)) and packed.dtype == torch.uint8
     assert index.dtype == torch.int32 and index.tolist() == [[0, 0, 2], [0, 1, 0]]
-    _, (nested_boxes, nested_index, offsets) = collate_nested(samples, capacity=4)
-    assert torch.equal(nested_boxes, packed) and torch.equal(nested_index, index)
-    assert offsets.tolist() == [0, 2, 2, 3]
+    assert offsets.dtype == torch.int64 and offsets.tolist() == [0, 2, 2, 3]
     empty = packed_targets([torch.zeros(0, 4, dtype=torch.uint8)] * 2)
     assert [tuple(t.shape) for t in empty] == [(0, 4), (2, 0), (3,)]
     from core.errors import UserError
@@ -154,7 +175,7 @@ def test_the_collates_lay_out_the_boxes_on_the_host():
 @pytest.mark.parametrize("backend,device", KERNELS)
 def test_opcheck(backend, device):
     case = make_case("random", 3, 16, torch.float32).to(device)
-    boxes, index = targets_for("packed", case)
+    targets = targets_for("packed", case)
     if backend == "triton":
         import kernels.triton_packed  # noqa: F401  registers giou::triton_packed_loss
         op = torch.ops.giou.triton_packed_loss.default
@@ -163,8 +184,8 @@ def test_opcheck(backend, device):
         load()
         op = torch.ops.giou_cuda.packed_loss.default
     for requires_grad in (False, True):
-        torch.library.opcheck(op, (case.pred.clone().requires_grad_(requires_grad), boxes,
-                                   index))
+        torch.library.opcheck(op, (case.pred.clone().requires_grad_(requires_grad),
+                                   *targets))
 
 
 @gpu
@@ -187,9 +208,8 @@ def _kernels_launched(fn) -> list[str]:
 
 @gpu
 @pytest.mark.parametrize("backend", ("triton", "cuda"))
-def test_two_launches_forward_two_backward(backend):
-    """Forward: the box kernel and the finalize. Backward: the zero fill and the box
-    kernel."""
+def test_two_launches_forward_one_backward(backend):
+    """Forward: the box kernel and the finalize. Backward: one kernel writes every row."""
     case = make_case("mixed", 1024, 256, torch.bfloat16).to("cuda")
     targets = targets_for("packed", case)
     loss_fn = losses.get("packed", backend=backend).loss
@@ -200,7 +220,7 @@ def test_two_launches_forward_two_backward(backend):
     fwd = _kernels_launched(lambda: out.setdefault("loss", loss_fn(pred, targets)))
     bwd = _kernels_launched(lambda: torch.autograd.grad(out["loss"], pred, grad_outputs=one))
     assert len(fwd) == 2, fwd
-    assert len(bwd) == 2, bwd
+    assert len(bwd) == 1, bwd
 
 
 @gpu

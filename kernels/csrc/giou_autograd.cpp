@@ -66,34 +66,38 @@ std::tuple<at::Tensor, at::Tensor> loss_autograd(const at::Tensor& pred,
   return {out[0], out[1]};
 }
 
-// The packed layout's op (packed.cu): the same pattern, inputs (pred, boxes, index).
+// The packed layout's op (packed.cu): the same pattern, inputs (pred, boxes, index,
+// offsets); the backward needs the offsets, not the index.
 std::tuple<at::Tensor, at::Tensor> call_packed_loss(const at::Tensor& pred,
                                                     const at::Tensor& boxes,
-                                                    const at::Tensor& index) {
+                                                    const at::Tensor& index,
+                                                    const at::Tensor& offsets) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("giou_cuda::packed_loss", "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
-  return op.call(pred, boxes, index);
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&)>();
+  return op.call(pred, boxes, index, offsets);
 }
 
 at::Tensor call_packed_loss_backward(const at::Tensor& grad_loss, const at::Tensor& denom,
                                      const at::Tensor& pred, const at::Tensor& boxes,
-                                     const at::Tensor& index) {
+                                     const at::Tensor& offsets) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("giou_cuda::packed_loss_backward", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
                                          const at::Tensor&, const at::Tensor&,
                                          const at::Tensor&)>();
-  return op.call(grad_loss, denom, pred, boxes, index);
+  return op.call(grad_loss, denom, pred, boxes, offsets);
 }
 
 struct PackedGiouLoss : public torch::autograd::Function<PackedGiouLoss> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& pred,
-                               const at::Tensor& boxes, const at::Tensor& index) {
+                               const at::Tensor& boxes, const at::Tensor& index,
+                               const at::Tensor& offsets) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [loss, denom] = call_packed_loss(pred, boxes, index);
-    ctx->save_for_backward({pred, boxes, index, denom});
+    auto [loss, denom] = call_packed_loss(pred, boxes, index, offsets);
+    ctx->save_for_backward({pred, boxes, offsets, denom});
     ctx->mark_non_differentiable({denom});
     ctx->set_materialize_grads(false);
     return {loss, denom};
@@ -101,18 +105,19 @@ struct PackedGiouLoss : public torch::autograd::Function<PackedGiouLoss> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor& grad_loss = grads[0];
-    if (!grad_loss.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!grad_loss.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const auto saved = ctx->get_saved_variables();
     at::Tensor grad = call_packed_loss_backward(grad_loss, saved[3], saved[0], saved[1],
                                                 saved[2]);
-    return {grad, at::Tensor(), at::Tensor()};
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 std::tuple<at::Tensor, at::Tensor> packed_loss_autograd(const at::Tensor& pred,
                                                         const at::Tensor& boxes,
-                                                        const at::Tensor& index) {
-  auto out = PackedGiouLoss::apply(pred, boxes, index);
+                                                        const at::Tensor& index,
+                                                        const at::Tensor& offsets) {
+  auto out = PackedGiouLoss::apply(pred, boxes, index, offsets);
   return {out[0], out[1]};
 }
 

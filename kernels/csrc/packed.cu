@@ -1,11 +1,14 @@
 // Fused GIoU loss over the packed layout in CUDA C++, the twin of kernels/triton_packed.py
 // (its docstring has the layout, the contract and the byte ledger): the batch's N boxes
-// [N, 4] with index [2, N] (each box's image, then its slot), predictions [B, M, 4].
+// [N, 4] with index [2, N] (each box's image, then its slot) and offsets [B + 1],
+// predictions [B, M, 4].
 //
 // Ops: giou_cuda::packed_loss -> (loss, denom): one block per kThreads boxes writes two
 // partials (the terms' sum and how many of its boxes were out of range), then one block
-// sums them; giou_cuda::packed_loss_backward -> grad: a zero fill, then one thread per box
-// scatters its gradient row. Every launch goes on the current stream, then a launch check.
+// sums them and checks the offsets; giou_cuda::packed_loss_backward -> grad: one launch,
+// grid (B, chunks of 1024 slots) as giou.cu's conditional variant, each block walking its
+// image's slots below the count, then zero rows. Every launch goes on the current stream,
+// then a launch check.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -74,16 +77,24 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One block: loss = sum / denom, denom = max(N, 1), or NaN if a box was out of range (the
-// backward then makes every box's gradient NaN). A fixed order: deterministic.
-template <typename acc_t>
-__global__ void packed_finalize_kernel(const acc_t* __restrict__ partial, int64_t P, int64_t N,
-                                       acc_t* __restrict__ loss, acc_t* __restrict__ denom) {
+// One block: loss = sum / denom, denom = max(N, 1), or NaN if a box was out of range or
+// the offsets do not partition the N boxes into counts within [0, M] (the backward then
+// makes every box's gradient NaN). A fixed order: deterministic.
+template <typename offset_t, typename acc_t>
+__global__ void packed_finalize_kernel(const acc_t* __restrict__ partial, int64_t P,
+                                       const offset_t* __restrict__ offsets, int64_t N,
+                                       int64_t B, int64_t M, acc_t* __restrict__ loss,
+                                       acc_t* __restrict__ denom) {
   acc_t sum = 0, bad = 0;
   for (int64_t k = threadIdx.x; k < P; k += blockDim.x) {
     sum += partial[k];
     bad += partial[P + k];
   }
+  for (int64_t b = threadIdx.x; b < B; b += blockDim.x) {
+    const int64_t count = static_cast<int64_t>(offsets[b + 1]) - offsets[b];
+    bad += (count < 0 || count > M) ? acc_t(1) : acc_t(0);
+  }
+  if (threadIdx.x == 0 && (offsets[0] != 0 || offsets[B] != N)) bad += 1;
   sum = block_sum(sum);
   __syncthreads();
   bad = block_sum(bad);
@@ -94,25 +105,44 @@ __global__ void packed_finalize_kernel(const acc_t* __restrict__ partial, int64_
   }
 }
 
-// grad[image, slot] for each box in range; the gradient is contiguous and zero elsewhere.
-template <typename scalar_t, typename target_t, typename index_t, typename acc_t>
-__global__ void __launch_bounds__(kThreads)
+// The backward's shape: giou.cu's conditional variant (Shape<true>): a block owns 1024
+// slots of one image and walks them 128 at a time.
+constexpr int kBwdChunk = 1024, kBwdThreads = 128;
+
+// grad[b, slot] for slot below image b's count, against box offsets[b] + slot; 0 for the
+// rest of the chunk; NaN in every row of an image whose offsets are out of range (its
+// boxes are then not read). Grid (B, cdiv(M, kBwdChunk)).
+template <typename scalar_t, typename target_t, typename offset_t, typename acc_t>
+__global__ void __launch_bounds__(kBwdThreads)
     packed_bwd_kernel(const acc_t* __restrict__ grad_loss, const acc_t* __restrict__ denom,
                       const scalar_t* __restrict__ pred, const target_t* __restrict__ boxes,
-                      const index_t* __restrict__ index, scalar_t* __restrict__ grad, int64_t N,
-                      int64_t B, int64_t M, PackedStrides s) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= N) return;
-  const Place at = place_of(index, i, B, M, s);
-  if (!at.ok) return;
-  acc_t g[4];
-  slot_gradient(load_box<scalar_t, target_t, acc_t>(pred, boxes, i, at.image, at.slot, s),
-                -(*grad_loss) / (*denom), g);
-  store_row(grad + (at.image * M + at.slot) * 4, g);
+                      const offset_t* __restrict__ offsets, scalar_t* __restrict__ grad,
+                      int64_t N, int64_t M, PackedStrides s) {
+  const int64_t b = blockIdx.x;
+  const int64_t first = offsets[b], end = offsets[b + 1];
+  const bool bad = end - first < 0 || end - first > M || first < 0 || end > N;
+  const int64_t n = bad ? 0 : end - first;
+  const int64_t lo = static_cast<int64_t>(blockIdx.y) * kBwdChunk;
+  const int64_t hi = lo + kBwdChunk < M ? lo + kBwdChunk : M;
+  const int64_t work_hi = n < lo ? lo : (n < hi ? n : hi);
+  const acc_t poison = bad ? acc_t(NAN) : acc_t(0);
+  const acc_t scale = -(*grad_loss) / (*denom);
+  scalar_t* rows = grad + b * M * 4;
+#pragma unroll 1
+  for (int64_t slot = lo + threadIdx.x; slot < work_hi; slot += blockDim.x) {
+    acc_t g[4];
+    slot_gradient(load_box<scalar_t, target_t, acc_t>(pred, boxes, first + slot, b, slot, s),
+                  scale, g);
+    store_row(rows + slot * 4, g);
+  }
+  const acc_t zero[4] = {poison, poison, poison, poison};
+#pragma unroll 1
+  for (int64_t slot = work_hi + threadIdx.x; slot < hi; slot += blockDim.x)
+    store_row(rows + slot * 4, zero);
 }
 
 void check_packed_inputs(const at::Tensor& pred, const at::Tensor& boxes,
-                         const at::Tensor& index) {
+                         const at::Tensor& index, const at::Tensor& offsets) {
   TORCH_CHECK(pred.is_cuda(), "giou_cuda: predictions must be a CUDA tensor, got ",
               pred.device(), " (the CUDA backend needs a CUDA GPU)");
   TORCH_CHECK(pred.dim() == 3 && pred.size(2) == 4,
@@ -124,9 +154,17 @@ void check_packed_inputs(const at::Tensor& pred, const at::Tensor& boxes,
               "], got ", shape_of(index));
   TORCH_CHECK(index.scalar_type() == at::kInt || index.scalar_type() == at::kLong,
               "giou_cuda: the packed index must be int32 or int64, got ", index.scalar_type());
-  TORCH_CHECK(boxes.device() == pred.device() && index.device() == pred.device(),
-              "giou_cuda: predictions, targets and index must be on one device, got ",
-              pred.device(), ", ", boxes.device(), " and ", index.device());
+  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == pred.size(0) + 1,
+              "giou_cuda: offsets must be [", std::to_string(pred.size(0) + 1), "], got ",
+              shape_of(offsets));
+  TORCH_CHECK(offsets.scalar_type() == at::kInt || offsets.scalar_type() == at::kLong,
+              "giou_cuda: offsets must be int32 or int64, got ", offsets.scalar_type());
+  TORCH_CHECK(offsets.is_contiguous(), "giou_cuda: offsets must be contiguous");
+  TORCH_CHECK(boxes.device() == pred.device() && index.device() == pred.device() &&
+                  offsets.device() == pred.device(),
+              "giou_cuda: predictions, targets, index and offsets must be on one device, got ",
+              pred.device(), ", ", boxes.device(), ", ", index.device(), " and ",
+              offsets.device());
 }
 
 PackedStrides packed_strides(const at::Tensor& pred, const at::Tensor& boxes,
@@ -148,10 +186,21 @@ int64_t blocks_for(int64_t N) { return (N + kThreads - 1) / kThreads; }
     }                                                                                   \
   })
 
+// Calls launch with the offsets' element type (int32 or int64).
+template <typename Launch>
+void with_offsets(const at::Tensor& offsets, Launch&& launch) {
+  if (offsets.scalar_type() == at::kLong) {
+    launch(int64_t{});
+  } else {
+    launch(int32_t{});
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> packed_loss_cuda(const at::Tensor& pred,
                                                     const at::Tensor& boxes,
-                                                    const at::Tensor& index) {
-  check_packed_inputs(pred, boxes, index);
+                                                    const at::Tensor& index,
+                                                    const at::Tensor& offsets) {
+  check_packed_inputs(pred, boxes, index, offsets);
   const c10::cuda::CUDAGuard guard(pred.device());
   const int64_t N = boxes.size(0), B = pred.size(0), M = pred.size(1);
   const int64_t P = blocks_for(N);
@@ -168,37 +217,53 @@ std::tuple<at::Tensor, at::Tensor> packed_loss_cuda(const at::Tensor& pred,
           partial.data_ptr<acc_t>(), N, B, M, s);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    packed_finalize_kernel<acc_t><<<1, kFinalizeThreads, 0, stream>>>(
-        partial.data_ptr<acc_t>(), P, N, loss.data_ptr<acc_t>(), denom.data_ptr<acc_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    with_offsets(offsets, [&](auto offset) {
+      using offset_t = decltype(offset);
+      packed_finalize_kernel<offset_t, acc_t><<<1, kFinalizeThreads, 0, stream>>>(
+          partial.data_ptr<acc_t>(), P, offsets.data_ptr<offset_t>(), N, B, M,
+          loss.data_ptr<acc_t>(), denom.data_ptr<acc_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
   return {loss, denom};
 }
 
 at::Tensor packed_loss_backward_cuda(const at::Tensor& grad_loss, const at::Tensor& denom,
                                      const at::Tensor& pred, const at::Tensor& boxes,
-                                     const at::Tensor& index) {
-  check_packed_inputs(pred, boxes, index);
+                                     const at::Tensor& offsets) {
+  TORCH_CHECK(pred.is_cuda() && pred.dim() == 3 && pred.size(2) == 4 && boxes.dim() == 2 &&
+                  boxes.size(1) == 4 && offsets.dim() == 1 &&
+                  offsets.size(0) == pred.size(0) + 1 && offsets.is_contiguous() &&
+                  (offsets.scalar_type() == at::kInt || offsets.scalar_type() == at::kLong),
+              "giou_cuda: packed_loss_backward takes CUDA predictions [B, M, 4], boxes "
+              "[N, 4] and contiguous int32 or int64 offsets [B + 1]");
   TORCH_CHECK(grad_loss.numel() == 1 && denom.numel() == 1,
               "giou_cuda: grad and denom must be scalars");
-  TORCH_CHECK(grad_loss.device() == pred.device() && denom.device() == pred.device(),
-              "giou_cuda: grad and denom must be on the predictions' device");
+  TORCH_CHECK(grad_loss.device() == pred.device() && denom.device() == pred.device() &&
+                  boxes.device() == pred.device() && offsets.device() == pred.device(),
+              "giou_cuda: every input must be on the predictions' device");
   const c10::cuda::CUDAGuard guard(pred.device());
   const auto acc = acc_type_of(pred);
   const at::Tensor g = grad_loss.to(acc).contiguous(), d = denom.to(acc).contiguous();
   const int64_t N = boxes.size(0), B = pred.size(0), M = pred.size(1);
-  // Rows no box names stay zero: one fill (a memset), then the boxes' rows.
-  at::Tensor grad = at::zeros(pred.sizes(),
+  at::Tensor grad = at::empty(pred.sizes(),
                               pred.options().memory_format(at::MemoryFormat::Contiguous));
-  if (N == 0) return grad;
+  if (B == 0 || M == 0) return grad;
+  const int64_t chunks = (M + kBwdChunk - 1) / kBwdChunk;
+  TORCH_CHECK(chunks <= 65535, "giou_cuda: too many slots per sample: ", std::to_string(M));
   auto stream = c10::cuda::getCurrentCUDAStream();
-  const PackedStrides s = packed_strides(pred, boxes, index);
-  PACKED_DISPATCH(pred, boxes, index, "packed_loss_backward_cuda", [&] {
-    packed_bwd_kernel<pred_t, target_t, index_t, acc_t><<<blocks_for(N), kThreads, 0, stream>>>(
-        g.data_ptr<acc_t>(), d.data_ptr<acc_t>(), pred.data_ptr<pred_t>(),
-        boxes.data_ptr<target_t>(), index.data_ptr<index_t>(), grad.data_ptr<pred_t>(), N, B,
-        M, s);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const PackedStrides s = {pred.stride(0), pred.stride(1), pred.stride(2), boxes.stride(0),
+                           boxes.stride(1), 0, 0};
+  GIOU_DISPATCH(pred, boxes, "packed_loss_backward_cuda", [&] {
+    with_offsets(offsets, [&](auto offset) {
+      using offset_t = decltype(offset);
+      packed_bwd_kernel<pred_t, target_t, offset_t, acc_t>
+          <<<dim3(B, chunks), kBwdThreads, 0, stream>>>(
+              g.data_ptr<acc_t>(), d.data_ptr<acc_t>(), pred.data_ptr<pred_t>(),
+              boxes.data_ptr<target_t>(), offsets.data_ptr<offset_t>(),
+              grad.data_ptr<pred_t>(), N, M, s);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
   return grad;
 }
@@ -206,9 +271,10 @@ at::Tensor packed_loss_backward_cuda(const at::Tensor& grad_loss, const at::Tens
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(giou_cuda, m) {
-  m.def("packed_loss(Tensor pred, Tensor boxes, Tensor index) -> (Tensor, Tensor)");
+  m.def("packed_loss(Tensor pred, Tensor boxes, Tensor index, Tensor offsets) -> "
+        "(Tensor, Tensor)");
   m.def("packed_loss_backward(Tensor grad_loss, Tensor denom, Tensor pred, Tensor boxes, "
-        "Tensor index) -> Tensor");
+        "Tensor offsets) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(giou_cuda, CUDA, m) {
