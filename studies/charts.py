@@ -123,8 +123,10 @@ def sweep_chart(rows: list[dict], path: Path, preset: str) -> None:
     measures = (("GPU", "GPU ms per call (its kernels)"),
                 ("elapsed", "elapsed ms per call (stream)"))
     # One colour per strategy in every panel (a strategy left out of a panel must not
-    # shift the others' colours).
-    colours = {s: f"C{i % 10}" for i, s in enumerate(strategies_of(rows))}
+    # shift the others' colours), and no two alike: eleven strategies outrun matplotlib's
+    # ten-colour cycle, so tab20's colours past ten are used too.
+    palette = [f"C{i}" for i in range(10)] + [plt.get_cmap("tab20")(i) for i in range(1, 20, 2)]
+    colours = {s: palette[i % len(palette)] for i, s in enumerate(strategies_of(rows))}
     fig, grid = plt.subplots(2, len(AXIS_TITLES), figsize=(16, 9), squeeze=False)
     for row_axes, (key, ylabel) in zip(grid, measures):
         for ax, (axis, title) in zip(row_axes, AXIS_TITLES.items()):
