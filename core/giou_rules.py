@@ -10,7 +10,12 @@ The contract for values outside the rules, the same in every strategy (tests/tes
 - a count outside [0, M] (padded layouts only: counts cannot be range-checked on the host
   without a sync) makes the loss NaN and every gradient of that sample NaN;
 - a slot past its sample's count never matters: NaN or inf there leaves the loss and
-  every gradient as they would be, and its own gradient is exactly 0.
+  every gradient as they would be, and its own gradient is exactly 0;
+- in the packed layouts (packed, nested), a box whose image or slot lies outside the
+  predictions, or offsets that do not partition the N boxes into counts within [0, M],
+  make the loss NaN and every box's gradient NaN (the packed kernel's backward also
+  writes NaN over every row of an image whose offsets are bad); rows no box names keep
+  a gradient of exactly 0.
 """
 
 import torch

@@ -3,12 +3,23 @@
 (Triton or CUDA: kernels/triton_packed.py, kernels/csrc/packed.cu): the forward one
 program per block of boxes, the backward `conditional`'s walk of each image's slots.
 
-Nothing is padded, so the targets cost N * 12 bytes to collate and copy whatever the
-capacity M, and the loss reads only the valid boxes; the backward still writes the dense
-[B, M, 4] gradient (zero where no box is). N changes with every batch: the kernels take it
-as a runtime argument (one compiled kernel for every N), the allocator sees a new small
-size each step (its cached blocks absorb it), and a CUDA graph, which freezes shapes,
-cannot replay the step (training/speedups.py refuses it)."""
+Nothing is padded, so the targets cost N * 12 + 8(B + 1) bytes to collate and copy
+whatever the capacity M, and the forward reads only the valid boxes; the backward still
+writes the dense [B, M, 4] gradient (zero where no box is), as conditional's does.
+
+N changes with every batch. What that costs:
+- Triton compiles each kernel once for every N: N is a runtime argument, and Triton only
+  specialises an integer on being 1 or a multiple of 16, so at most three variants.
+  torch.compile with dynamic shapes runs it over batches of different N with the eager
+  values (tests/test_packed.py); how many compiles that takes was not counted.
+- The allocator sees a new small size each step (the targets, the forward's partials);
+  its cached blocks absorb those (a few KB), unlike the padded layout's 1-17 MB.
+- A CUDA graph freezes shapes, so it cannot replay the step: training/speedups.py refuses
+  it. A bucketed capacity would let it: N rounded up to a fixed bucket, the spare rows
+  given a marker the kernels skip (an out-of-range image is an error today) and the
+  denominator read from offsets[B] on the device instead of from the shape, at the cost
+  of a maximum N no batch may pass. Not built: the step already runs at the GPU's rate
+  without a graph (results/host.md)."""
 
 from functools import partial
 

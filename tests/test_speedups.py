@@ -100,6 +100,8 @@ def test_a_gpu_only_speedup_without_a_gpu_is_one_line(tmp_path, args, message):
 @pytest.mark.parametrize("args,message", [
     (["--loss", "loop", "--cuda-graph", "on"], "the loop strategy's targets are ragged"),
     (["--loss", "concat", "--cuda-graph", "on"], "the concat strategy's targets are ragged"),
+    (["--loss", "packed", "--cuda-graph", "on"], "the packed strategy's targets are packed"),
+    (["--loss", "nested", "--cuda-graph", "on"], "the nested strategy's targets are packed"),
     (["--mode", "forward", "--cuda-graph", "on"], "forward mode closes each phase"),
     (["--cuda-graph", "sometimes"], "argument --cuda-graph: invalid choice"),
 ])
