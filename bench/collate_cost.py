@@ -8,17 +8,16 @@ so this script times the collates alone, where that noise can be seen and avoide
 """
 
 import argparse
-import gc
 import math
 import os
 import statistics
 import sys
-import time
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from data.collate import collate_list, collate_packed, collate_padded  # noqa: E402
-from studies.sweep_point import samples  # noqa: E402
+from studies.sweep_point import collate_times, samples  # noqa: E402
 
 LAYOUTS = {"list (loop, concat)": collate_list, "padded (padded ... conditional)":
            collate_padded, "packed (packed, nested)": collate_packed}
@@ -27,17 +26,7 @@ POINTS = [(64, 256, 3.0), (1024, 256, 3.0), (8192, 256, 3.0), (1024, 1024, 3.0),
 
 
 def timed(collate, pairs, capacity: int, calls: int) -> tuple[float, float]:
-    collate(pairs, capacity)
-    gc.collect()
-    gc.disable()
-    try:
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            collate(pairs, capacity)
-            times.append((time.perf_counter() - start) * 1e3)
-    finally:
-        gc.enable()
+    times = collate_times(partial(collate, capacity=capacity), pairs, calls)
     return min(times), statistics.median(times)
 
 

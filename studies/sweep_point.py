@@ -129,11 +129,13 @@ def _host_ms(call, device, calls: int = 5) -> float:
     return statistics.median(times)
 
 
-def _collate_ms(collate, pairs, calls: int = 11) -> float:
-    """Median host ms of one collate of the point's samples, Python's garbage collector
-    paused: a first sweep on the H100 read 0.39 to 6.0 ms for the same padded collate of
-    64 samples, the slow ones when a collection over the sweep's own heap (thousands of
-    samples kept for the next strategies) landed inside; that pass is not the collate's."""
+def collate_times(collate, pairs, calls: int = 11) -> list[float]:
+    """Host ms of each of `calls` collates of the point's samples, Python's garbage
+    collector paused: a collection over the sweep's own heap (thousands of samples kept
+    for the next strategies) landing inside one is not the collate's cost. (The first
+    sweep with this column, without the pause, read 0.39 to 6.0 ms for the same padded
+    collate of 64 samples on the H100 host; the pause did not remove that spread there:
+    results/sweep.md.)"""
     import gc
     collate(pairs)  # warm: first-call allocations
     gc.collect()
@@ -146,7 +148,7 @@ def _collate_ms(collate, pairs, calls: int = 11) -> float:
             times.append((time.perf_counter() - start) * 1e3)
     finally:
         gc.enable()
-    return statistics.median(times)
+    return times
 
 
 def _profiled_calls(copy, call, device, calls: int) -> dict:
@@ -217,7 +219,7 @@ def measure(loss: str, backend: str, batch: int, capacity: int, sigma: float,
             pairs: list, device, dtype, seed: int, rep_ms: int) -> dict:
     """Every figure of one point for one strategy (raises if the strategy fails there)."""
     strategy = losses.get(loss, backend, capacity=capacity)
-    collate_ms = _collate_ms(strategy.collate, pairs)
+    collate_ms = statistics.median(collate_times(strategy.collate, pairs))
     _, host_targets = strategy.collate(pairs)
     if device.type == "cuda":  # pinned, as the loaders hand them over
         host_targets = map_leaves(lambda t: t.pin_memory(), host_targets)

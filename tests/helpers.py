@@ -107,3 +107,30 @@ def processes_mentioning(text: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def backward_into_nan_memory(loss, pred, monkeypatch) -> None:
+    """loss.backward() with every fresh float allocation holding NaN, so a kernel that
+    skips a gradient row shows it: torch.empty is patched for the Triton ops (Python),
+    and for the CUDA ops a NaN block of the gradient's size is freed just before, which
+    CUDA's caching allocator hands back to the op's at::empty."""
+    import torch
+    real_empty = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", poisoned)
+    if pred.is_cuda:
+        torch.full(pred.shape, float("nan"), dtype=pred.dtype, device=pred.device)  # freed
+    loss.backward()
+    monkeypatch.undo()
+
+
+def kernels_launched(fn) -> list[str]:
+    """The CUDA kernels fn launches, by name."""
+    import torch
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()  # host-device sync: the kernels are recorded when done
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]

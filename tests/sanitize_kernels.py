@@ -16,56 +16,50 @@ from kernels import giou_loss  # noqa: E402
 from tests.cases import make_case, second_block_inputs  # noqa: E402
 from tests.reference import first_block_reference, reference_loss, rel_err, second_block_reference  # noqa: E402
 
+# (B, M, prediction dtype, counts) over odd sizes, several chunks and no box at all.
+SHAPES = ((1, 1, torch.float32, "full"), (3, 7, torch.bfloat16, "mixed"),
+          (5, 256, torch.float16, "mixed"), (2, 1000, torch.bfloat16, "full"),
+          (3, 2051, torch.bfloat16, "mixed"),  # 3 chunks
+          (4, 33, torch.float32, "empty"))
+
 
 def main() -> int:
-    failures = 0
-    for backend in ("triton", "cuda"):
-        for conditional in (False, True):
-            for B, M, dtype, counts in ((1, 1, torch.float32, "full"),
-                                        (3, 7, torch.bfloat16, "mixed"),
-                                        (5, 256, torch.float16, "mixed"),
-                                        (2, 1000, torch.bfloat16, "full"),
-                                        (3, 2051, torch.bfloat16, "mixed"),  # 3 chunks
-                                        (4, 33, torch.float32, "empty")):
-                case = make_case("mixed", B, M, dtype, counts=counts).to("cuda")
-                pred = case.pred.clone().requires_grad_(True)
-                loss = giou_loss(pred, case.boxes, case.counts, backend, conditional)
-                loss.backward()
-                torch.cuda.synchronize()  # host-device sync: the check reads the results
-                ref, _ = reference_loss(case.pred, case.boxes, case.counts)
-                err = rel_err(loss, ref, 1.0)
-                ok = err < 1e-5 and torch.isfinite(pred.grad).all().item()  # host-device sync
-                failures += not ok
-                print(f"{backend:6} conditional={conditional!s:5} B={B} M={M:4} {dtype}: "
-                      f"loss rel err {err:.1e} {'ok' if ok else 'WRONG'}")
-    failures += packed_cases() + first_block_cases() + second_block_cases()
-    return 1 if failures else 0
-
-
-def packed_cases() -> int:
-    """The packed kernels over odd sizes, no box at all, and boxes past a program's block."""
     import losses
     from tests.reference import targets_for
     failures = 0
     for backend in ("triton", "cuda"):
-        loss_fn = losses.get("packed", backend=backend).loss
-        for B, M, dtype, counts in ((1, 1, torch.float32, "full"),
-                                    (3, 7, torch.bfloat16, "mixed"),
-                                    (5, 256, torch.float16, "mixed"),
-                                    (3, 2051, torch.bfloat16, "mixed"),
-                                    (4, 33, torch.float32, "empty")):
-            case = make_case("mixed", B, M, dtype, counts=counts).to("cuda")
-            pred = case.pred.clone().requires_grad_(True)
-            loss = loss_fn(pred, targets_for("packed", case))
-            loss.backward()
-            torch.cuda.synchronize()  # host-device sync: the check reads the results
-            ref, _ = reference_loss(case.pred, case.boxes, case.counts)
-            err = rel_err(loss, ref, 1.0)
-            ok = err < 1e-5 and torch.isfinite(pred.grad).all().item()  # host-device sync
-            failures += not ok
-            print(f"{backend:6} packed B={B} M={M:4} {dtype}: loss rel err {err:.1e} "
-                  f"{'ok' if ok else 'WRONG'}")
-    return failures
+        for conditional in (False, True):
+            failures += sum(checked(
+                f"{backend:6} conditional={conditional!s:5}", case,
+                lambda p, c, b=backend, k=conditional: giou_loss(p, c.boxes, c.counts, b, k))
+                for case in _cases())
+        packed = losses.get("packed", backend=backend).loss
+        failures += sum(checked(f"{backend:6} packed", case,
+                                lambda p, c, f=packed: f(p, targets_for("packed", c)))
+                        for case in _cases())
+    failures += first_block_cases() + second_block_cases()
+    return 1 if failures else 0
+
+
+def _cases():
+    for B, M, dtype, counts in SHAPES:
+        yield make_case("mixed", B, M, dtype, counts=counts).to("cuda")
+
+
+def checked(label: str, case, loss_fn) -> bool:
+    """Runs loss_fn(pred, case) forward and backward; True (a failure) on a wrong loss or
+    a non-finite gradient."""
+    pred = case.pred.clone().requires_grad_(True)
+    loss = loss_fn(pred, case)
+    loss.backward()
+    torch.cuda.synchronize()  # host-device sync: the check reads the results
+    ref, _ = reference_loss(case.pred, case.boxes, case.counts)
+    err = rel_err(loss, ref, 1.0)
+    ok = err < 1e-5 and torch.isfinite(pred.grad).all().item()  # host-device sync
+    B, M = case.pred.shape[:2]
+    print(f"{label} B={B} M={M:4} {case.pred.dtype}: loss rel err {err:.1e} "
+          f"{'ok' if ok else 'WRONG'}")
+    return not ok
 
 
 def first_block_cases() -> int:

@@ -9,7 +9,7 @@ import losses
 import train
 from kernels import giou_loss
 from tests.cases import make_case
-from tests.helpers import SMALL
+from tests.helpers import SMALL, kernels_launched
 
 pytestmark = pytest.mark.gpu
 FUSED = [("triton", False), ("triton", True), ("cuda", False), ("cuda", True)]
@@ -90,13 +90,6 @@ def test_gradcheck_float64(backend, conditional):
                                     eps=1e-6, atol=1e-7)
 
 
-def _kernels_launched(fn) -> list[str]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()  # host-device sync: the kernels are recorded when done
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 @pytest.mark.parametrize("backend,conditional", FUSED)
 def test_two_launches_forward_one_backward(backend, conditional):
     case = make_case("mixed", 1024, 256, torch.bfloat16).to("cuda")
@@ -104,8 +97,8 @@ def test_two_launches_forward_one_backward(backend, conditional):
     one = torch.ones((), device="cuda")
     giou_loss(pred, case.boxes, case.counts, backend, conditional)  # warm-up
     out = {}
-    fwd = _kernels_launched(lambda: out.setdefault(
+    fwd = kernels_launched(lambda: out.setdefault(
         "loss", giou_loss(pred, case.boxes, case.counts, backend, conditional)))
-    bwd = _kernels_launched(lambda: torch.autograd.grad(out["loss"], pred, grad_outputs=one))
+    bwd = kernels_launched(lambda: torch.autograd.grad(out["loss"], pred, grad_outputs=one))
     assert len(fwd) == 2, fwd
     assert len(bwd) == 1, bwd

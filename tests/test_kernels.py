@@ -9,6 +9,7 @@ import losses
 from core.errors import InputError
 from kernels import BackendUnavailable, giou_loss
 from tests.cases import make_case
+from tests.helpers import backward_into_nan_memory
 from tests.reference import DTYPES, check_against_reference, reference_loss, rel_err
 
 gpu = pytest.mark.gpu
@@ -60,23 +61,12 @@ def test_counts_at_chunk_boundaries(backend, device, variant):
 def test_every_gradient_slot_is_written(backend, device, variant, monkeypatch):
     """The gradient is an uninitialised allocation, so the kernels must write every slot,
     valid or not. Fresh memory often reads as zeros, which would hide a skipped slot; here
-    it holds NaN instead: torch.empty is patched for the Triton op (Python), and for the
-    CUDA op a NaN block of the gradient's size is freed just before, which CUDA's caching
-    allocator hands back to the op's at::empty."""
+    it holds NaN instead (tests.helpers.backward_into_nan_memory)."""
     from kernels.triton_giou import SHAPES
     case = make_case("mixed", 4, SHAPES[True]["CHUNK"] + 37, torch.bfloat16).to(device)
     pred = case.pred.clone().requires_grad_(True)
     loss = giou_loss(pred, case.boxes, case.counts, backend, variant == "conditional")
-    real_empty = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    monkeypatch.setattr(torch, "empty", poisoned)
-    if device == "cuda":
-        torch.full(pred.shape, float("nan"), dtype=pred.dtype, device=device)  # freed now
-    loss.backward()
-    monkeypatch.undo()
+    backward_into_nan_memory(loss, pred, monkeypatch)
     assert torch.isfinite(pred.grad).all()
     for b, n in enumerate(case.counts.tolist()):
         assert (pred.grad[b, n:] == 0).all(), (b, n)

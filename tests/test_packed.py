@@ -10,6 +10,7 @@ import losses
 from core.errors import InputError
 from data.collate import collate_packed, packed_targets
 from tests.cases import make_case
+from tests.helpers import backward_into_nan_memory, kernels_launched
 from tests.reference import DTYPES, check_against_reference, reference_loss, rel_err, targets_for
 
 gpu = pytest.mark.gpu
@@ -104,20 +105,11 @@ def test_bad_offsets_poison_the_loss(name, backend, device, bad):
 @pytest.mark.parametrize("name,backend,device", RUNS)
 def test_rows_no_box_names_get_exact_zeros(name, backend, device, monkeypatch):
     """The gradient outside the boxes is zero whatever the allocator hands back: fresh
-    memory holds NaN here (torch.empty patched; on CUDA a freed NaN block first)."""
+    memory holds NaN here (tests.helpers.backward_into_nan_memory)."""
     case = make_case("mixed", 4, 300, torch.bfloat16).to(device)
     pred = case.pred.clone().requires_grad_(True)
     loss = losses.get(name, backend=backend).loss(pred, targets_for(name, case))
-    real_empty = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    monkeypatch.setattr(torch, "empty", poisoned)
-    if device == "cuda":
-        torch.full(pred.shape, float("nan"), dtype=pred.dtype, device=device)  # freed now
-    loss.backward()
-    monkeypatch.undo()
+    backward_into_nan_memory(loss, pred, monkeypatch)
     assert torch.isfinite(pred.grad).all()
     for b, n in enumerate(case.counts.tolist()):
         assert (pred.grad[b, n:] == 0).all(), (b, n)
@@ -199,13 +191,6 @@ def test_gradcheck_float64(backend):
                                     eps=1e-6, atol=1e-7)
 
 
-def _kernels_launched(fn) -> list[str]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()  # host-device sync: the kernels are recorded when done
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 @gpu
 @pytest.mark.parametrize("backend", ("triton", "cuda"))
 def test_two_launches_forward_one_backward(backend):
@@ -217,8 +202,8 @@ def test_two_launches_forward_one_backward(backend):
     one = torch.ones((), device="cuda")
     loss_fn(pred, targets)  # warm-up
     out = {}
-    fwd = _kernels_launched(lambda: out.setdefault("loss", loss_fn(pred, targets)))
-    bwd = _kernels_launched(lambda: torch.autograd.grad(out["loss"], pred, grad_outputs=one))
+    fwd = kernels_launched(lambda: out.setdefault("loss", loss_fn(pred, targets)))
+    bwd = kernels_launched(lambda: torch.autograd.grad(out["loss"], pred, grad_outputs=one))
     assert len(fwd) == 2, fwd
     assert len(bwd) == 1, bwd
 
