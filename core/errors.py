@@ -13,6 +13,7 @@
 Anything else is a bug and keeps its traceback. Nothing here imports torch.
 """
 
+import errno
 import sys
 
 
@@ -93,21 +94,45 @@ def report_errors(run, *args, report=None) -> int:
     except ProjectError as exc:
         (report or print_error)(one_line(exc))
         return exc.exit_code
+    except OSError as exc:
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        (report or print_error)(write_failure(exc))
+        return 1
+
+
+# What the file system, not the code, refused: a full disk or quota, a read-only one, a
+# name too long. One line naming the cause, not a traceback.
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG)
+
+
+def write_failure(exc: OSError) -> str:
+    full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    where = f" {exc.filename}" if exc.filename else ""
+    return f"could not write{where}: {exc.strerror}{full}"
 
 
 def command(body):
     """A command's main(argv=None) -> exit code: its body, whose ProjectErrors become
-    their line and code (report_errors)."""
+    their line and code (report_errors); the folders it took are given back when it ends."""
     def main(argv=None) -> int:
-        return report_errors(body, argv)
+        from core.files import release_claims
+        try:
+            return report_errors(body, argv)
+        finally:
+            release_claims()
     main.__doc__ = body.__doc__
     return main
 
 
-def run_command(main, unwritten: str) -> None:
+def run_command(main, unwritten: str, stop_signals: bool = True) -> None:
     """Runs a command's main() and exits with its code; Ctrl-C or SIGTERM (as a
-    KeyboardInterrupt) is one line saying what was not written, and exit 130 (the run in
-    progress has already marked its own folder)."""
+    KeyboardInterrupt, once: core.signals.stop_once, unless stop_signals is False for a
+    command that handles them itself) is one line saying what was not written, and exit
+    130 (the run in progress has already marked its own folder)."""
+    if stop_signals:
+        from core.signals import stop_once
+        stop_once()
     try:
         code = main()
     except KeyboardInterrupt as exc:

@@ -24,9 +24,13 @@ def _pyplot():
 
 
 def _save(plt, fig, path: Path, dpi: int) -> None:
+    from core.files import whole
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
-    plt.close(fig)
+    try:
+        with whole(path) as partial:  # a full disk leaves no half-written PNG
+            fig.savefig(partial, dpi=dpi, format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
 
 
 def _label_bars(ax, xs, values, fontsize: int) -> None:

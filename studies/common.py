@@ -8,6 +8,7 @@ from pathlib import Path
 
 import train
 from core.errors import UserError, one_line
+from core.files import claim
 from core.names import describe
 from profiling.run_folder import check_out_dir, new_run_dir, utc_stamp
 from training.ranks import from_env
@@ -30,6 +31,7 @@ def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
         raise UserError(f"{out} already holds a {kind}; choose a new --out (a {kind} is "
                         "never overwritten)")
     out.mkdir(parents=True, exist_ok=True)
+    claim(out, kind, f"make {prefix}")
     return out
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import train
 from core.errors import UserError, command, run_command
+from core.files import write_whole
 from core.names import MODES, describe, parse_variants, variants
 from core.tables import csv_text, markdown_of_dicts
 from kernels.cuda_giou import unavailable_reason
@@ -94,8 +95,8 @@ def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
     rows.sort(key=lambda r: (MODES.index(r["mode"]), r["strategy"]))
     columns = present_columns(rows)
     table = markdown_of_dicts(columns, rows, left={"strategy", "mode"})
-    (out / "comparison.md").write_text(table + "\n")
-    (out / "comparison.csv").write_text(csv_text(columns, rows))
+    write_whole(out / "comparison.md", table + "\n")
+    write_whole(out / "comparison.csv", csv_text(columns, rows))
     compare_chart(rows, out / "comparison.png")
     from torch.utils.tensorboard import SummaryWriter
     with SummaryWriter(str(out / "comparison")) as writer:
@@ -168,7 +169,7 @@ def _main(argv) -> int:
         if not from_env().main:
             return 0  # rank 0 writes the comparison
         # Kept so that a rebuild from these run folders lists the skipped runs too.
-        (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
+        write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
     print(write_comparison(out, runs, skipped))
     print(f"written: {display(out / 'comparison.md')}, comparison.csv, comparison.png, "
           "comparison/")

@@ -14,6 +14,7 @@ graph of a ragged strategy) is a row that says why, and the rungs after it go on
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import torch
 
 import train
 from core.errors import command, run_command
+from core.files import write_whole
 from core.names import (
     GPU_ONLY_SPEEDUPS,
     INTERPRETER_SLOW_SPEEDUPS,
@@ -134,6 +136,23 @@ def run_ladder(out: Path, train_args: list[str], plan_strategies, rungs=("baseli
     return runs, skipped
 
 
+def _run_group(argv: list[str]) -> int:
+    """A group's process, to its end. Ctrl-C or SIGTERM to this process alone is passed on
+    to it as Ctrl-C, and its rung is left to mark its own folder: subprocess.call would
+    kill it (SIGKILL, its folder unmarked), and this process dying first orphaned it."""
+    proc = subprocess.Popen(argv)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)  # a second one, after the group's own, is dropped
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+
+
 def run_groups(out: Path, train_args: list[str], text: str, plan_strategies):
     """Every rung, each group of GROUPS in a process of its own (this module's --group);
     returns what run_ladder returns, over all groups, in ladder order."""
@@ -141,8 +160,8 @@ def run_groups(out: Path, train_args: list[str], text: str, plan_strategies):
     runs, skipped = {}, []
     names = [describe(*s) for s in plan_strategies]
     for group in GROUPS:
-        code = subprocess.call([sys.executable, "-m", "studies.ladder", "--group", group,
-                                "--strategies", text, "--out", str(out), *train_args])
+        code = _run_group([sys.executable, "-m", "studies.ladder", "--group", group,
+                           "--strategies", text, "--out", str(out), *train_args])
         if code == 130:
             raise KeyboardInterrupt("interrupted")
         done = out / f"rungs-{group}.json"
@@ -230,9 +249,9 @@ def write_ladder(out: Path, runs: dict, skipped: list[dict]) -> str:
     rows = ladder_rows(runs, skipped)
     columns = [c for c in COLUMNS if any(c in r for r in rows)]
     table = markdown_of_dicts(columns, rows, left={"strategy", "rung"})
-    (out / "ladder.md").write_text(table + "\n")
-    (out / "ladder.csv").write_text(csv_text(columns, rows))
-    (out / "ladder-kernels.md").write_text(kernel_changes(runs))
+    write_whole(out / "ladder.md", table + "\n")
+    write_whole(out / "ladder.csv", csv_text(columns, rows))
+    write_whole(out / "ladder-kernels.md", kernel_changes(runs))
     ladder_chart(rows, out / "ladder.png", GOAL_MS)
     return table
 
@@ -249,7 +268,7 @@ def _main(argv) -> int:
     plan_strategies = parse_variants(args.strategies)
     if args.group:  # a worker of run_groups: its rungs, into the ladder's folder
         runs, skipped = run_ladder(args.out, train_args, plan_strategies, GROUPS[args.group])
-        (args.out / f"rungs-{args.group}.json").write_text(json.dumps(
+        write_whole(args.out / f"rungs-{args.group}.json", json.dumps(
             {"runs": [[s, r, str(p)] for (s, r), p in runs.items()], "skipped": skipped}))
         return 0
     base, _ = base_config(train_args, PER_RUN, REFUSAL, baseline=True)
@@ -258,7 +277,7 @@ def _main(argv) -> int:
     print(f"make ladder: {len(plan_strategies)} strategies x {1 + len(SPEEDUPS)} rungs, each "
           "a profiled train.py run, in two processes", flush=True)
     runs, skipped = run_groups(out, train_args, args.strategies, plan_strategies)
-    (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
+    write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
     print(write_ladder(out, runs, skipped))
     print(f"written: {display(out / 'ladder.md')}, ladder.csv, ladder-kernels.md, ladder.png")
     return outcome(skipped, "step GPU ms", len(runs), "rungs")

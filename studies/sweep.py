@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from core.errors import StudyInterrupted, UserError, command, one_line, run_command
+from core.files import release_claims, write_whole
 from core.names import describe, parse_variants, variants
 from core.tables import csv_text
 from kernels.cuda_giou import unavailable_reason
@@ -210,8 +211,8 @@ def _main(argv) -> int:
     except KeyboardInterrupt:
         # The points measured so far are kept, marked; an empty folder is not left.
         raise StudyInterrupted(_keep_partial(out, rows, args, time.time() - started)) from None
-    (out / "sweep.csv").write_text(csv_text(COLUMNS, rows))
-    (out / "sweep.md").write_text(markdown(rows, args, time.time() - started))
+    write_whole(out / "sweep.csv", csv_text(COLUMNS, rows))
+    write_whole(out / "sweep.md", markdown(rows, args, time.time() - started))
     sweep_chart(rows, out / "sweep.png", args.preset)
     failed = sum(r["status"].startswith("failed") for r in rows)
     print(f"sweep done in {time.time() - started:.0f} s: {display(out)}/sweep.md, sweep.csv, "
@@ -224,13 +225,13 @@ def _keep_partial(out: Path, rows: list, args, seconds: float) -> str:
     """The interrupted sweep's rows, in <out>-interrupted/ (the folder is removed if no
     point was measured); the line to print."""
     if not rows:
+        release_claims()
         with contextlib.suppress(OSError):
             out.rmdir()  # only if empty: never a user's files
         return "interrupted before the first point; nothing kept"
-    (out / "sweep.csv").write_text(csv_text(COLUMNS, rows))
-    (out / "sweep.md").write_text(f"**Interrupted** after {len(rows)} points: the rows "
-                                  "below are those measured.\n\n"
-                                  + markdown(rows, args, seconds))
+    write_whole(out / "sweep.csv", csv_text(COLUMNS, rows))
+    write_whole(out / "sweep.md", f"**Interrupted** after {len(rows)} points: the rows "
+                "below are those measured.\n\n" + markdown(rows, args, seconds))
     marked = mark(out, "interrupted")
     return f"interrupted; {display(marked)} holds the {len(rows)} points measured"
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import train
 from core.errors import command, run_command
+from core.files import write_whole
 from core.names import RAGGED, describe, parse_variants, variants
 from core.tables import csv_text, markdown_of_dicts
 from kernels.cuda_giou import unavailable_reason
@@ -122,11 +123,11 @@ def _main(argv) -> int:
         summary = load_summary(record["run_dir"])
         rows.append(row_of(summary, Path(record["run_dir"])))
         runs.append((describe(loss, backend), summary["step_times"]))
-    (out / SKIPPED).write_text(json.dumps(skipped, indent=1) + "\n")
+    write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
     table = markdown_of_dicts(COLUMNS, rows + skipped, left={"strategy", "timer", "budget",
                                                              "run folder"})
-    (out / "throughput.md").write_text(table + "\n")
-    (out / "throughput.csv").write_text(csv_text(COLUMNS, rows + skipped))
+    write_whole(out / "throughput.md", table + "\n")
+    write_whole(out / "throughput.csv", csv_text(COLUMNS, rows + skipped))
     throughput_chart(rows, out / "throughput.png")
     step_times_chart(runs, out / "steps.png")
     print(table)

@@ -58,6 +58,45 @@ def test_every_row_names_its_run_folder(tmp_path):
     assert str(out / "padded-train") in (out / "comparison.csv").read_text()
 
 
+def test_two_commands_on_one_out_folder_cannot_both_write(tmp_path):
+    """Two make compare (or ladder, sweep, throughput) started together with one --out:
+    the second stops with one line before it measures anything."""
+    from core.errors import UserError
+    first = common.fresh_out(tmp_path / "shared", "comparison", "compare")
+    with pytest.raises(UserError, match="is being written by another make compare \\(pid "):
+        common.fresh_out(tmp_path / "shared", "comparison", "compare")
+    assert first == tmp_path / "shared"
+    # Another kind of study may share the folder (a ladder beside a comparison).
+    common.fresh_out(tmp_path / "shared", "ladder", "ladder")
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_result_file(tmp_path, capsys, monkeypatch):
+    """ENOSPC while the comparison is written: one line naming the cause, exit 1, no
+    comparison.md (empty or partial) to block the folder, which is free again."""
+    import errno
+    from pathlib import Path
+    out = tmp_path / "cmp"
+    assert compare.main(["--out", str(out), "--strategies", "padded", "--modes", "forward",
+                         *TINY]) == 0
+    real = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name.endswith(".partial"):
+            real(self, "half", **{k: v for k, v in kwargs.items() if k != "data"})
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "write_text", full)
+    again = tmp_path / "again"
+    capsys.readouterr()
+    assert compare.main(["--runs", str(out / "padded-forward"), "--out", str(again)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: could not write ")
+    assert err[0].endswith("No space left on device (the disk is full)")
+    assert sorted(p.name for p in again.iterdir()) == []
+    monkeypatch.undo()
+    assert compare.main(["--runs", str(out / "padded-forward"), "--out", str(again)]) == 0
+
+
 def test_two_comparisons_in_the_same_second_get_their_own_folders(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(common, "utc_stamp", lambda: "20260101-000000")
