@@ -11,7 +11,6 @@ around the loop (run folder, profiler, summary, early ends) is profiling/harness
 """
 
 import math
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from core.names import (
     describe,
     phases_of,
 )
-from core.signals import ignore_stop_signals
+from core.signals import ignore_stop_signals, stop_once
 from profiling.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from profiling.scaling import check_baseline
 from training import ddp, speedups
@@ -354,10 +353,6 @@ def _steps(prof, feed, graphed, train_step, reader) -> None:
         prof.record_step(read)
 
 
-def _stop_on_sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
-
-
 def _report(line: str) -> None:
     """The one line of an early end: on stderr, or, on a rank of training/launch.py's
     job, left for the launcher, which prints the line of the rank that failed first."""
@@ -368,7 +363,7 @@ def _report(line: str) -> None:
 
 
 def main(argv=None) -> int:
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)  # SIGTERM ends a run as Ctrl-C does
+    stop_once()  # Ctrl-C or SIGTERM ends a run, once
     try:
         run(parse_config(argv))
         stop()  # leaves the process group of a torchrun job

@@ -52,3 +52,43 @@ def test_ctrl_c_while_a_complete_run_is_written_waits_for_its_files(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["steps"] == 30
     assert gone(str(tmp_path))
+
+
+def _start_command(module: str, *args):
+    """A study command (studies.<module>) at the LONG size, in a process group of its own,
+    taking Ctrl-C as a terminal gives it."""
+    import subprocess
+    import sys
+
+    from tests.helpers import LONG, REPO, _ctrl_c_as_a_terminal_gives_it
+    return subprocess.Popen([sys.executable, "-u", "-m", f"studies.{module}", *args, *LONG],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_ctrl_c_as_a_terminal_gives_it,
+                            start_new_session=True)
+
+
+@pytest.mark.parametrize("signum,name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+def test_a_signal_to_make_compare_marks_its_run_and_says_so(tmp_path, signum, name):
+    """SIGTERM to make compare's group used to kill it silently, its run folder unmarked;
+    now, as Ctrl-C: one line, exit 130, the run kept as -interrupted, nothing left."""
+    out = tmp_path / "cmp"
+    proc = _start_command("compare", "--out", str(out), "--strategies", "padded",
+                          "--modes", "train")
+    code, lines = signal_after(proc, "step 6/401 (profiled)", signum, group=True)
+    assert code == 130 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: interrupted ({name}) at step "), lines
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == \
+        ["padded-train-interrupted"], lines
+    assert gone(str(tmp_path))
+
+
+def test_sigterm_to_make_ladder_alone_stops_its_rung_and_leaves_no_process(tmp_path):
+    """kill -TERM of make ladder's own process (not its group): its group's process gets
+    Ctrl-C, marks its rung, and ends; nothing is orphaned (it used to run on)."""
+    out = tmp_path / "lad"
+    proc = _start_command("ladder", "--out", str(out), "--strategies", "padded")
+    code, lines = signal_after(proc, "step 6/401 (profiled)", signal.SIGTERM)
+    assert code == 130, lines
+    assert any(p.name.endswith("-interrupted") for p in out.iterdir()), \
+        sorted(p.name for p in out.iterdir())
+    assert gone(str(tmp_path))

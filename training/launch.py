@@ -105,4 +105,4 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     # SIGTERM stops the job as Ctrl-C does (torchrun passes it to every rank).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    run_command(main, "every rank was stopped")
+    run_command(main, "every rank was stopped", stop_signals=False)  # its own handling
