@@ -357,3 +357,14 @@ def test_profiler_page_in_chromium(server, browser, tmp_path):
                  "Computation/Communication Overview", "Synchronizing/Communication Overview"):
         _wait_for_text(browser, text)
     browser.save_screenshot(str(shots / "tensorboard-distributed.png"))
+
+
+def test_a_logdir_that_does_not_exist_is_one_line(tmp_path, capsys):
+    """TensorBoard served an empty page for it, silently (make tensorboard LOGDIR=...)."""
+    from viewer import serve
+    missing = tmp_path / "nonexistent"
+    for args in (["--logdir", str(missing)], [f"--logdir={missing}"]):
+        assert serve.main([*args, "--port", "0"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: no folder {missing}: make profile writes its runs into "
+                       "profiles/ (LOGDIR= picks another folder)"]
