@@ -63,7 +63,7 @@ lint: $(SETUP)
 
 # On the GPU machine: the GPU-marked tests, then compute-sanitizer over both kernels.
 test-gpu: $(SETUP)
-	@echo "make test-gpu: the GPU tests, then compute-sanitizer: several minutes on an H100"
+	@echo "make test-gpu: the GPU tests, then compute-sanitizer: about 11 minutes on an H100"
 	$(PYTHON) -m pytest -q -m gpu --durations=15 tests
 	compute-sanitizer --tool memcheck --error-exitcode 1 $(PYTHON) tests/sanitize_kernels.py
 

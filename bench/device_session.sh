@@ -3,7 +3,10 @@
 # (10 minutes at most; the device tool returns at most 8 files, so each stage leaves one
 # log or archive in $OUT):
 #   bench/device_session.sh tests overhead compare timeline
-#     tests     make test-gpu (pytest -m gpu, then compute-sanitizer over both kernels)
+#     tests     make test-gpu (pytest -m gpu, then compute-sanitizer over both kernels):
+#               at 319f919 pytest alone took 8 min 42 s on the H100, so the sanitizer
+#               did not fit in the same call; run it in a call of its own with
+#     sanitize  compute-sanitizer memcheck over tests/sanitize_kernels.py only
 #     overhead  bench/loss_overhead.py: the host cost of one loss call, layer by layer
 #     compare   make compare (every strategy, both modes) into profiles/compare-device/
 #     ladder    make ladder (the step's speed-ups one at a time; LADDER= strategies) into
@@ -45,6 +48,11 @@ for stage in "$@"; do
       timeout "$(left)" make test-gpu > "$out/test-gpu.log" 2>&1
       stamp "make test-gpu: exit $?"
       grep -E "passed|failed|ERROR SUMMARY" "$out/test-gpu.log" | tail -3 ;;
+    sanitize)
+      timeout "$(left)" compute-sanitizer --tool memcheck --error-exitcode 1 \
+        python3 tests/sanitize_kernels.py > "$out/sanitizer.log" 2>&1
+      stamp "compute-sanitizer: exit $?"
+      grep -E "WRONG|ERROR SUMMARY" "$out/sanitizer.log" | tail -3 ;;
     overhead)
       timeout "$(left)" python3 bench/loss_overhead.py > "$out/loss_overhead.md" 2>&1
       cat "$out/loss_overhead.md" ;;
