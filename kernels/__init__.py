@@ -54,6 +54,13 @@ def check_backend(backend: str) -> None:
             "TRITON_INTERPRET=1 in the environment")
 
 
+def _check_cuda(pred: torch.Tensor) -> None:
+    """The CUDA ops' one-line error for tensors elsewhere (the C++ check's is a
+    RuntimeError); the layout checks before it have put every input on pred's device."""
+    if not pred.is_cuda:
+        raise InputError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
+
+
 @functools.lru_cache(maxsize=None)
 def bind_loss(backend: str = "triton", conditional: bool = False):
     """The fused loss of one backend and variant, resolved once:
@@ -78,8 +85,7 @@ def bind_loss(backend: str = "triton", conditional: bool = False):
 
     def loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor):
         check_padded(pred, boxes, counts)
-        if not pred.is_cuda:
-            raise InputError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
+        _check_cuda(pred)
         return op(pred, boxes, counts, conditional)[0]
     return loss
 
@@ -105,8 +111,7 @@ def bind_packed_loss(backend: str = "triton"):
     def loss(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor,
              offsets: torch.Tensor):
         check_packed(pred, boxes, index, offsets)
-        if not pred.is_cuda:
-            raise InputError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
+        _check_cuda(pred)
         return op(pred, boxes, index, offsets)[0]
     return loss
 

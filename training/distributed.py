@@ -53,11 +53,13 @@ def local_boxes(loss_name: str, targets, device) -> torch.Tensor:
     """This rank's valid boxes as a 0-d tensor on the device, without a host sync: the
     padded layouts' counts summed there; the ragged lists' lengths and the packed boxes'
     N are host metadata, filled into a device scalar (a fill kernel, no copy)."""
-    if loss_name in RAGGED + PACKED:
-        boxes = targets if loss_name in RAGGED else targets[:1]
-        return torch.full((), sum(int(t.shape[0]) for t in boxes), dtype=torch.int64,
-                          device=device)
-    return targets[1].sum(dtype=torch.int64)
+    if loss_name in RAGGED:
+        boxes = sum(int(t.shape[0]) for t in targets)
+    elif loss_name in PACKED:
+        boxes = int(targets[0].shape[0])  # the packed [N, 4] boxes
+    else:
+        return targets[1].sum(dtype=torch.int64)
+    return torch.full((), boxes, dtype=torch.int64, device=device)
 
 
 def _local_sum(loss: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
