@@ -10,6 +10,7 @@ the environment. Every number in the table comes from that run's trace. What hap
 around the loop (run folder, profiler, summary, early ends) is profiling/harness.py's.
 """
 
+import dataclasses
 import math
 import sys
 import time
@@ -187,7 +188,7 @@ def validate(cfg: Config, world: int = 1) -> None:
     speedups.check(cfg, torch.cuda.is_available())
     ddp.check(cfg)
     if cfg.scaling_baseline:
-        check_baseline(cfg.scaling_baseline)
+        check_baseline(cfg.scaling_baseline, dataclasses.asdict(cfg))
 
 
 @dataclass

@@ -10,6 +10,12 @@ import json
 from pathlib import Path
 
 from core.errors import UserError
+from profiling import alike
+
+# What a baseline must share with the job besides strategy and mode: all of
+# profiling/alike.py's fields but the ranks (one against several) and the device (known
+# only once the job runs).
+SETTINGS = [name for name in alike.FIELDS if name not in ("ranks", "device")]
 
 
 def samples_per_s(summary: dict) -> float:
@@ -19,8 +25,10 @@ def samples_per_s(summary: dict) -> float:
     return summary["config"]["batch_size"] * world / (step_ms / 1e3) if step_ms else 0.0
 
 
-def check_baseline(folder: str) -> dict:
-    """The summary of the one-GPU run a job is compared with; one line if it is not one."""
+def check_baseline(folder: str, config: dict | None = None) -> dict:
+    """The summary of the one-GPU run a job is compared with; one line if it is not one,
+    or (given the job's config) if it is not a run of the same strategy, mode and
+    settings (profiling/alike.py; the device is checked when the job has run)."""
     path = Path(folder) / "summary.json"
     try:
         summary = json.loads(path.read_text())
@@ -32,6 +40,18 @@ def check_baseline(folder: str) -> dict:
     if summary.get("distributed", {}).get("world", 1) != 1:
         raise UserError(f"--scaling-baseline {folder} ran on several ranks: give a one-GPU "
                         "run")
+    if config is not None:
+        job = {"config": config}
+        diffs = {}
+        if alike.strategy(summary) != alike.strategy(job):
+            diffs["strategy"] = (alike.strategy(summary), alike.strategy(job))
+        if summary["config"]["mode"] != config["mode"]:
+            diffs["mode"] = (summary["config"]["mode"], config["mode"])
+        diffs.update(alike.differences(summary, job, SETTINGS))
+        if diffs:
+            raise UserError(f"--scaling-baseline {folder} is not this job's run on one GPU "
+                            f"({alike.describe(diffs)}): give a one-GPU run of the same "
+                            "strategy, mode and settings")
     return summary
 
 
@@ -43,7 +63,9 @@ def scaling(job: dict, baseline_folder: str) -> dict:
     same_batch = base["config"]["batch_size"] == job["config"]["batch_size"]
     return {"baseline": str(baseline_folder), "baseline_samples_per_s": samples_per_s(base),
             "factor": factor, "efficiency": factor / world,
-            "same_batch_per_gpu": same_batch}
+            "same_batch_per_gpu": same_batch,
+            # train.validate refused every other difference before the job ran.
+            "differs": alike.describe(alike.differences(base, job, ["device"]))}
 
 
 def combine(main: dict, per_rank: list[dict], world: int, backend: str) -> dict:
@@ -78,4 +100,7 @@ def format_ranks(record: dict) -> str:
         s = job["scaling"]
         lines.append(f"scaling against {s['baseline']}: {s['factor']:.2f}x "
                      f"({s['efficiency'] * 100:.0f} % of {job['world']}x)")
+        if s.get("differs"):
+            lines.append(f"warning: the baseline ran elsewhere ({s['differs']}): this "
+                         "scaling mixes devices")
     return "\n".join(lines)

@@ -39,6 +39,13 @@ def _label_bars(ax, xs, values, fontsize: int) -> None:
             ax.annotate(f"{v:.3g}", (x, v), ha="center", va="bottom", fontsize=fontsize)
 
 
+def _run_label(row: dict) -> str:
+    """The strategy, and the fields in which the compared runs differ (batch 64...)."""
+    from profiling.alike import FIELDS
+    apart = [f"{name} {row[name]}" for name in FIELDS if name in row]
+    return row["strategy"] + (f" ({', '.join(apart)})" if apart else "")
+
+
 def _no_runs(ax, title: str) -> None:
     ax.set_axis_off()
     ax.text(0.5, 0.5, f"{title}\n\nno measured runs", ha="center", va="center",
@@ -56,7 +63,7 @@ def compare_chart(rows: list[dict], path: Path) -> None:
     measured = [r for r in rows if r["mode"] == "forward" and r.get("loss CPU ms") is not None]
     if measured:
         values = [r["loss CPU ms"] for r in measured]
-        left.bar([r["strategy"] for r in measured], values, color="#4c72b0")
+        left.bar([_run_label(r) for r in measured], values, color="#4c72b0")
         if min(values) > 0:
             left.set_yscale("log")
         _label_bars(left, range(len(values)), values, 8)
@@ -68,15 +75,18 @@ def compare_chart(rows: list[dict], path: Path) -> None:
 
     title = "train mode: step GPU and CPU ms/step"
     measured = [r for r in rows if r["mode"] == "train" and r.get("step CPU ms") is not None]
+    on_gpu = any(r.get("step GPU ms") is not None for r in rows)
+    if not on_gpu:
+        title = "train mode: step CPU ms/step (no GPU times here)"
     if measured:
         xs = range(len(measured))
-        for offset, key, color in ((-0.2, "step GPU ms", "#4c72b0"),
-                                   (0.2, "step CPU ms", "#dd8452")):
+        bars = ((-0.2, "step GPU ms", "#4c72b0"), (0.2, "step CPU ms", "#dd8452"))
+        for offset, key, color in bars if on_gpu else ((0.0, "step CPU ms", "#dd8452"),):
             values = [r.get(key) or 0.0 for r in measured]
-            right.bar([x + offset for x in xs], values, width=0.4, color=color,
-                      label=key.replace(" ms", ""))
+            right.bar([x + offset for x in xs], values, width=0.4 if on_gpu else 0.6,
+                      color=color, label=key.replace(" ms", ""))
             _label_bars(right, [x + offset for x in xs], values, 7)
-        right.set_xticks(list(xs), [r["strategy"] + (" (graph)" if r.get("CUDA graph") == "yes"
+        right.set_xticks(list(xs), [_run_label(r) + (" (graph)" if r.get("CUDA graph") == "yes"
                                                      else "") for r in measured])
         right.set_yscale("log")
         right.legend()
@@ -85,6 +95,8 @@ def compare_chart(rows: list[dict], path: Path) -> None:
         right.tick_params(axis="x", rotation=35)
     else:
         _no_runs(right, title)
+    if not on_gpu:
+        fig.suptitle(CPU_NOTE)
     _save(plt, fig, path, dpi=110)
 
 

@@ -40,7 +40,14 @@ from studies.common import (
     fresh_out,
     run_config,
 )
-from studies.compare_rows import compare_rows, load_summary, present_columns, skipped_row
+from studies.compare_rows import (
+    check_distinct,
+    compare_rows,
+    load_summary,
+    present_columns,
+    skipped_row,
+    unlike_warning,
+)
 from training.ranks import from_env, stop
 
 # The loop runs seconds per step at batch 1024 and its trace holds ~10^5 events a step.
@@ -95,6 +102,10 @@ def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
     rows.sort(key=lambda r: (MODES.index(r["mode"]), r["strategy"]))
     columns = present_columns(rows)
     table = markdown_of_dicts(columns, rows, left={"strategy", "mode"})
+    warning = unlike_warning(summaries)
+    if warning:
+        print(warning, file=sys.stderr)
+        table = f"{warning}\n\n{table}"
     write_whole(out / "comparison.md", table + "\n")
     write_whole(out / "comparison.csv", csv_text(columns, rows))
     compare_chart(rows, out / "comparison.png")
@@ -113,7 +124,7 @@ def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
 def finished_runs(paths: list[Path]) -> tuple[list[Path], list[dict]]:
     """The runs to rebuild from, each complete, and the skipped rows recorded beside them
     for the same modes (a run that ended early is refused, never taken for complete)."""
-    modes = set()
+    modes, summaries = set(), []
     for path in paths:
         if not (path / "summary.json").exists():
             raise UserError(f"no summary.json in {path}")
@@ -122,6 +133,8 @@ def finished_runs(paths: list[Path]) -> tuple[list[Path], list[dict]]:
             raise UserError(f"{path} holds a run that {summary['status']} "
                             f"({summary.get('reason', '')}); leave it out of --runs")
         modes.add(summary["config"]["mode"])
+        summaries.append(summary)
+    check_distinct(summaries, paths)
     skipped = []
     for parent in sorted({p.resolve().parent for p in paths}):
         if (parent / SKIPPED).exists():

@@ -5,12 +5,19 @@ Per run: each phase's CPU and GPU time per step, the loss's launches (forward an
 train mode, backward), host-to-device copies and syncs per step, peak GPU memory, the step
 time, and the loss's speed-up over the loop strategy (host time in the loss ranges) when a
 loop run of the same mode is among the inputs. Peak GPU memory is over the whole run.
+
+Runs that differ in more than strategy and mode (batch, image size, ...:
+profiling/alike.py) are still set side by side, but each differing field becomes a column,
+the table opens with a warning naming them, and a speed-up is taken against a loop run
+alike in all of them only. The same run given twice is refused.
 """
 
 import json
 from pathlib import Path
 
-from core.names import PHASES, describe
+from core.errors import UserError
+from core.names import PHASES
+from profiling import alike
 
 
 def load_summary(path: Path) -> dict:
@@ -18,10 +25,7 @@ def load_summary(path: Path) -> dict:
     return json.loads((path / "summary.json" if path.is_dir() else path).read_text())
 
 
-def label(summary: dict) -> str:
-    config = summary["config"]
-    # "kernel" is the backend's name in summaries written before it was called "backend".
-    return describe(config["loss"], config.get("backend", config.get("kernel")))
+label = alike.strategy
 
 
 def _loss_time(summary: dict, key: str) -> float | None:
@@ -32,7 +36,7 @@ def _loss_time(summary: dict, key: str) -> float | None:
     return p["loss"][key] + p.get("loss_backward", {}).get(key, 0.0)
 
 
-COLUMNS = (["strategy", "mode", "profiled steps"]
+COLUMNS = (["strategy", "mode", *alike.FIELDS, "profiled steps"]
            + [f"{p} {unit} ms" for p in PHASES for unit in ("CPU", "GPU")]
            + ["loss launches", "loss bwd launches", "H2D copies", "syncs", "peak GPU GB",
               "step CPU ms", "step GPU ms", "loss speed-up vs loop", "CUDA graph",
@@ -43,14 +47,18 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
     """One row per run. GPU columns are empty for a run without a GPU; the speed-up is
     the loop's host time in the loss ranges (loss + loss_backward) over this run's, in
     the same mode, when a loop run is among the inputs."""
-    loops = {s["config"]["mode"]: s for s in summaries if s["config"]["loss"] == "loop"}
+    apart = alike.differing(summaries)
+    loops = [s for s in summaries if s["config"]["loss"] == "loop"]
     rows = []
     for s in summaries:
         p, mode = s["phases"], s["config"]["mode"]
         on_gpu = s.get("peak_gpu_memory_gb") is not None
-        loop = loops.get(mode)
+        loop = next((x for x in loops if x["config"]["mode"] == mode
+                     and not alike.differences(x, s, apart)), None)
         own_loss = _loss_time(s, "cpu_ms")
-        row = {"strategy": label(s), "mode": mode, "profiled steps": s["steps"]}
+        fields = alike.fields_of(s)
+        row = {"strategy": label(s), "mode": mode, **{f: fields[f] for f in apart},
+               "profiled steps": s["steps"]}
         for name in PHASES:
             if name in p:
                 row[f"{name} CPU ms"] = p[name]["cpu_ms"]
@@ -72,6 +80,28 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
         })
         rows.append(row)
     return rows
+
+
+def unlike_warning(summaries: list[dict]) -> str | None:
+    """One line naming the fields in which the runs differ, or None if only strategy and
+    mode do."""
+    apart = alike.differing(summaries)
+    if not apart:
+        return None
+    return (f"warning: these runs differ in {', '.join(apart)} (columns of their own): "
+            "compare only rows alike in those")
+
+
+def check_distinct(summaries: list[dict], paths: list) -> None:
+    """The same run (strategy, mode and every field of profiling/alike.py) given twice is
+    one line: a duplicated row would only look like a second measurement."""
+    seen = {}
+    for summary, path in zip(summaries, paths):
+        key = (label(summary), summary["config"]["mode"], repr(alike.fields_of(summary)))
+        if key in seen:
+            raise UserError(f"{seen[key]} and {path} are the same kind of run ({key[0]}, "
+                            f"{key[1]} mode, the same settings): give one of them")
+        seen[key] = path
 
 
 def skipped_row(strategy: str, mode: str, reason: str) -> dict:

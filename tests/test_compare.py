@@ -162,3 +162,59 @@ def test_the_loop_gets_fewer_steps_unless_the_user_sets_them():
     assert compare.loop_steps({}) == {"warmup": 1, "active": 2}
     assert compare.loop_steps(train.given_options(["--active", "5"])) == {"warmup": 1}
     assert compare.loop_steps(train.given_options(TINY)) == {}
+
+
+def _fixture_run(folder: Path, name: str, **config) -> Path:
+    """A run folder holding the H100 fixture's summary, its config changed by `config`."""
+    summary = load_summary(FIXTURES / "gpu_padded_train.summary.json")
+    summary["config"].update(config)
+    (folder / name).mkdir(parents=True)
+    (folder / name / "summary.json").write_text(json.dumps(summary))
+    return folder / name
+
+
+def test_unlike_runs_are_set_apart_by_columns_and_a_warning(tmp_path, capsys):
+    """A loop at batch 32, padded at 32 and at 64: the batch is a column, the table opens
+    with a warning, and only the run alike with the loop gets a speed-up over it."""
+    runs = [_fixture_run(tmp_path, "loop", loss="loop"),
+            _fixture_run(tmp_path, "padded-32"),
+            _fixture_run(tmp_path, "padded-64", batch_size=64)]
+    out = tmp_path / "cmp"
+    assert compare.main(["--runs", *map(str, runs), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: these runs differ in batch (columns of their own)" in err
+    table = (out / "comparison.md").read_text()
+    assert table.startswith("warning: these runs differ in batch")
+    header = next(line for line in table.splitlines() if line.startswith("| strategy"))
+    assert header.startswith("| strategy | mode | batch | profiled steps |")
+    rows = {(r["strategy"], r["batch"]): r for r in compare_rows(
+        [load_summary(r) for r in runs])}
+    assert rows[("padded", 32)]["loss speed-up vs loop"] == pytest.approx(1.0)
+    assert rows[("padded", 64)]["loss speed-up vs loop"] is None
+
+
+def test_runs_alike_get_no_warning_and_no_extra_columns(tmp_path, capsys):
+    runs = [_fixture_run(tmp_path, "loop", loss="loop"), _fixture_run(tmp_path, "padded")]
+    assert compare.main(["--runs", *map(str, runs), "--out", str(tmp_path / "cmp")]) == 0
+    assert "warning" not in capsys.readouterr().err
+    assert (tmp_path / "cmp" / "comparison.md").read_text().startswith(
+        "| strategy | mode | profiled steps |")
+
+
+@pytest.mark.parametrize("field,value,column", [
+    ("image_size", 128, "image size"), ("max_boxes", 64, "capacity"),
+    ("amp", False, "amp"), ("cudnn_benchmark", True, "speed-ups asked")])
+def test_each_unlike_field_is_named(tmp_path, capsys, field, value, column):
+    runs = [_fixture_run(tmp_path, "a"), _fixture_run(tmp_path, "b", **{field: value})]
+    assert compare.main(["--runs", *map(str, runs), "--out", str(tmp_path / "cmp")]) == 0
+    assert f"differ in {column} (columns" in capsys.readouterr().err
+
+
+def test_the_same_run_given_twice_is_refused(tmp_path, capsys):
+    first, second = _fixture_run(tmp_path, "a"), _fixture_run(tmp_path, "b")
+    assert compare.main(["--runs", str(first), str(second), str(first),
+                         "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{first} and {second} are the same kind of run (padded, " \
+        "train mode, the same settings): give one of them" in err[0]
+    assert not (tmp_path / "cmp").exists()

@@ -251,3 +251,24 @@ def test_a_time_budget_ends_the_run_after_the_profiled_window(tmp_path, capsys):
 def test_long_run_options_are_checked(tmp_path, args, message):
     with pytest.raises(UserError, match=message):
         train.validate(train.parse_config(TINY + ["--out-dir", str(tmp_path), *args]))
+
+
+@pytest.mark.parametrize("change,named", [
+    (["--batch-size", "8"], "batch 8 there, 4 here"),
+    (["--loss", "concat"], "strategy concat there, padded here"),
+    (["--mode", "forward"], "mode forward there, train here"),
+    (["--image-size", "64"], "image size 64 there, 32 here"),
+    (["--max-boxes", "64"], "capacity 64 there, 256 here")])
+def test_a_scaling_baseline_unlike_the_job_is_refused(tmp_path, change, named):
+    """The one-GPU run a job scales against must be the job's own run on one GPU: another
+    batch, strategy, mode or workload is one line before anything runs."""
+    import dataclasses
+    import json
+    base = tmp_path / "base"
+    base.mkdir()
+    config = dataclasses.asdict(train.parse_config(TINY + change))
+    (base / "summary.json").write_text(json.dumps({"status": "complete", "config": config}))
+    out = tmp_path / "out"
+    one_line_and_nothing_written(
+        cli("--out-dir", str(out), "--scaling-baseline", str(base)), out,
+        f"--scaling-baseline {base} is not this job's run on one GPU ({named})")

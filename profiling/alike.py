@@ -1,0 +1,70 @@
+"""When two runs' figures may be set side by side: the same workload (batch, image size,
+box capacity, model width), the same step (autocast, compile, the speed-ups asked for),
+the same data loader, seed, ranks and device. make compare and a scaling baseline read
+these from the runs' summary.json files.
+
+Strategy, kernel backend and mode are a comparison's rows, not a difference: they are
+what it compares. The speed-ups are those asked for (config), not those a run could use:
+under --cuda-graph auto a ragged strategy runs without the graph that padded uses, and
+the table's "CUDA graph" column says so.
+"""
+
+from core.names import SPEEDUPS
+from core.names import describe as strategy_name
+
+
+def strategy(summary: dict) -> str:
+    """The run's strategy as tables name it: padded, kernel/triton..."""
+    config = summary["config"]
+    # "kernel" is the backend's name in summaries written before it was called "backend".
+    return strategy_name(config["loss"], config.get("backend", config.get("kernel")))
+
+
+def _config(key: str, default=None):
+    return lambda s: s["config"].get(key, default)
+
+
+def _speedups_asked(summary: dict) -> str:
+    config = summary["config"]
+    if not any(name in config for name in SPEEDUPS):
+        return "none"  # summaries from before the speed-ups: the original's step
+    on = [name for name in SPEEDUPS if config.get(name) not in (False, "off", None)]
+    return ",".join(on) or "none"
+
+
+# Column name -> its value in a summary. Older summaries lack some keys: their defaults
+# are what those runs did (PyTorch's DataLoader, one process).
+FIELDS = {
+    "batch": _config("batch_size"),
+    "image size": _config("image_size"),
+    "capacity": _config("max_boxes"),
+    "hidden": _config("hidden"),
+    "amp": _config("amp"),
+    "compile": _config("compile"),
+    "loader": _config("loader", "torch"),
+    "seed": _config("seed"),
+    "speed-ups asked": _speedups_asked,
+    "ranks": lambda s: (s.get("distributed") or {}).get("world", 1),
+    "device": lambda s: (s.get("environment") or {}).get("device"),
+}
+
+
+def fields_of(summary: dict) -> dict:
+    return {name: read(summary) for name, read in FIELDS.items()}
+
+
+def differing(summaries: list[dict]) -> list[str]:
+    """The FIELDS whose values are not the same in every summary, in FIELDS' order."""
+    values = [fields_of(s) for s in summaries]
+    return [name for name in FIELDS if len({repr(v[name]) for v in values}) > 1]
+
+
+def differences(a: dict, b: dict, names=None) -> dict:
+    """{field: (a's value, b's value)} for the fields (default: all) where a and b differ."""
+    fa, fb = fields_of(a), fields_of(b)
+    return {n: (fa[n], fb[n]) for n in (names or FIELDS) if fa[n] != fb[n]}
+
+
+def describe(diffs: dict) -> str:
+    """differences(there, here) as 'batch 8 there, 64 here; image size 64 there, 128 here'."""
+    return "; ".join(f"{name} {x} there, {y} here" for name, (x, y) in diffs.items())
