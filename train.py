@@ -122,11 +122,17 @@ PRESETS = {
 }
 
 
+# The flags make profile sets from its variables (Makefile): errors name both.
+MAKE_VARIABLES = {"--loss": "LOSS", "--backend": "BACKEND", "--kernel": "BACKEND",
+                  "--mode": "MODE"}
+
+
 def given_options(argv=None) -> dict:
     """The options given on the command line, by Config field (a UsageError for a flag
     the parser refuses): what make compare and make ladder check before making their
     runs' configs from them."""
-    return vars(config_parser(Config, PRESETS, __doc__.split("\n\n")[0]).parse_args(argv))
+    return vars(config_parser(Config, PRESETS, __doc__.split("\n\n")[0],
+                              MAKE_VARIABLES).parse_args(argv))
 
 
 def parse_config(argv=None) -> Config:
@@ -137,8 +143,9 @@ def make_config(given: dict) -> Config:
     """The Config of these given options: the dataclass's defaults, the preset's, the
     baseline's, then each option given."""
     if torch is None:
-        raise UserError(f"torch is not installed for {sys.executable}: run `make setup` and "
-                        "use .venv/bin/python, or run `make profile`")
+        raise UserError(f"torch is not installed for {sys.executable}: run `make profile` "
+                        "(its first run installs the requirements into .venv/), or `make "
+                        "setup` for the install alone, then .venv/bin/python")
     preset = given.get("preset", Config.preset)
     if preset == "auto":
         preset = "gpu" if torch.cuda.is_available() else "cpu"
@@ -156,7 +163,7 @@ def validate(cfg: Config, world: int = 1) -> None:
     for name, allowed in (("loss", STRATEGIES), ("backend", BACKENDS), ("mode", MODES)):
         if getattr(cfg, name) not in allowed:
             raise UserError(f"unknown --{name} {getattr(cfg, name)!r}: choose one of "
-                            f"{', '.join(allowed)}")
+                            f"{', '.join(allowed)} (make's {MAKE_VARIABLES['--' + name]}=)")
     if cfg.image_size % 16 or not 16 <= cfg.image_size <= 256:
         raise UserError(f"image size {cfg.image_size} must be a multiple of 16 in 16..256")
     for name in ("batch_size", "max_boxes", "hidden", "active", "dataset_length"):
@@ -181,7 +188,8 @@ def validate(cfg: Config, world: int = 1) -> None:
     if cfg.backend == "cuda" and cfg.loss in FUSED:
         from kernels.cuda_giou import unavailable_reason
         if unavailable_reason():
-            raise UserError(unavailable_reason())
+            raise UserError(f"{unavailable_reason()}: use the Triton backend (make: "
+                            "BACKEND=triton; train.py: --backend triton)")
     if cfg.run_name:
         check_run_name(cfg.run_name)
     check_out_dir(cfg.out_dir)

@@ -9,7 +9,14 @@ from core.errors import UsageError
 
 
 class _OneLineParser(argparse.ArgumentParser):
+    make_variables: dict = {}
+
     def error(self, message):  # argparse would print the usage and exit
+        # A flag that make sets from a variable is named as the user typed it too.
+        for flag, variable in self.make_variables.items():
+            if message.startswith(f"argument {flag}"):
+                message += f" (make's {variable}=)"
+                break
         raise UsageError(message)
 
 
@@ -25,11 +32,14 @@ def _default_text(f, presets: dict) -> str:
     return f"default {f.default}" + (f"; {', '.join(by_preset)}" if by_preset else "")
 
 
-def config_parser(config_cls, presets: dict, description: str) -> argparse.ArgumentParser:
+def config_parser(config_cls, presets: dict, description: str, make_variables=None
+                  ) -> argparse.ArgumentParser:
     """Flags of config_cls; a flag left out is absent from the parsed namespace, so the
-    preset and then the dataclass supply it."""
+    preset and then the dataclass supply it. make_variables: {flag: the Makefile variable
+    that sets it}, named in the flag's errors."""
     # Options exactly as spelled: a prefix must not slip past a check on the full name.
     parser = _OneLineParser(description=description, allow_abbrev=False)
+    parser.make_variables = make_variables or {}
     for f in dataclasses.fields(config_cls):
         meta = f.metadata
         flags = ["--" + f.name.replace("_", "-"), *meta.get("aliases", ())]

@@ -46,7 +46,7 @@ def check_backend(backend: str) -> None:
         from kernels.cuda_giou import unavailable_reason
         reason = unavailable_reason()
         if reason:
-            raise BackendUnavailable(reason)
+            raise BackendUnavailable(f"{reason}; the triton backend runs here")
     elif _TRITON_BEFORE_INTERPRETER:
         raise BackendUnavailable(
             "triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot "

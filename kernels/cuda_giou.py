@@ -20,11 +20,13 @@ _loaded = False
 
 
 def unavailable_reason() -> str | None:
-    """Why the CUDA backend cannot run here, or None if it can."""
+    """Why the CUDA backend cannot run here, or None if it can. Only the reason: what to
+    do instead is the caller's to say, in the words of how it was called (make's
+    BACKEND=, train.py's --backend, a study's row)."""
     if not torch.cuda.is_available():
-        return "the CUDA kernel backend needs a CUDA GPU and nvcc; use --backend triton"
+        return "the CUDA kernel backend needs a CUDA GPU and nvcc"
     if torch.version.cuda is None or shutil.which("nvcc") is None and not _cuda_home_nvcc():
-        return "the CUDA kernel backend needs nvcc (the CUDA toolkit); use --backend triton"
+        return "the CUDA kernel backend needs nvcc (the CUDA toolkit)"
     return None
 
 
@@ -40,7 +42,7 @@ def load() -> None:
         return
     reason = unavailable_reason()
     if reason:
-        raise BackendUnavailable(reason)
+        raise BackendUnavailable(f"{reason}; the triton backend runs here")
     from torch.utils.cpp_extension import load as load_extension
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     # torch rebuilds when a source or a flag changes, not a header: the header's hash is

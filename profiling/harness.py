@@ -45,7 +45,7 @@ from profiling.environment import environment
 from profiling.scaling import combine, format_ranks, scaling
 from profiling.step_reader import data_wait, describe, sustained
 from profiling.table import format_table
-from profiling.trace_events import find_trace, load_trace
+from profiling.trace_events import find_trace, load_trace, quiet_cpu_profiler
 from profiling.trace_summary import summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
 from training.ddp import knobs
@@ -94,6 +94,8 @@ def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train") -> torc
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
+    else:
+        quiet_cpu_profiler()
     return torch.profiler.profile(
         activities=activities,
         schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,

@@ -12,12 +12,22 @@ run's table, profiling/communication.py for a rank's NCCL time, make sweep's poi
 import bisect
 import gzip
 import json
+import os
 from pathlib import Path
 
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "Runtime", "driver"}
 GPU_CATS = {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset"}
 SYNC_NAMES = ("Synchronize",)
 BLOCKING_COPIES = {"cudaMemcpy", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2", "cuMemcpy"}
+
+
+def quiet_cpu_profiler() -> None:
+    """Without a GPU, libkineto (torch 2.13's CPU build) prints 'USDT: ... profiler_start'
+    and '... profiler_stop' on stderr for every profile: noise a newcomer reads as a
+    problem. Its log threshold above USDT (5) hides them; libkineto reads it once, when
+    the first profile starts, so this must come before that. Not on a GPU: the same
+    threshold would hide CUPTI's errors. KINETO_LOG_LEVEL set by the user wins."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 def load_trace(path: Path) -> list[dict]:

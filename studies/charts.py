@@ -133,17 +133,21 @@ def ladder_chart(rows: list[dict], path: Path, goal_ms: float) -> None:
 
 def sweep_chart(rows: list[dict], path: Path, preset: str) -> None:
     """Log-log panels, one column per axis: the GPU's work per call (top) and the elapsed
-    time per call (bottom); each strategy's median with its p20-p80 bar."""
+    time per call (bottom); each strategy's median with its p20-p80 bar. On a CPU (the
+    cpu preset) one row: the host's time per call, as no GPU work exists to draw."""
     from matplotlib.ticker import NullFormatter
     plt = _pyplot()
     measures = (("GPU", "GPU ms per call (its kernels)"),
                 ("elapsed", "elapsed ms per call (stream)"))
+    if preset == "cpu":
+        measures = (("elapsed", "host ms per call (no GPU)"),)
     # One colour per strategy in every panel (a strategy left out of a panel must not
     # shift the others' colours), and no two alike: eleven strategies outrun matplotlib's
     # ten-colour cycle, so tab20's colours past ten are used too.
     palette = [f"C{i}" for i in range(10)] + [plt.get_cmap("tab20")(i) for i in range(1, 20, 2)]
     colours = {s: palette[i % len(palette)] for i, s in enumerate(strategies_of(rows))}
-    fig, grid = plt.subplots(2, len(AXIS_TITLES), figsize=(16, 9), squeeze=False)
+    fig, grid = plt.subplots(len(measures), len(AXIS_TITLES),
+                             figsize=(16, 4.5 * len(measures) + 0.5), squeeze=False)
     for row_axes, (key, ylabel) in zip(grid, measures):
         for ax, (axis, title) in zip(row_axes, AXIS_TITLES.items()):
             xs = set()
@@ -164,7 +168,7 @@ def sweep_chart(rows: list[dict], path: Path, preset: str) -> None:
                 ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel(title)
             ax.set_ylabel(ylabel)
-            ax.set_title(f"{key}: against {title}")
+            ax.set_title(f"{ylabel.split(' ms')[0]}: against {title}")
             ax.grid(True, which="both", alpha=0.3)
     handles = {h.get_label(): h for ax in grid.flat
                for h in ax.get_legend_handles_labels()[0]}

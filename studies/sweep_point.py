@@ -46,6 +46,7 @@ from profiling.trace_events import (
     is_h2d,
     is_launch,
     profiler_events,
+    quiet_cpu_profiler,
 )
 
 IMAGE_SIZE = 256  # the workload's: box coordinates in [0, 255]
@@ -158,6 +159,8 @@ def _profiled_calls(copy, call, device, calls: int) -> dict:
     from torch.profiler import ProfilerActivity, profile, record_function
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                            else [])
+    if device.type != "cuda":
+        quiet_cpu_profiler()
     with profile(activities=activities) as prof:
         for _ in range(calls):
             with record_function("sweep_copy"):

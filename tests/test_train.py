@@ -134,14 +134,16 @@ def test_help_without_torch_shows_choices_and_both_presets():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert our_lines(done.stderr) == [next(line for line in our_lines(done.stderr))]
-    assert "torch is not installed" in done.stderr and "make setup" in done.stderr
+    assert "torch is not installed" in done.stderr and "make profile" in done.stderr
 
 
 def test_gpu_only_options_without_gpu(tmp_path):
     import torch
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    for args, message in ((["--loss", "kernel", "--backend", "cuda"], "needs a CUDA GPU"),
+    for args, message in ((["--loss", "kernel", "--backend", "cuda"],
+                           "needs a CUDA GPU and nvcc: use the Triton backend (make: "
+                           "BACKEND=triton; train.py: --backend triton)"),
                           (["--preset", "gpu"], "the gpu preset needs a CUDA GPU")):
         one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path,
                                       message)

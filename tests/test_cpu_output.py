@@ -1,0 +1,86 @@
+"""What a newcomer reads on a machine without a GPU: no figure that looks measured where
+nothing could be, charts that say their times are not a GPU's, no profiler noise, and
+messages that name the make variable the user typed."""
+
+import pytest
+
+from profiling.table import CPU_NOTE, format_table
+from studies import charts
+from tests.helpers import cli
+
+SUMMARY = {"phases": {"forward": {"cpu_ms": 1.5, "gpu_ms": 0.0, "launches": 0.0,
+                                  "h2d_copies": 0.0, "syncs": 0.0}},
+           "step": {"cpu_ms": 2.0, "gpu_ms": 0.0}, "steps": 2}
+
+
+def test_a_cpu_table_says_not_measured_where_no_gpu_figure_exists():
+    lines = format_table(SUMMARY, "t", on_gpu=False).splitlines()
+    forward = next(line for line in lines if line.startswith("| forward"))
+    cells = [c.strip() for c in forward.strip("|").split("|")]
+    assert cells == ["forward", "1.500", "-", "-", "-", "-"]
+    assert CPU_NOTE in lines
+    gpu = format_table(SUMMARY, "t", on_gpu=True)
+    assert "0.0 |" in gpu and CPU_NOTE not in gpu  # on a GPU a zero count is a count
+
+
+def test_a_cpu_run_prints_no_profiler_markers(tmp_path, monkeypatch):
+    """libkineto's 'USDT: ... profiler_start' lines (torch 2.13's CPU build) are hidden;
+    a KINETO_LOG_LEVEL the user sets still wins."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("the markers are hidden on a CPU only")
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    done = cli("--out-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "USDT" not in done.stderr, done.stderr[-2000:]
+    assert charts.CPU_NOTE not in done.stdout  # the table's own note, not the charts'
+    assert CPU_NOTE in done.stdout
+
+
+def _drawn(monkeypatch, draw) -> object:
+    """The matplotlib figure a chart function would save."""
+    kept = []
+    monkeypatch.setattr(charts, "_save", lambda plt, fig, path, dpi: kept.append(fig))
+    draw()
+    return kept[0]
+
+
+CPU_ROWS = [{"strategy": s, "mode": "train", "step CPU ms": ms, "step GPU ms": None}
+            for s, ms in (("padded", 3.0), ("concat", 5.0))]
+
+
+def test_the_comparison_chart_on_a_cpu_says_so_and_draws_no_gpu_bars(tmp_path, monkeypatch):
+    fig = _drawn(monkeypatch, lambda: charts.compare_chart(CPU_ROWS, tmp_path / "c.png"))
+    assert fig._suptitle.get_text() == charts.CPU_NOTE
+    right = fig.axes[1]
+    assert [t.get_text() for t in right.get_legend().get_texts()] == ["step CPU"]
+    assert "no GPU times here" in right.get_title()
+
+
+def test_the_comparison_chart_on_a_gpu_has_both_bars(tmp_path, monkeypatch):
+    rows = [dict(r, **{"step GPU ms": 2.0}) for r in CPU_ROWS]
+    fig = _drawn(monkeypatch, lambda: charts.compare_chart(rows, tmp_path / "c.png"))
+    assert fig._suptitle is None
+    assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["step GPU",
+                                                                            "step CPU"]
+
+
+def test_the_sweep_chart_on_a_cpu_has_one_row_of_host_times(tmp_path, monkeypatch):
+    row = {"axis": "batch", "strategy": "padded", "status": "ok", "batch": 4,
+           "capacity": 8, "sigma": "1", "boxes per image": 1.0}
+    for key in ("GPU", "elapsed"):
+        row.update({f"{key} ms": 1.0, f"{key} p20 ms": 0.9, f"{key} p80 ms": 1.1})
+    cpu = _drawn(monkeypatch, lambda: charts.sweep_chart([row], tmp_path / "s.png", "cpu"))
+    titles = [ax.get_title() for ax in cpu.axes]
+    assert titles and not any("GPU" in t for t in titles)
+    assert all(t.startswith("host") for t in titles)
+    assert charts.CPU_NOTE in cpu._suptitle.get_text()
+    gpu = _drawn(monkeypatch, lambda: charts.sweep_chart([row], tmp_path / "s.png", "gpu"))
+    assert len(gpu.axes) == 2 * len(cpu.axes)
+
+
+def test_a_refused_flag_names_the_make_variable(tmp_path):
+    done = cli("--out-dir", str(tmp_path), "--loss", "nope")
+    assert done.returncode == 2
+    assert "argument --loss: invalid choice: 'nope'" in done.stderr
+    assert "(make's LOSS=)" in done.stderr
