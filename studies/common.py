@@ -7,10 +7,10 @@ import traceback
 from pathlib import Path
 
 import train
-from core.errors import UserError, one_line
-from core.files import claim
+from core.errors import RunInterrupted, StudyInterrupted, UserError, one_line
+from core.files import claim, release_claims
 from core.names import describe
-from profiling.run_folder import check_out_dir, new_run_dir, utc_stamp
+from profiling.run_folder import check_out_dir, display, mark, new_run_dir, utc_stamp
 from training.ranks import from_env
 
 SKIPPED = "skipped.json"  # rows that could not run, kept beside the runs for a rebuild
@@ -21,18 +21,49 @@ def folder_name(loss: str, backend: str) -> str:
     return describe(loss, backend).replace("/", "-")
 
 
+# The output folders this process made (fresh_out): only those are renamed when their
+# study is interrupted; a --out that existed may hold another command's work.
+_made: set[Path] = set()
+
+
 def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
     """The study's output folder: a new profiles/<prefix>-<UTC time>[-N]/, or --out if it
     holds no <kind> yet (a study is never overwritten)."""
     if out is None:
-        return new_run_dir(check_out_dir("profiles"), f"{prefix}-{utc_stamp()}")
+        made = new_run_dir(check_out_dir("profiles"), f"{prefix}-{utc_stamp()}")
+        _made.add(made)
+        return made
     check_out_dir(str(out))
     if (out / f"{kind}.md").exists() or (out / SKIPPED).exists():
         raise UserError(f"{out} already holds a {kind}; choose a new --out (a {kind} is "
                         "never overwritten)")
-    out.mkdir(parents=True, exist_ok=True)
+    if not out.exists():
+        out.mkdir(parents=True)
+        _made.add(out)
     claim(out, kind, f"make {prefix}")
     return out
+
+
+def keep_interrupted(out: Path, exc: BaseException, finished: str, write_partial=None
+                     ) -> StudyInterrupted:
+    """A study ended by Ctrl-C or SIGTERM. The folder becomes <out>-interrupted if this
+    study made it (a --out that existed keeps its name: its table says it), or is removed
+    if it holds nothing; then write_partial(folder), if given, writes the table of what
+    finished, marked as interrupted (its runs are now under `folder`). Returns the error
+    whose message is the one line to print: the signal, the step a run was at, and where
+    what finished is (`finished`: '2 of 5 runs finished')."""
+    release_claims()  # before a rename: the claim must not travel with the folder
+    cause = str(exc).split(";")[0] if isinstance(exc, RunInterrupted) else \
+        f"interrupted ({str(exc) or 'Ctrl-C'})"
+    if write_partial is None and not any(out.iterdir()):
+        if out in _made:
+            out.rmdir()
+        return StudyInterrupted(f"{cause}; nothing kept")
+    if out in _made:
+        out = mark(out, "interrupted")
+    if write_partial is not None:
+        write_partial(out)
+    return StudyInterrupted(f"{cause}; kept in {display(out)} ({finished})")
 
 
 def base_config(train_args: list[str], per_run: tuple[str, ...], refusal: str,

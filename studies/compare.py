@@ -38,6 +38,7 @@ from studies.common import (
     base_config,
     folder_name,
     fresh_out,
+    keep_interrupted,
     run_config,
 )
 from studies.compare_rows import (
@@ -63,13 +64,13 @@ def loop_steps(given: dict) -> dict:
     return {name: n for name, n in LOOP_STEPS.items() if name not in given}
 
 
-def run_all(out: Path, base: train.Config, given: dict, plan_strategies, modes
-            ) -> tuple[list[Path], list[dict]]:
-    """Runs the strategies in the modes; returns the run folders and the skipped rows
-    (those that could not run here, and those that failed)."""
+def run_all(out: Path, base: train.Config, given: dict, plan, runs: list, skipped: list
+            ) -> None:
+    """Runs the plan's (strategy, mode) pairs; appends the run folders to `runs` and the
+    skipped rows (those that could not run here, and those that failed) to `skipped` as
+    they end, so that an interrupted comparison keeps what finished."""
     cuda_reason = unavailable_reason()
-    plan = [(s, m) for m in modes for s in plan_strategies]
-    runs, skipped, started = [], [], time.time()
+    started = time.time()
     say = print if from_env().main else (lambda *a, **k: None)
     say(f"make compare: {len(plan)} runs, each a profiled train.py run (the loop's take "
         "longest)", flush=True)
@@ -90,10 +91,10 @@ def run_all(out: Path, base: train.Config, given: dict, plan_strategies, modes
             continue
         runs.append(Path(record["run_dir"]))
     say(f"all runs done in {time.time() - started:.0f} s", flush=True)
-    return runs, skipped
 
 
-def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
+def write_comparison(out: Path, runs: list[Path], skipped: list[dict], note: str = "") -> str:
+    """comparison.md, .csv, .png and the TensorBoard table; `note` opens the table."""
     summaries = [load_summary(r) for r in runs]
     rows = compare_rows(summaries)
     for row, run in zip(rows, runs):
@@ -106,6 +107,8 @@ def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
     if warning:
         print(warning, file=sys.stderr)
         table = f"{warning}\n\n{table}"
+    if note:
+        table = f"{note}\n\n{table}"
     write_whole(out / "comparison.md", table + "\n")
     write_whole(out / "comparison.csv", csv_text(columns, rows))
     compare_chart(rows, out / "comparison.png")
@@ -119,6 +122,21 @@ def write_comparison(out: Path, runs: list[Path], skipped: list[dict]) -> str:
                     name = column.replace(" ", "_").lower()
                     writer.add_scalar(f"{r['mode']}/{name}/{tag}", r[column], 0)
     return table
+
+
+def _keep_partial(out: Path, runs: list, skipped: list, planned: int, exc):
+    """The comparison of the runs that finished before Ctrl-C or SIGTERM, opened by a line
+    saying so, in <out>-interrupted/ (studies/common.keep_interrupted); the error to
+    raise."""
+    ended = len(runs) + len(skipped)
+
+    def write_partial(folder: Path):
+        write_whole(folder / SKIPPED, json.dumps(skipped, indent=1) + "\n")
+        note = (f"**Interrupted** after {ended} of {planned} runs: the rows below are "
+                "those that ended.")
+        write_comparison(folder, [folder / r.name for r in runs], skipped, note=note)
+    return keep_interrupted(out, exc, f"{len(runs)} of {planned} runs finished",
+                            write_partial if runs else None)
 
 
 def finished_runs(paths: list[Path]) -> tuple[list[Path], list[dict]]:
@@ -177,7 +195,14 @@ def _main(argv) -> int:
         # Rank 0 makes the folder; the others are told its name.
         out = ranks.share(fresh_out(args.out, "comparison", "compare") if ranks.main
                           else None)
-        runs, skipped = run_all(out, base, given, plan_strategies, modes)
+        plan = [(s, m) for m in modes for s in plan_strategies]
+        runs, skipped = [], []
+        try:
+            run_all(out, base, given, plan, runs, skipped)
+        except KeyboardInterrupt as exc:
+            if not ranks.main:
+                raise  # rank 0 keeps the comparison's folder
+            raise _keep_partial(out, runs, skipped, len(plan), exc) from None
         stop()  # every rank done with the process group (train.main does the same)
         if not from_env().main:
             return 0  # rank 0 writes the comparison

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import train
-from core.errors import command, run_command
+from core.errors import RunInterrupted, command, run_command
 from core.files import write_whole
 from core.names import (
     GPU_ONLY_SPEEDUPS,
@@ -43,6 +43,7 @@ from studies.common import (
     base_config,
     folder_name,
     fresh_out,
+    keep_interrupted,
     outcome,
     run_config,
 )
@@ -97,13 +98,14 @@ def why_not_here(speedup: str, base: train.Config, loss: str, cuda: bool) -> str
 GROUPS = {"heuristics": ("baseline",), "tuned": SPEEDUPS}
 
 
-def run_ladder(out: Path, train_args: list[str], plan_strategies, rungs=("baseline", *SPEEDUPS)):
+def run_ladder(out: Path, train_args: list[str], plan_strategies, runs: dict, skipped: list,
+               rungs=("baseline", *SPEEDUPS)) -> None:
     """Runs the given rungs of every strategy, each rung adding its speed-up to every
-    speed-up before it; returns (run folders by (strategy, rung), rows of rungs that could
-    not run)."""
+    speed-up before it; fills `runs` (run folders by (strategy, rung)) and `skipped` (rows
+    of rungs that could not run) as each rung ends, so an interrupt keeps what finished."""
     cuda = torch.cuda.is_available()
     base, _ = base_config(train_args, PER_RUN, REFUSAL, baseline=True)
-    runs, skipped, started = {}, [], time.time()
+    started = time.time()
     for loss, backend in plan_strategies:
         name = describe(loss, backend)
         fields = {}  # the speed-ups of the rungs so far
@@ -133,7 +135,6 @@ def run_ladder(out: Path, train_args: list[str], plan_strategies, rungs=("baseli
                                 "step GPU ms": reason})
                 continue
             runs[(name, _rung_name(rung))] = Path(record["run_dir"])
-    return runs, skipped
 
 
 def _run_group(argv: list[str]) -> int:
@@ -153,30 +154,43 @@ def _run_group(argv: list[str]) -> int:
         raise
 
 
-def run_groups(out: Path, train_args: list[str], text: str, plan_strategies):
+def run_groups(out: Path, train_args: list[str], text: str, plan_strategies, runs: dict,
+               skipped: list) -> None:
     """Every rung, each group of GROUPS in a process of its own (this module's --group);
-    returns what run_ladder returns, over all groups, in ladder order."""
+    fills `runs` and `skipped` as run_ladder does, over all groups, in ladder order. A
+    group ended by Ctrl-C or SIGTERM (to it or to this process) is a KeyboardInterrupt
+    here, with the rungs that finished before it in `runs`."""
     started = time.time()
-    runs, skipped = {}, []
     names = [describe(*s) for s in plan_strategies]
+    order = ["baseline", *(_rung_name(r) for r in SPEEDUPS)]
     for group in GROUPS:
-        code = _run_group([sys.executable, "-m", "studies.ladder", "--group", group,
-                           "--strategies", text, "--out", str(out), *train_args])
-        if code == 130:
-            raise KeyboardInterrupt("interrupted")
+        try:
+            code = _run_group([sys.executable, "-m", "studies.ladder", "--group", group,
+                               "--strategies", text, "--out", str(out), *train_args])
+            interrupted = None if code != 130 else KeyboardInterrupt()
+        except KeyboardInterrupt as exc:  # to this process: the group has ended too
+            code, interrupted = 130, exc
         done = out / f"rungs-{group}.json"
+        if done.exists():
+            record = json.loads(done.read_text())
+            runs.update({(s, r): Path(p) for s, r, p in record["runs"]})
+            skipped += record["skipped"]
+            ordered = sorted(runs.items(), key=lambda kv: (names.index(kv[0][0]),
+                                                           order.index(kv[0][1])))
+            runs.clear()
+            runs.update(ordered)
+        if interrupted is not None:
+            # The group's line says at which step its rung was; the signal is the one
+            # this process got where it got one (it passes any signal on as Ctrl-C).
+            line = record.get("interrupted") if done.exists() else None
+            if line and str(interrupted) and ")" in line:
+                line = f"interrupted ({interrupted}){line[line.index(')') + 1:]}"
+            raise RunInterrupted(line) if line else interrupted
         if code != 0 or not done.exists():
             skipped += [{"strategy": n, "rung": _rung_name(r),
                          "step GPU ms": f"the run failed: its process ended with exit {code}"}
                         for n in names for r in GROUPS[group]]
-            continue
-        record = json.loads(done.read_text())
-        runs.update({(s, r): Path(p) for s, r, p in record["runs"]})
-        skipped += record["skipped"]
     print(f"all rungs done in {time.time() - started:.0f} s", flush=True)
-    order = ["baseline", *(_rung_name(r) for r in SPEEDUPS)]
-    return dict(sorted(runs.items(), key=lambda kv: (names.index(kv[0][0]),
-                                                      order.index(kv[0][1])))), skipped
 
 
 def _rung_name(rung: str) -> str:
@@ -245,15 +259,48 @@ def kernel_changes(runs: dict, limit: int = 6) -> str:
     return "\n".join(lines)
 
 
-def write_ladder(out: Path, runs: dict, skipped: list[dict]) -> str:
+def write_ladder(out: Path, runs: dict, skipped: list[dict], note: str = "") -> str:
+    """ladder.md, .csv, ladder-kernels.md and ladder.png; `note` opens the table."""
     rows = ladder_rows(runs, skipped)
     columns = [c for c in COLUMNS if any(c in r for r in rows)]
     table = markdown_of_dicts(columns, rows, left={"strategy", "rung"})
+    if note:
+        table = f"{note}\n\n{table}"
     write_whole(out / "ladder.md", table + "\n")
     write_whole(out / "ladder.csv", csv_text(columns, rows))
     write_whole(out / "ladder-kernels.md", kernel_changes(runs))
     ladder_chart(rows, out / "ladder.png", GOAL_MS)
     return table
+
+
+def _group(out: Path, group: str, train_args: list[str], plan_strategies) -> int:
+    """A worker of run_groups: its rungs, into the ladder's folder, and rungs-<group>.json
+    listing them. Ctrl-C or SIGTERM: the rungs that finished are listed all the same, with
+    the line to print, and the process ends with 130 silently (make ladder prints it)."""
+    runs, skipped, line = {}, [], None
+    try:
+        run_ladder(out, train_args, plan_strategies, runs, skipped, GROUPS[group])
+    except KeyboardInterrupt as exc:
+        line = str(exc) if isinstance(exc, RunInterrupted) else \
+            f"interrupted ({str(exc) or 'Ctrl-C'})"
+    record = {"runs": [[s, r, str(p)] for (s, r), p in runs.items()], "skipped": skipped}
+    if line:
+        record["interrupted"] = line
+    write_whole(out / f"rungs-{group}.json", json.dumps(record))
+    return 130 if line else 0
+
+
+def _keep_partial(out: Path, runs: dict, skipped: list, planned: int, exc):
+    """The ladder of the rungs that finished before Ctrl-C or SIGTERM, opened by a line
+    saying so, in <out>-interrupted/ (studies/common.keep_interrupted); the error to
+    raise."""
+    def write_partial(folder: Path):
+        write_whole(folder / SKIPPED, json.dumps(skipped, indent=1) + "\n")
+        note = (f"**Interrupted** after {len(runs)} of {planned} rungs: the rows below "
+                "are those that finished or were skipped.")
+        write_ladder(folder, {k: folder / p.name for k, p in runs.items()}, skipped, note=note)
+    return keep_interrupted(out, exc, f"{len(runs)} of {planned} rungs finished",
+                            write_partial if runs else None)
 
 
 def _main(argv) -> int:
@@ -266,17 +313,19 @@ def _main(argv) -> int:
     parser.add_argument("--group", choices=tuple(GROUPS), help=argparse.SUPPRESS)
     args, train_args = parser.parse_known_args(argv)
     plan_strategies = parse_variants(args.strategies)
-    if args.group:  # a worker of run_groups: its rungs, into the ladder's folder
-        runs, skipped = run_ladder(args.out, train_args, plan_strategies, GROUPS[args.group])
-        write_whole(args.out / f"rungs-{args.group}.json", json.dumps(
-            {"runs": [[s, r, str(p)] for (s, r), p in runs.items()], "skipped": skipped}))
-        return 0
+    if args.group:
+        return _group(args.out, args.group, train_args, plan_strategies)
     base, _ = base_config(train_args, PER_RUN, REFUSAL, baseline=True)
     train.validate(base)
     out = fresh_out(args.out, "ladder", "ladder")
+    planned = len(plan_strategies) * (1 + len(SPEEDUPS))
     print(f"make ladder: {len(plan_strategies)} strategies x {1 + len(SPEEDUPS)} rungs, each "
           "a profiled train.py run, in two processes", flush=True)
-    runs, skipped = run_groups(out, train_args, args.strategies, plan_strategies)
+    runs, skipped = {}, []
+    try:
+        run_groups(out, train_args, args.strategies, plan_strategies, runs, skipped)
+    except KeyboardInterrupt as exc:
+        raise _keep_partial(out, runs, skipped, planned, exc) from None
     write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
     print(write_ladder(out, runs, skipped))
     print(f"written: {display(out / 'ladder.md')}, ladder.csv, ladder-kernels.md, ladder.png")

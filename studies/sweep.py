@@ -21,7 +21,6 @@ grid (Triton's interpreter, no CUDA backend) and its times mean nothing.
 """
 
 import argparse
-import contextlib
 import math
 import time
 from pathlib import Path
@@ -29,13 +28,13 @@ from pathlib import Path
 import torch
 
 from core.errors import StudyInterrupted, UserError, command, one_line, run_command
-from core.files import release_claims, write_whole
+from core.files import write_whole
 from core.names import describe, parse_variants, variants
 from core.tables import csv_text
 from kernels.cuda_giou import unavailable_reason
-from profiling.run_folder import display, mark
+from profiling.run_folder import display
 from studies.charts import sweep_chart
-from studies.common import fresh_out
+from studies.common import fresh_out, keep_interrupted
 from studies.sweep_point import measure, samples, sigma_label
 from studies.sweep_report import markdown, read_rows
 
@@ -208,9 +207,9 @@ def _main(argv) -> int:
     rows = []
     try:
         run(args, rows)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # The points measured so far are kept, marked; an empty folder is not left.
-        raise StudyInterrupted(_keep_partial(out, rows, args, time.time() - started)) from None
+        raise _keep_partial(out, rows, args, time.time() - started, exc) from None
     write_whole(out / "sweep.csv", csv_text(COLUMNS, rows))
     write_whole(out / "sweep.md", markdown(rows, args, time.time() - started))
     sweep_chart(rows, out / "sweep.png", args.preset)
@@ -221,19 +220,15 @@ def _main(argv) -> int:
     return 1 if failed else 0
 
 
-def _keep_partial(out: Path, rows: list, args, seconds: float) -> str:
+def _keep_partial(out: Path, rows: list, args, seconds: float, exc) -> StudyInterrupted:
     """The interrupted sweep's rows, in <out>-interrupted/ (the folder is removed if no
-    point was measured); the line to print."""
-    if not rows:
-        release_claims()
-        with contextlib.suppress(OSError):
-            out.rmdir()  # only if empty: never a user's files
-        return "interrupted before the first point; nothing kept"
-    write_whole(out / "sweep.csv", csv_text(COLUMNS, rows))
-    write_whole(out / "sweep.md", f"**Interrupted** after {len(rows)} points: the rows "
-                "below are those measured.\n\n" + markdown(rows, args, seconds))
-    marked = mark(out, "interrupted")
-    return f"interrupted; {display(marked)} holds the {len(rows)} points measured"
+    point was measured); the error to raise."""
+    def write_partial(folder: Path):
+        write_whole(folder / "sweep.csv", csv_text(COLUMNS, rows))
+        write_whole(folder / "sweep.md", f"**Interrupted** after {len(rows)} points: the rows "
+                    "below are those measured.\n\n" + markdown(rows, args, seconds))
+    return keep_interrupted(out, exc, f"{len(rows)} points measured",
+                            write_partial if rows else None)
 
 
 main = command(_main)

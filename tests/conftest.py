@@ -1,4 +1,9 @@
+import getpass
 import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,3 +31,71 @@ def no_plain_trace_is_left(request):
     if tmp is not None:
         plain = sorted(str(p) for p in tmp.rglob("*.pt.trace.json"))
         assert not plain, f"plain traces left behind: {plain}"
+
+
+# -- nothing left behind ----------------------------------------------------------------
+# Every process the tests start gets this session's own TMPDIR, so that after each test
+# what it left is plain to see and no other session's files are mistaken for it: a
+# process still running (found by that TMPDIR in its environment, even once orphaned),
+# or a temporary folder (multiprocessing's pymp-*, torchrun's torchelastic_*, the
+# launcher's ragged-ranks-*). pytest's own tmp_path folders and Inductor's cache stay
+# where they were.
+_REAL_TMP = tempfile.gettempdir()
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _REAL_TMP)
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                      os.path.join(_REAL_TMP, f"torchinductor_{getpass.getuser()}"))
+SESSION_TMP = Path(tempfile.mkdtemp(prefix="ragged-tests-", dir=_REAL_TMP))
+os.environ["TMPDIR"] = str(SESSION_TMP)
+tempfile.tempdir = str(SESSION_TMP)
+# Processes that may outlive a test: Inductor's pool of compile workers (torch.compile in
+# this process starts it once and keeps it).
+LONG_LIVED = ("compile_worker",)
+
+
+def _session_processes() -> dict[int, str]:
+    """pid -> command line of each live process with this session's TMPDIR, but this
+    one."""
+    marker = f"TMPDIR={SESSION_TMP}".encode()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace").strip()
+        except OSError:
+            continue
+        if cmdline and not any(name in cmdline for name in LONG_LIVED):
+            found[int(entry.name)] = cmdline
+    return found
+
+
+def _temp_folders() -> set[str]:
+    import multiprocessing
+    own = multiprocessing.process.current_process()._config.get("tempdir")
+    return {p.name for p in SESSION_TMP.iterdir() if str(p) != own}
+
+
+@pytest.fixture(autouse=True)
+def nothing_is_left_behind():
+    """Every test: no process it started still runs, and no temporary folder it made is
+    left, within a grace period (workers see their parent gone and exit)."""
+    processes, folders = set(_session_processes()), _temp_folders()
+    yield
+    deadline = time.time() + 20
+    while True:
+        running = {p: c for p, c in _session_processes().items() if p not in processes}
+        left = _temp_folders() - folders
+        if not (running or left) or time.time() > deadline:
+            break
+        time.sleep(0.25)
+    for path in left:  # the next test must not fail for this one
+        shutil.rmtree(SESSION_TMP / path, ignore_errors=True)
+    assert not running, f"processes left running: {running}"
+    assert not left, f"temporary folders left in {SESSION_TMP}: {sorted(left)}"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)

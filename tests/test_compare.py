@@ -218,3 +218,56 @@ def test_the_same_run_given_twice_is_refused(tmp_path, capsys):
     assert len(err) == 1 and f"{first} and {second} are the same kind of run (padded, " \
         "train mode, the same settings): give one of them" in err[0]
     assert not (tmp_path / "cmp").exists()
+
+
+def test_ctrl_c_keeps_a_comparison_of_the_runs_that_finished(tmp_path, monkeypatch):
+    from core.errors import StudyInterrupted
+    real, calls = compare.attempt, []
+
+    def attempt(cfg, tag):
+        calls.append(tag)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("SIGTERM")
+        return real(cfg, tag)
+
+    monkeypatch.setattr(compare, "attempt", attempt)
+    out = tmp_path / "cmp"
+    with pytest.raises(StudyInterrupted) as caught:
+        compare.main(["--out", str(out), "--strategies", "padded,concat", "--modes",
+                      "forward", *TINY])
+    kept = tmp_path / "cmp-interrupted"
+    assert str(caught.value) == f"interrupted (SIGTERM); kept in {kept} (1 of 2 runs finished)"
+    table = (kept / "comparison.md").read_text()
+    assert table.startswith("**Interrupted** after 1 of 2 runs")
+    assert "| padded | forward |" in table and "| concat |" not in table
+    assert str(kept / "padded-forward") in (kept / "comparison.csv").read_text()
+    assert not list(kept.glob(".*-claimed"))
+    # Before any run finished: a folder this command made is removed.
+    calls[:] = ["x"]
+    with pytest.raises(StudyInterrupted, match="; nothing kept$"):
+        compare.main(["--out", str(tmp_path / "again"), "--strategies", "padded",
+                      "--modes", "forward", *TINY])
+    assert not (tmp_path / "again").exists()
+
+
+def test_ctrl_c_leaves_an_existing_out_folder_its_name(tmp_path, monkeypatch):
+    """A --out that existed may hold another command's work: it is not renamed, and its
+    table says the comparison was interrupted."""
+    from core.errors import StudyInterrupted
+    real, calls = compare.attempt, []
+
+    def attempt(cfg, tag):
+        calls.append(tag)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(cfg, tag)
+
+    monkeypatch.setattr(compare, "attempt", attempt)
+    out = tmp_path / "shared"
+    out.mkdir()
+    (out / "ladder.md").write_text("another command's\n")
+    with pytest.raises(StudyInterrupted, match=f"kept in {out} \\(1 of 2 runs finished\\)"):
+        compare.main(["--out", str(out), "--strategies", "padded,concat", "--modes",
+                      "forward", *TINY])
+    assert (out / "comparison.md").read_text().startswith("**Interrupted**")
+    assert (out / "ladder.md").read_text() == "another command's\n"

@@ -74,3 +74,32 @@ def test_kernel_names_keep_what_tells_them_apart():
          "FusedSgdMathFunctor<float, 3>>(...)")
     short = ladder.short_kernel_name(a)
     assert short.startswith("multi_tensor_apply_kernel<TensorListMetadata<3>, FusedSgd")
+
+
+def test_ctrl_c_keeps_the_rungs_that_finished(tmp_path, monkeypatch):
+    """Ctrl-C during the second rung (here, the group's processes run in this one): the
+    ladder of the first rung, opened by a line saying so, in <out>-interrupted/, whose
+    run folders its rows name; the group's listing says at which rung it stopped."""
+    from core.errors import StudyInterrupted
+    real, calls = ladder.attempt, []
+
+    def attempt(cfg, tag):
+        calls.append(tag)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(cfg, tag)
+
+    monkeypatch.setattr(ladder, "attempt", attempt)
+    monkeypatch.setattr(ladder, "_run_group", lambda argv: ladder._main(argv[3:]))
+    out = tmp_path / "lad"
+    with pytest.raises(StudyInterrupted) as caught:
+        ladder.main(["--out", str(out), "--strategies", "padded", *TINY])
+    kept = tmp_path / "lad-interrupted"
+    assert str(caught.value) == (f"interrupted (Ctrl-C); kept in {kept} (1 of "
+                                 f"{1 + len(SPEEDUPS)} rungs finished)")
+    assert [p.name for p in tmp_path.iterdir()] == ["lad-interrupted"]
+    assert (kept / "ladder.md").read_text().startswith("**Interrupted** after 1 of ")
+    rows = [r for r in csv.DictReader((kept / "ladder.csv").open()) if r["run folder"]]
+    assert [r["rung"] for r in rows] == ["baseline"]
+    assert (Path(rows[0]["run folder"]) / "summary.json").exists()
+    assert not list(kept.glob(".*-claimed"))

@@ -77,8 +77,11 @@ def test_a_signal_to_make_compare_marks_its_run_and_says_so(tmp_path, signum, na
     code, lines = signal_after(proc, "step 6/401 (profiled)", signum, group=True)
     assert code == 130 and len(lines) == 1, lines
     assert lines[0].startswith(f"error: interrupted ({name}) at step "), lines
-    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == \
-        ["padded-train-interrupted"], lines
+    # The comparison's own folder is marked too, and holds the run's (no claim left).
+    kept = tmp_path / "cmp-interrupted"
+    assert lines[0].endswith(f"; kept in {kept} (0 of 1 runs finished)"), lines
+    assert [p.name for p in tmp_path.iterdir()] == ["cmp-interrupted"]
+    assert [p.name for p in kept.iterdir()] == ["padded-train-interrupted"], lines
     assert gone(str(tmp_path))
 
 
@@ -88,7 +91,13 @@ def test_sigterm_to_make_ladder_alone_stops_its_rung_and_leaves_no_process(tmp_p
     out = tmp_path / "lad"
     proc = _start_command("ladder", "--out", str(out), "--strategies", "padded")
     code, lines = signal_after(proc, "step 6/401 (profiled)", signal.SIGTERM)
-    assert code == 130, lines
-    assert any(p.name.endswith("-interrupted") for p in out.iterdir()), \
-        sorted(p.name for p in out.iterdir())
+    assert code == 130 and len(lines) == 1, lines
+    # The signal this process got, the step its group's rung was at, and the ladder's own
+    # folder marked around the rung's.
+    kept = tmp_path / "lad-interrupted"
+    assert lines[0].startswith("error: interrupted (SIGTERM) at step "), lines
+    assert lines[0].endswith(f"; kept in {kept} (0 of 8 rungs finished)"), lines
+    assert [p.name for p in tmp_path.iterdir()] == ["lad-interrupted"]
+    assert [p.name for p in kept.iterdir() if p.name.endswith("-interrupted")] == \
+        ["padded-0-baseline-interrupted"], sorted(p.name for p in kept.iterdir())
     assert gone(str(tmp_path))

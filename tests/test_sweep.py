@@ -140,7 +140,7 @@ def test_ctrl_c_keeps_the_points_measured(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweep, "measure", measure)
     out = tmp_path / "sweep"
-    with pytest.raises(sweep.StudyInterrupted, match="holds the 2 points measured"):
+    with pytest.raises(sweep.StudyInterrupted, match="sweep-interrupted \\(2 points measured\\)"):
         sweep.main(["--out", str(out), *TINY, "--strategies", "padded"])
     assert [p.name for p in tmp_path.iterdir()] == ["sweep-interrupted"]
     kept = tmp_path / "sweep-interrupted"

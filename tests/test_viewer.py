@@ -59,6 +59,9 @@ def logdir(tmp_path_factory):
     return logdir
 
 
+SERVER = {}  # the server fixture's process
+
+
 @pytest.fixture(scope="module")
 def server(logdir):
     port = _free_port()
@@ -67,6 +70,7 @@ def server(logdir):
                              str(logdir), "--port", str(port)], cwd=REPO, stdout=log,
                             stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
+    SERVER["proc"] = proc
     try:
         deadline = time.time() + 180
         while True:
@@ -215,6 +219,29 @@ def test_scalars_of_a_run(logdir):
     tags = set(EventAccumulator(str(logdir / "cpu_padded")).Reload().Tags()["scalars"])
     assert {"loss", "step_time_ms", "phase_cpu_ms/loss", "phase_gpu_ms/loss",
             "phase_cpu_ms/loss_backward", "phase_cpu_ms/optimizer"} <= tags
+
+
+def _zombie_children(pid: int) -> list[int]:
+    """The children of pid that have ended but were never waited for (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_the_runs_loader_processes_are_reaped(server):
+    """The plugin forks a process per trace it loads and never waits for the last ones:
+    a TensorBoard left running kept them as zombies (17 after ~30 runs)."""
+    pid = SERVER["proc"].pid
+    deadline = time.time() + 15
+    while _zombie_children(pid) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _zombie_children(pid)
 
 
 def test_cpu_trace_still_works(server):

@@ -78,8 +78,11 @@ def launch(nproc: int, script: list[str]) -> int:
     os.environ[ERRORS_ENV] = str(folder)
     # torchrun would set 1 thread per rank and print a banner saying so.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # --log-dir: torchrun's per-rank error files go under the folder removed below, not
+    # into a /tmp/torchelastic_* folder of their own that no one removes.
     args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={nproc}",
-                                         "--max-restarts=0", *script])
+                                         "--max-restarts=0", f"--log-dir={folder / 'torchrun'}",
+                                         *script])
     try:
         run(args)
         return 0

@@ -40,6 +40,7 @@ category nor twins and parse as before.
 
 import json
 import os
+import time
 
 from profiling.communication import is_collective_kernel
 
@@ -155,11 +156,30 @@ def _patch_page() -> None:
     cls.static_file_route = static_file_route
 
 
+def _reap_loaders(every_s: float = 2.0) -> None:
+    """The plugin forks a process per trace it loads and never waits for them
+    (RunLoader.load: 'no need to join'): multiprocessing waits for finished ones only
+    when it starts the next, so the last of each load stayed a zombie for the server's
+    life (17 after ~30 runs). A daemon thread waits for the finished ones."""
+    import multiprocessing
+    import threading
+
+    def reap():
+        while True:
+            multiprocessing.active_children()  # waits for those that have ended
+            time.sleep(every_s)
+
+    threading.Thread(target=reap, name="reap-trace-loaders", daemon=True).start()
+
+
 def apply() -> None:
     os.environ["TORCH_PROFILER_START_METHOD"] = "fork"
     from torch_tb_profiler.profiler import event_parser, trace
 
     _patch_page()
+    if not getattr(apply, "_reaping", False):
+        _reap_loaders()
+        apply._reaping = True
 
     for category in RUNTIME_CATEGORIES:
         trace.EventTypeMap[category] = trace.EventTypes.RUNTIME
