@@ -37,7 +37,16 @@ from pathlib import Path
 
 import torch
 
-from core.errors import NonFiniteLoss, RunFailed, RunInterrupted, UserError, one_line
+from core.errors import (
+    WRITE_ERRNOS,
+    NonFiniteLoss,
+    RunFailed,
+    RunInterrupted,
+    UserError,
+    one_line,
+    write_failure,
+)
+from core.files import write_whole
 from core.signals import STOP_SIGNALS, ignore_stop_signals
 from profiling import run_folder
 from profiling.communication import communication
@@ -236,9 +245,11 @@ class ProfiledRun:
 
     def _write(self, summary: dict, exc: BaseException | None = None) -> None:
         """summary.json, and error.txt with the traceback of a bug (not of a user error)."""
-        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        # Whole or not at all: a full disk must not leave a summary.json that looks
+        # complete but is cut short.
+        write_whole(self.dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         if exc is not None and not isinstance(exc, UserError):
-            (self.dir / "error.txt").write_text("".join(traceback.format_exception(exc)))
+            write_whole(self.dir / "error.txt", "".join(traceback.format_exception(exc)))
 
     # -- the end of a complete run -----------------------------------------------------
     def _summary(self, status: str, profiled: int | None = None, **extra) -> dict:
@@ -328,7 +339,9 @@ class ProfiledRun:
         user_error = isinstance(exc, UserError)
         at = (f"after step {self.done} of {self.total}" if self.done == self.total else
               f"at step {self.done + 1} of {self.total}")
-        reason = f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else one_line(exc)
+        reason = (f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else
+                  write_failure(exc) if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS
+                  else one_line(exc))
         self.writer.close()
         if self.ranks.distributed:
             # A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and

@@ -10,9 +10,11 @@ run's table, profiling/communication.py for a rank's NCCL time, make sweep's poi
 """
 
 import bisect
+import errno
 import gzip
 import json
 import os
+import shutil
 from pathlib import Path
 
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "Runtime", "driver"}
@@ -30,10 +32,23 @@ def quiet_cpu_profiler() -> None:
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
+# Below this much free space a trace that does not parse was cut short by a full disk:
+# the profiler's writer (C++) stops at ENOSPC without raising.
+FULL_DISK_BYTES = 1 << 20
+
+
 def load_trace(path: Path) -> list[dict]:
+    """A trace's events. A trace cut short on a full disk is an OSError ENOSPC naming the
+    file (a JSON error at 'line 101782' says nothing of the cause)."""
     opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt") as f:
-        data = json.load(f)
+    try:
+        with opener(path, "rt") as f:
+            data = json.load(f)
+    except (ValueError, EOFError) as exc:  # JSON or gzip cut short
+        free = shutil.disk_usage(Path(path).parent).free
+        if free < FULL_DISK_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from exc
+        raise
     return data["traceEvents"] if isinstance(data, dict) else data
 
 

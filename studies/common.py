@@ -7,7 +7,7 @@ import traceback
 from pathlib import Path
 
 import train
-from core.errors import RunInterrupted, StudyInterrupted, UserError, one_line
+from core.errors import WRITE_ERRNOS, RunInterrupted, StudyInterrupted, UserError, one_line
 from core.files import claim, release_claims
 from core.names import describe
 from profiling.run_folder import check_out_dir, display, mark, new_run_dir, utc_stamp
@@ -94,7 +94,10 @@ def attempt(cfg: train.Config, tag: str) -> tuple[dict | None, str | None]:
     except Exception as exc:
         if from_env().distributed:
             raise  # the other ranks would wait for this one in the next run's collectives
-        if not isinstance(exc.__cause__ or exc, UserError):
+        cause = exc.__cause__ or exc
+        # A user's mistake or a full disk is its line; anything else is a bug to show.
+        if not (isinstance(cause, UserError) or
+                isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS):
             traceback.print_exc()
         print(f"{tag}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
         return None, f"the run failed: {one_line(exc)}"

@@ -1,6 +1,7 @@
 """What several test files share: the repository's path, the tiny and small run sizes,
 and how a command's output is read."""
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -135,3 +136,21 @@ def kernels_launched(fn) -> list[str]:
         fn()
         torch.cuda.synchronize()  # host-device sync: the kernels are recorded when done
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@contextlib.contextmanager
+def nearly_full_disk(folder: Path, free_kb: int = 60):
+    """A 2 MB tmpfs mounted at folder with free_kb left: a real full disk, for a test to
+    write into. Skips the test where mounting is not allowed (not root, no
+    CAP_SYS_ADMIN in a container)."""
+    import pytest
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        (folder / "filler").write_bytes(b"\0" * (2048 - free_kb) * 1024)
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)

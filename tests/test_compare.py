@@ -271,3 +271,18 @@ def test_ctrl_c_leaves_an_existing_out_folder_its_name(tmp_path, monkeypatch):
                       "forward", *TINY])
     assert (out / "comparison.md").read_text().startswith("**Interrupted**")
     assert (out / "ladder.md").read_text() == "another command's\n"
+
+
+def test_a_real_full_disk_is_one_line_per_run_and_no_result_file(tmp_path, capsys):
+    """make compare on a small tmpfs: each run's failure is one line saying the disk is
+    full, no traceback; no comparison.md (empty or cut short) is left to block the
+    folder."""
+    from tests.helpers import nearly_full_disk
+    with nearly_full_disk(tmp_path / "disk") as disk:
+        code = compare.main(["--out", str(disk / "cmp"), "--strategies", "padded,concat",
+                             "--modes", "forward", *TINY])
+        err = capsys.readouterr().err
+        assert code == 1, err
+        assert "Traceback" not in err, err
+        assert err.count("(the disk is full)") >= 2, err
+        assert not (disk / "cmp" / "comparison.md").exists()

@@ -274,3 +274,17 @@ def test_a_scaling_baseline_unlike_the_job_is_refused(tmp_path, change, named):
     one_line_and_nothing_written(
         cli("--out-dir", str(out), "--scaling-baseline", str(base)), out,
         f"--scaling-baseline {base} is not this job's run on one GPU ({named})")
+
+
+def test_a_full_disk_while_the_trace_is_written_is_one_line(tmp_path):
+    """A real full disk (a small tmpfs): the profiler's writer stops without a word and
+    leaves a trace cut short. The run says the disk is full, in one line, exit 1, and
+    leaves no folder that looks complete."""
+    from tests.helpers import nearly_full_disk
+    with nearly_full_disk(tmp_path / "disk") as disk:
+        done = cli("--out-dir", str(disk / "out"))
+        lines = our_lines(done.stderr)
+        assert done.returncode == 1 and len(lines) == 1, done.stderr[-2000:]
+        assert lines[0].startswith("error: run failed after step 3 of 3: could not write ")
+        assert lines[0].endswith(": No space left on device (the disk is full); nothing kept")
+        assert not list((disk / "out").iterdir())
