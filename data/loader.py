@@ -11,6 +11,7 @@ import atexit
 import multiprocessing
 import os
 import signal
+import sys
 
 import torch
 
@@ -57,8 +58,28 @@ def _on_sigterm(signum, frame) -> None:
         os._exit(0)
 
 
+def _die_with(parent: int) -> None:
+    """The worker is SIGKILLed as soon as its parent process dies (Linux's
+    PR_SET_PDEATHSIG), rather than noticing up to 5 s later (the DataLoader's watchdog).
+    Why it matters: a forked worker holds its parent's sockets, so a rank killed under
+    GPUS=N kept its gloo connections open through its orphaned workers, and the other rank
+    waited ~5 s in its collective, deaf to torchrun's SIGTERM. The workers are forked by
+    the thread that iterates the loader, the main thread, which lives as long as the
+    process."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(0)
+
+
 def _worker_init(worker_cores: set[int] | None):
+    parent = os.getpid()
+
     def init(worker_id: int) -> None:
+        _die_with(parent)
         # Ctrl-C and SIGTERM sent to the whole process group (a terminal, `timeout`, a
         # batch scheduler) reach the workers too: killed by one, a worker would make the
         # main process raise "worker killed by signal" in the middle of keeping the steps

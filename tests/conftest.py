@@ -48,8 +48,12 @@ SESSION_TMP = Path(tempfile.mkdtemp(prefix="ragged-tests-", dir=_REAL_TMP))
 os.environ["TMPDIR"] = str(SESSION_TMP)
 tempfile.tempdir = str(SESSION_TMP)
 # Processes that may outlive a test: Inductor's pool of compile workers (torch.compile in
-# this process starts it once and keeps it).
-LONG_LIVED = ("compile_worker",)
+# this process starts it once and keeps it), multiprocessing's resource tracker (one per
+# process that shares memory or semaphores, this one's for the session).
+LONG_LIVED = ("compile_worker", "multiprocessing.resource_tracker")
+# Folders that are caches, not litter: some of Inductor's ignore TORCHINDUCTOR_CACHE_DIR
+# and go under the temporary folder (torch._inductor.runtime.cache_dir_utils).
+CACHES = ("torchinductor_",)
 
 
 def _session_processes() -> dict[int, str]:
@@ -75,7 +79,8 @@ def _session_processes() -> dict[int, str]:
 def _temp_folders() -> set[str]:
     import multiprocessing
     own = multiprocessing.process.current_process()._config.get("tempdir")
-    return {p.name for p in SESSION_TMP.iterdir() if str(p) != own}
+    return {p.name for p in SESSION_TMP.iterdir()
+            if str(p) != own and not p.name.startswith(CACHES)}
 
 
 @pytest.fixture(autouse=True)

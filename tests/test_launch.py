@@ -135,8 +135,14 @@ def test_a_user_error_on_a_rank_ends_the_job_with_one_line(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing worth keeping: no folder
 
 
-def test_a_killed_rank_ends_the_job_within_seconds(tmp_path):
-    proc = _launch(tmp_path, "--active", "2000", "--run-name", "job")
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_killed_rank_ends_the_job_within_seconds(tmp_path, workers):
+    """With data workers the job took 6 s to end (the killed rank's orphaned workers held
+    its gloo sockets open until the DataLoader's 5 s watchdog; now they die with it), and
+    torchrun's tie-break could name rank 0 ('DataLoader worker ... killed by signal:
+    Terminated'). Measured on 2 cores: 0.9 s without workers, 1.2 s with 2."""
+    proc = _launch(tmp_path, "--active", "2000", "--run-name", "job", "--num-workers",
+                   workers)
     for line in proc.stdout:
         if "step 3/" in line:
             break
@@ -145,7 +151,9 @@ def test_a_killed_rank_ends_the_job_within_seconds(tmp_path):
     os.kill(ranks[1], signal.SIGKILL)
     killed = time.time()
     code, _, err = _finish(proc, timeout=60)
-    assert time.time() - killed < 20, "the job outlived its killed rank"
+    took = time.time() - killed
+    print(f"the job ended {took:.1f} s after its rank 1 was killed (workers {workers})")
+    assert took < 4, "the job outlived its killed rank"
     assert code == 1 and err == ["error: rank 1 failed: killed by SIGKILL; every rank was "
                                  "stopped"], err
     # Rank 0 saw its peer go and kept its completed profiled steps, marked as such.

@@ -44,6 +44,20 @@ def check_devices(nproc: int) -> None:
                         "GPU(s): ask for at most that many")
 
 
+def first_failure(failures: dict) -> int:
+    """The rank whose end ended the job. A rank that loses its peer fails too, often at
+    the same poll of torchrun's, with a line about the peer or about its own data
+    workers (the SIGTERM torchrun sends reaches them); torchrun's choice, the earliest
+    timestamp in whole seconds with rank 0 winning a tie, then named the wrong rank. So:
+    a rank killed by a signal other than torchrun's SIGTERM, then one that stopped on a
+    user error (exit 2), then the earliest, lowest rank first."""
+    def order(rank):
+        failure = failures[rank]
+        killed = failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
+        return (not killed, failure.exitcode != 2, failure.timestamp, rank)
+    return min(failures, key=order)
+
+
 def explain(rank: int, failure, folder: Path) -> tuple[str, int]:
     """The line and exit code for the rank torchrun saw fail first."""
     left = folder / f"rank{rank}.txt"
@@ -87,7 +101,8 @@ def launch(nproc: int, script: list[str]) -> int:
         run(args)
         return 0
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
+        rank = first_failure(exc.failures)
+        failure = exc.failures[rank]
         line, code = explain(rank, failure, folder)
         print(f"error: {line}", file=sys.stderr)
         return code
