@@ -4,8 +4,9 @@
 # log or archive in $OUT):
 #   bench/device_session.sh tests overhead compare timeline
 #     tests     make test-gpu (pytest -m gpu, then compute-sanitizer over both kernels):
-#               at 319f919 pytest alone took 8 min 42 s on the H100, so the sanitizer
-#               did not fit in the same call; run it in a call of its own with
+#               at 319f919 pytest alone took 8 min 42 s on the H100 and the sanitizer
+#               did not fit in the same call; at 8fe9aed both fit (8 min 7 s + the
+#               sanitizer, 570 s with DEADLINE=585); where they do not, run it alone with
 #     sanitize  compute-sanitizer memcheck over tests/sanitize_kernels.py only
 #     overhead  bench/loss_overhead.py: the host cost of one loss call, layer by layer
 #     compare   make compare (every strategy, both modes) into profiles/compare-device/
