@@ -38,6 +38,7 @@ from studies.common import (
     base_config,
     folder_name,
     fresh_out,
+    keep_interrupted,
     outcome,
     run_config,
 )
@@ -100,11 +101,24 @@ def _main(argv) -> int:
     padded = run_fields(base, given, "padded", args.ragged_seconds)  # a padded-layout run's
     train.validate(run_config(base, **padded))
     out = fresh_out(args.out, "throughput", "throughput")
-    cuda_reason = unavailable_reason()
     steps = padded.get("steps", base.steps)
     print(f"make throughput: {len(plan)} runs of {steps} steps each (loop and concat: "
           f"{args.ragged_seconds:g} s of steps)", flush=True)
-    rows, skipped, runs, started = [], [], [], time.time()
+    rows, skipped, runs = [], [], []
+    try:
+        _run_all(out, base, given, plan, args.ragged_seconds, rows, skipped, runs)
+    except KeyboardInterrupt as exc:
+        raise _keep_partial(out, rows, skipped, runs, len(plan), exc) from None
+    write_tables(out, rows, skipped, runs)
+    return outcome(skipped, "steps run", len(rows), "runs")
+
+
+def _run_all(out: Path, base, given: dict, plan, ragged_seconds: float, rows: list,
+             skipped: list, runs: list) -> None:
+    """Each strategy's run; appends its row, or its skipped row, and its step times as it
+    ends, so an interrupt keeps what finished."""
+    cuda_reason = unavailable_reason()
+    started = time.time()
     for i, (loss, backend) in enumerate(plan, 1):
         tag = f"[{i}/{len(plan)}] {describe(loss, backend)}"
         if backend == "cuda" and cuda_reason:
@@ -114,7 +128,7 @@ def _main(argv) -> int:
             continue
         cfg = run_config(base, loss=loss, backend=backend, mode="train", out_dir=str(out),
                          run_name=folder_name(loss, backend),
-                         **run_fields(base, given, loss, args.ragged_seconds))
+                         **run_fields(base, given, loss, ragged_seconds))
         print(f"{tag} ({time.time() - started:.0f} s so far)", flush=True)
         record, reason = attempt(cfg, tag)
         if record is None:
@@ -123,9 +137,15 @@ def _main(argv) -> int:
         summary = load_summary(record["run_dir"])
         rows.append(row_of(summary, Path(record["run_dir"])))
         runs.append((describe(loss, backend), summary["step_times"]))
+
+
+def write_tables(out: Path, rows: list, skipped: list, runs: list, note: str = "") -> None:
+    """throughput.md, .csv, throughput.png and steps.png; `note` opens the table."""
     write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
     table = markdown_of_dicts(COLUMNS, rows + skipped, left={"strategy", "timer", "budget",
                                                              "run folder"})
+    if note:
+        table = f"{note}\n\n{table}"
     write_whole(out / "throughput.md", table + "\n")
     write_whole(out / "throughput.csv", csv_text(COLUMNS, rows + skipped))
     throughput_chart(rows, out / "throughput.png")
@@ -133,7 +153,19 @@ def _main(argv) -> int:
     print(table)
     print(f"written: {display(out / 'throughput.md')}, throughput.csv, throughput.png, "
           "steps.png")
-    return outcome(skipped, "steps run", len(rows), "runs")
+
+
+def _keep_partial(out: Path, rows: list, skipped: list, runs: list, planned: int, exc):
+    """The table of the runs that finished before Ctrl-C or SIGTERM, in
+    <out>-interrupted/ (studies/common.keep_interrupted); the error to raise."""
+    def write_partial(folder: Path):
+        for row in rows:  # the runs moved with the folder
+            row["run folder"] = display(folder.absolute() / Path(row["run folder"]).name)
+        write_tables(folder, rows, skipped, runs, note=f"**Interrupted** after "
+                     f"{len(rows) + len(skipped)} of {planned} runs: the rows below are "
+                     "those that ended.")
+    return keep_interrupted(out, exc, f"{len(rows)} of {planned} runs finished",
+                            write_partial if rows else None)
 
 
 main = command(_main)

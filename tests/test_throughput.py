@@ -3,6 +3,7 @@ the ragged ones, and a table of sustained samples/s from the runs' summaries."""
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,25 @@ def test_a_small_throughput_table_on_the_gpu(tmp_path, capsys):
         assert summary["batches"]["copy"] == "a step ahead, on a side stream"
         assert summary["batches"]["loader"] == "ring"
         assert summary["data_wait"]["steps"] == 20 - summary["config"]["settle"]
+
+
+def test_ctrl_c_keeps_the_table_of_the_runs_that_finished(tmp_path, monkeypatch):
+    from core.errors import StudyInterrupted
+    real, calls = throughput.attempt, []
+
+    def attempt(cfg, tag):
+        calls.append(tag)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(cfg, tag)
+
+    monkeypatch.setattr(throughput, "attempt", attempt)
+    with pytest.raises(StudyInterrupted) as caught:
+        throughput.main(["--out", str(tmp_path / "tp"), "--strategies", "padded,concat",
+                         *SHORT])
+    kept = tmp_path / "tp-interrupted"
+    assert str(caught.value) == f"interrupted (Ctrl-C); kept in {kept} (1 of 2 runs finished)"
+    assert (kept / "throughput.md").read_text().startswith("**Interrupted** after 1 of 2")
+    rows = list(csv.DictReader((kept / "throughput.csv").open()))
+    assert [r["strategy"] for r in rows] == ["padded"]
+    assert Path(rows[0]["run folder"]).parent == kept
