@@ -62,9 +62,10 @@ from training.ranks import Ranks
 
 
 @contextlib.contextmanager
-def _signals_deferred(act: bool = True, say=None):
+def _signals_deferred(act: bool = True, say=None, what: str = "the run's files"):
     """Ctrl-C and SIGTERM that arrive inside are held and acted on at the end (act=False:
-    dropped, for a run already ending). say(line): told once when the first one arrives.
+    dropped, for a run already ending). say(line): told once when the first one arrives,
+    that `what` is being written and kept.
 
     Python-level handlers that only take note, not pthread_sigmask: a signal blocked in
     the main thread is delivered to another thread, and its KeyboardInterrupt could still
@@ -76,8 +77,9 @@ def _signals_deferred(act: bool = True, say=None):
 
     def hold(signum, _frame):
         if not held and say is not None:
-            say(f"{signal.Signals(signum).name} received: held until the run's files are "
-                "written")
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            say(f"{name} received while {what} is written: held until it is, so that "
+                "nothing is cut short (kill -9 would discard it)")
         held.append(signum)
 
     previous = {signum: signal.signal(signum, hold)
@@ -217,7 +219,9 @@ class ProfiledRun:
         # 6.6 s): a Ctrl-C or SIGTERM meanwhile is held, so that it cannot cut the files
         # short. A complete run then ends as interrupted, its folder complete; a run
         # already ending early ends as it was going to.
-        with _signals_deferred(act=exc is None, say=self.say):
+        profiled = min(self.cfg.active, max(0, self.done - self.cfg.wait - self.cfg.warmup))
+        what = f"the trace of {profiled} profiled steps" if profiled else "the run's folder"
+        with _signals_deferred(act=exc is None, say=self.say, what=what):
             return self._exit(exc_type, exc, tb)
 
     def _exit(self, exc_type, exc, tb):

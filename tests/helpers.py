@@ -74,7 +74,7 @@ def _ctrl_c_as_a_terminal_gives_it():
 def signal_after(proc, line_part: str, signum, timeout=300, group=False, again=None):
     """Sends signum once stdout shows line_part (group: to the process's whole group, as a
     terminal or `timeout` does; again: seconds after which it is sent a second time);
-    returns (exit code, stderr lines)."""
+    returns (exit code, stderr lines); proc.rest_of_stdout holds what it printed after."""
     import os
     send = (lambda: os.killpg(proc.pid, signum)) if group else (lambda: proc.send_signal(signum))
     deadline = time.time() + timeout
@@ -86,7 +86,7 @@ def signal_after(proc, line_part: str, signum, timeout=300, group=False, again=N
                 send()
             break
         assert time.time() < deadline, f"no {line_part!r} in {timeout} s"
-    _, err = proc.communicate(timeout=timeout)
+    proc.rest_of_stdout, err = proc.communicate(timeout=timeout)
     return proc.returncode, our_lines(err)
 
 

@@ -47,6 +47,8 @@ def test_ctrl_c_while_a_complete_run_is_written_waits_for_its_files(tmp_path):
     proc = start_long_run(tmp_path, "--active", "30")
     code, lines = signal_after(proc, "writing the trace", signal.SIGINT, group=True)
     assert code == 130 and len(lines) == 1 and "interrupted" in lines[0], lines
+    assert ("Ctrl-C received while the trace of 30 profiled steps is written: held until "
+            "it is") in proc.rest_of_stdout
     # The run was complete: its folder is too, unsuffixed, with its whole summary.
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
