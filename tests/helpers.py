@@ -154,3 +154,19 @@ def nearly_full_disk(folder: Path, free_kb: int = 60):
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def interrupt_at_run(monkeypatch, study, n: int, message: str = "") -> list:
+    """The study module's n-th run (its `attempt`) raises KeyboardInterrupt(message), as
+    Ctrl-C ("") or SIGTERM ("SIGTERM") would there; the runs before it are made. Returns
+    the list of the attempts' tags, which a test may reset to count again."""
+    real, calls = study.attempt, []
+
+    def attempt(cfg, tag):
+        calls.append(tag)
+        if len(calls) == n:
+            raise KeyboardInterrupt(message)
+        return real(cfg, tag)
+
+    monkeypatch.setattr(study, "attempt", attempt)
+    return calls

@@ -9,7 +9,7 @@ import pytest
 import train
 from studies import common, compare
 from studies.compare_rows import compare_rows, load_summary
-from tests.helpers import TINY
+from tests.helpers import TINY, interrupt_at_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -222,15 +222,7 @@ def test_the_same_run_given_twice_is_refused(tmp_path, capsys):
 
 def test_ctrl_c_keeps_a_comparison_of_the_runs_that_finished(tmp_path, monkeypatch):
     from core.errors import StudyInterrupted
-    real, calls = compare.attempt, []
-
-    def attempt(cfg, tag):
-        calls.append(tag)
-        if len(calls) == 2:
-            raise KeyboardInterrupt("SIGTERM")
-        return real(cfg, tag)
-
-    monkeypatch.setattr(compare, "attempt", attempt)
+    calls = interrupt_at_run(monkeypatch, compare, 2, "SIGTERM")
     out = tmp_path / "cmp"
     with pytest.raises(StudyInterrupted) as caught:
         compare.main(["--out", str(out), "--strategies", "padded,concat", "--modes",
@@ -254,15 +246,7 @@ def test_ctrl_c_leaves_an_existing_out_folder_its_name(tmp_path, monkeypatch):
     """A --out that existed may hold another command's work: it is not renamed, and its
     table says the comparison was interrupted."""
     from core.errors import StudyInterrupted
-    real, calls = compare.attempt, []
-
-    def attempt(cfg, tag):
-        calls.append(tag)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(cfg, tag)
-
-    monkeypatch.setattr(compare, "attempt", attempt)
+    interrupt_at_run(monkeypatch, compare, 2)
     out = tmp_path / "shared"
     out.mkdir()
     (out / "ladder.md").write_text("another command's\n")

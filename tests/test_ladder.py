@@ -10,7 +10,7 @@ import torch
 
 from core.names import SPEEDUPS
 from studies import ladder
-from tests.helpers import TINY
+from tests.helpers import TINY, interrupt_at_run
 
 
 def test_a_tiny_ladder_writes_every_rung_and_says_which_could_not_run(tmp_path, capsys):
@@ -81,15 +81,7 @@ def test_ctrl_c_keeps_the_rungs_that_finished(tmp_path, monkeypatch):
     ladder of the first rung, opened by a line saying so, in <out>-interrupted/, whose
     run folders its rows name; the group's listing says at which rung it stopped."""
     from core.errors import StudyInterrupted
-    real, calls = ladder.attempt, []
-
-    def attempt(cfg, tag):
-        calls.append(tag)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(cfg, tag)
-
-    monkeypatch.setattr(ladder, "attempt", attempt)
+    interrupt_at_run(monkeypatch, ladder, 2)
     monkeypatch.setattr(ladder, "_run_group", lambda argv: ladder._main(argv[3:]))
     out = tmp_path / "lad"
     with pytest.raises(StudyInterrupted) as caught:

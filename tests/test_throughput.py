@@ -9,7 +9,7 @@ import pytest
 
 import train
 from studies import throughput
-from tests.helpers import SMALL, TINY
+from tests.helpers import SMALL, TINY, interrupt_at_run
 
 SHORT = TINY + ["--dataset-length", "40"]  # batch 4: an epoch of 10 steps
 # The same without --wait, which TINY sets: the command places the window then.
@@ -71,15 +71,7 @@ def test_a_small_throughput_table_on_the_gpu(tmp_path, capsys):
 
 def test_ctrl_c_keeps_the_table_of_the_runs_that_finished(tmp_path, monkeypatch):
     from core.errors import StudyInterrupted
-    real, calls = throughput.attempt, []
-
-    def attempt(cfg, tag):
-        calls.append(tag)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(cfg, tag)
-
-    monkeypatch.setattr(throughput, "attempt", attempt)
+    interrupt_at_run(monkeypatch, throughput, 2)
     with pytest.raises(StudyInterrupted) as caught:
         throughput.main(["--out", str(tmp_path / "tp"), "--strategies", "padded,concat",
                          *SHORT])
