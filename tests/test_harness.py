@@ -92,8 +92,8 @@ def test_a_failed_trace_write_leaves_nothing_half_written(tmp_path, monkeypatch)
     monkeypatch.setattr(profiling.harness, "gzip_traces", disk_full)
     with pytest.raises(RunFailed) as failed:
         train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--run-name", "run"]))
-    assert str(failed.value) == ("run failed after step 3 of 3: [Errno 28] No space left on "
-                                 "device; nothing kept")
+    assert str(failed.value) == ("run failed after step 3 of 3: could not write: No space "
+                                 "left on device (the disk is full); nothing kept")
     assert not list(tmp_path.iterdir())
 
 

@@ -3,12 +3,14 @@ process group (its data workers too), and a second one while the run's files are
 written. Each ends with one line, exit 130, a marked folder, and no process left."""
 
 import json
+import os
 import random
 import signal
+import time
 
 import pytest
 
-from tests.helpers import gone, signal_after, start_long_run
+from tests.helpers import TINY, gone, our_lines, signal_after, start_long_run
 
 TRIALS = 4
 
@@ -56,17 +58,84 @@ def test_ctrl_c_while_a_complete_run_is_written_waits_for_its_files(tmp_path):
     assert gone(str(tmp_path))
 
 
-def _start_command(module: str, *args):
-    """A study command (studies.<module>) at the LONG size, in a process group of its own,
-    taking Ctrl-C as a terminal gives it."""
+def _start_command(module: str, *args, size=None):
+    """A study command (studies.<module>) at the LONG size (or `size`: train.py options),
+    in a process group of its own, taking Ctrl-C as a terminal gives it."""
     import subprocess
     import sys
 
     from tests.helpers import LONG, REPO, _ctrl_c_as_a_terminal_gives_it
-    return subprocess.Popen([sys.executable, "-u", "-m", f"studies.{module}", *args, *LONG],
+    return subprocess.Popen([sys.executable, "-u", "-m", f"studies.{module}", *args,
+                             *(LONG if size is None else size)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, preexec_fn=_ctrl_c_as_a_terminal_gives_it,
                             start_new_session=True)
+
+
+COMMAND_TRIALS = 3
+# Per command: its --strategies, the progress line of its second run, that run's folder,
+# its table, and what it counts.
+COMMANDS = {"compare": ("padded,concat", "[2/2] concat", "concat-train", "comparison.md",
+                        "2 runs"),
+            "ladder": ("padded", "] fused_sgd (", "padded-2-fused_sgd", "ladder.md",
+                       "8 rungs")}
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+@pytest.mark.parametrize("signum,name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+def test_a_signal_to_a_commands_group_keeps_what_finished(tmp_path_factory, module, signum,
+                                                          name):
+    """make compare and make ladder, their whole group signalled at a random step of the
+    second run (the first, 2 profiled steps, finished): one line, exit 130,
+    <out>-interrupted holding the first run and a table of it; no process left."""
+    strategies, second, run, table, planned = COMMANDS[module]
+    rng = random.Random(f"{module}{name}")
+    for trial in range(COMMAND_TRIALS):
+        tmp = tmp_path_factory.mktemp(f"{module}{trial}")
+        at = rng.randint(2, 12)
+        args = ["--strategies", strategies, "--out", str(tmp / "out")]
+        proc = _start_command(module, *args, *(["--modes", "train"] if module == "compare"
+                                               else []), size=TINY + ["--steps", "400"])
+        in_second, deadline = False, time.time() + 120
+        try:
+            for line in proc.stdout:
+                in_second = in_second or second in line
+                if in_second and f"step {at}/400 " in line:
+                    os.killpg(proc.pid, signum)
+                    break
+                assert time.time() < deadline, f"no step {at} of the second run in 120 s"
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:  # a failed trial must not run on
+                os.killpg(proc.pid, signal.SIGKILL)
+        lines = our_lines(err)
+        kept = tmp / "out-interrupted"
+        assert proc.returncode == 130 and len(lines) == 1, lines
+        assert lines[0].startswith(f"error: interrupted ({name}) at step "), lines
+        assert lines[0].endswith(f"; kept in {kept} (1 of {planned} finished)"), lines
+        names = sorted(p.name for p in kept.iterdir())
+        # The interrupted run: marked, or removed if no profiled step had completed;
+        # never a folder that looks complete.
+        assert table in names and run not in names, names
+        assert (kept / table).read_text().startswith("**Interrupted** after ")
+        assert gone(str(tmp))
+
+
+@pytest.mark.parametrize("signum,name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+def test_a_signal_to_make_sweeps_group_keeps_its_points(tmp_path_factory, signum, name):
+    rng = random.Random(f"sweep{name}")
+    for trial in range(COMMAND_TRIALS):
+        tmp = tmp_path_factory.mktemp(f"sweep{trial}")
+        at = rng.randint(2, 5)
+        proc = _start_command("sweep", "--out", str(tmp / "out"), "--strategies",
+                              "padded,concat", "--rep-ms", "20", size=[])
+        code, lines = signal_after(proc, f"[{at}/", signum, group=True)
+        kept = tmp / "out-interrupted"
+        assert code == 130 and len(lines) == 1, lines
+        assert lines[0].startswith(f"error: interrupted ({name}); kept in {kept} ("), lines
+        assert lines[0].endswith(" points measured)"), lines
+        assert (kept / "sweep.md").read_text().startswith("**Interrupted**")
+        assert gone(str(tmp))
 
 
 @pytest.mark.parametrize("signum,name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
