@@ -62,7 +62,8 @@ def differing(summaries: list[dict]) -> list[str]:
 def differences(a: dict, b: dict, names=None) -> dict:
     """{field: (a's value, b's value)} for the fields (default: all) where a and b differ."""
     fa, fb = fields_of(a), fields_of(b)
-    return {n: (fa[n], fb[n]) for n in (names or FIELDS) if fa[n] != fb[n]}
+    return {n: (fa[n], fb[n]) for n in (FIELDS if names is None else names)
+            if fa[n] != fb[n]}
 
 
 def describe(diffs: dict) -> str:
