@@ -82,3 +82,25 @@ def test_collate_list_keeps_per_sample_tensors():
 def test_too_many_boxes_names_the_sample(collate):
     with pytest.raises(UserError, match="sample 2 of the batch has 5 boxes .* only 4"):
         collate(_samples(), capacity=4)
+
+
+def test_a_workers_fd_server_is_quiet_when_the_main_process_hangs_up():
+    """The worker's excepthook drops a hang-up in multiprocessing's resource sharer (the
+    main process ending mid-fetch) and reports anything else."""
+    from data.loader import _quiet_hang_ups
+    code = compile("def _serve():\n    raise EOFError('hung up')\n",
+                   "/usr/lib/python3.11/multiprocessing/resource_sharer.py", "exec")
+    scope = {}
+    exec(code, scope)
+    reported = []
+
+    def report(*exc_info):
+        reported.append(exc_info[0])
+
+    for raise_it, expected in ((scope["_serve"], []), (lambda: 1 / 0, [ZeroDivisionError])):
+        try:
+            raise_it()
+        except BaseException:
+            import sys
+            _quiet_hang_ups(*sys.exc_info(), report=report)
+    assert reported == [ZeroDivisionError]
