@@ -44,6 +44,13 @@ def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
     return out
 
 
+def interruption(exc: KeyboardInterrupt) -> str:
+    """The line of a Ctrl-C or SIGTERM: a run's own (the signal, the step it was at, what
+    it kept), or the signal alone when it came between runs."""
+    return str(exc) if isinstance(exc, RunInterrupted) else \
+        f"interrupted ({str(exc) or 'Ctrl-C'})"
+
+
 def keep_interrupted(out: Path, exc: BaseException, finished: str, write_partial=None
                      ) -> StudyInterrupted:
     """A study ended by Ctrl-C or SIGTERM. The folder becomes <out>-interrupted if this
@@ -53,8 +60,7 @@ def keep_interrupted(out: Path, exc: BaseException, finished: str, write_partial
     whose message is the one line to print: the signal, the step a run was at, and where
     what finished is (`finished`: '2 of 5 runs finished')."""
     release_claims()  # before a rename: the claim must not travel with the folder
-    cause = str(exc).split(";")[0] if isinstance(exc, RunInterrupted) else \
-        f"interrupted ({str(exc) or 'Ctrl-C'})"
+    cause = interruption(exc).split(";")[0]  # where the run kept its steps is said below
     if write_partial is None and not any(out.iterdir()):
         if out in _made:
             out.rmdir()

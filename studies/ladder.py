@@ -43,6 +43,7 @@ from studies.common import (
     base_config,
     folder_name,
     fresh_out,
+    interruption,
     keep_interrupted,
     outcome,
     run_config,
@@ -281,8 +282,7 @@ def _group(out: Path, group: str, train_args: list[str], plan_strategies) -> int
     try:
         run_ladder(out, train_args, plan_strategies, runs, skipped, GROUPS[group])
     except KeyboardInterrupt as exc:
-        line = str(exc) if isinstance(exc, RunInterrupted) else \
-            f"interrupted ({str(exc) or 'Ctrl-C'})"
+        line = interruption(exc)
     record = {"runs": [[s, r, str(p)] for (s, r), p in runs.items()], "skipped": skipped}
     if line:
         record["interrupted"] = line
