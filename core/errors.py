@@ -67,12 +67,22 @@ def one_line(exc: BaseException) -> str:
     """The message of an error, also when a DataLoader worker re-raised it.
 
     A worker's exception comes back with its traceback folded into the message; the user
-    needs only its last line, without the 'core.errors.UserError: ' prefix.
+    needs only its last line, without the 'core.errors.UserError: ' prefix. A write the
+    file system refused (WRITE_ERRNOS) says so (write_failure).
     """
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        return write_failure(exc)
     text = str(exc).strip()
     last = text.splitlines()[-1] if text else type(exc).__name__
     prefix = "UserError: "
     return last.split(prefix, 1)[1] if prefix in last else last
+
+
+def interruption(exc: KeyboardInterrupt) -> str:
+    """The line of a Ctrl-C or SIGTERM: a run's own (RunInterrupted: the signal, the step
+    it was at, what it kept), or the signal alone ('SIGTERM' is stop_once's message)."""
+    return str(exc) if isinstance(exc, RunInterrupted) else \
+        f"interrupted ({str(exc) or 'Ctrl-C'})"
 
 
 def exit_code(exc: BaseException) -> int | None:
@@ -97,7 +107,7 @@ def report_errors(run, *args, report=None) -> int:
     except OSError as exc:
         if exc.errno not in WRITE_ERRNOS:
             raise
-        (report or print_error)(write_failure(exc))
+        (report or print_error)(one_line(exc))
         return 1
 
 

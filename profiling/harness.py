@@ -38,13 +38,12 @@ from pathlib import Path
 import torch
 
 from core.errors import (
-    WRITE_ERRNOS,
     NonFiniteLoss,
     RunFailed,
     RunInterrupted,
     UserError,
+    interruption,
     one_line,
-    write_failure,
 )
 from core.files import write_whole
 from core.signals import STOP_SIGNALS, ignore_stop_signals
@@ -219,10 +218,14 @@ class ProfiledRun:
         # 6.6 s): a Ctrl-C or SIGTERM meanwhile is held, so that it cannot cut the files
         # short. A complete run then ends as interrupted, its folder complete; a run
         # already ending early ends as it was going to.
-        profiled = min(self.cfg.active, max(0, self.done - self.cfg.wait - self.cfg.warmup))
+        profiled = self._profiled_done()
         what = f"the trace of {profiled} profiled steps" if profiled else "the run's folder"
         with _signals_deferred(act=exc is None, say=self.say, what=what):
             return self._exit(exc_type, exc, tb)
+
+    def _profiled_done(self) -> int:
+        """The profiled steps that completed so far."""
+        return min(self.cfg.active, max(0, self.done - self.cfg.wait - self.cfg.warmup))
 
     def _exit(self, exc_type, exc, tb):
         if exc is not None and self.ranks.distributed:
@@ -343,9 +346,7 @@ class ProfiledRun:
         user_error = isinstance(exc, UserError)
         at = (f"after step {self.done} of {self.total}" if self.done == self.total else
               f"at step {self.done + 1} of {self.total}")
-        reason = (f"interrupted ({str(exc) or 'Ctrl-C'})" if interrupted else
-                  write_failure(exc) if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS
-                  else one_line(exc))
+        reason = interruption(exc) if interrupted else one_line(exc)
         self.writer.close()
         if self.ranks.distributed:
             # A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and
@@ -355,7 +356,7 @@ class ProfiledRun:
             if not self.ranks.main:
                 remove_plain_traces(self.dir, self.ranks.worker_name())
                 raise (RunInterrupted if interrupted else RunFailed)(f"{reason} {at}") from exc
-        profiled = min(self.cfg.active, max(0, self.done - self.cfg.wait - self.cfg.warmup))
+        profiled = self._profiled_done()
         kept = None
         if profiled:
             kept = self._keep_completed_steps(status, reason, profiled, exc)

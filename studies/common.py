@@ -7,7 +7,13 @@ import traceback
 from pathlib import Path
 
 import train
-from core.errors import WRITE_ERRNOS, RunInterrupted, StudyInterrupted, UserError, one_line
+from core.errors import (
+    WRITE_ERRNOS,
+    StudyInterrupted,
+    UserError,
+    interruption,
+    one_line,
+)
 from core.files import claim, release_claims
 from core.names import describe
 from profiling.run_folder import check_out_dir, display, mark, new_run_dir, utc_stamp
@@ -42,13 +48,6 @@ def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
         _made.add(out)
     claim(out, kind, f"make {prefix}")
     return out
-
-
-def interruption(exc: KeyboardInterrupt) -> str:
-    """The line of a Ctrl-C or SIGTERM: a run's own (the signal, the step it was at, what
-    it kept), or the signal alone when it came between runs."""
-    return str(exc) if isinstance(exc, RunInterrupted) else \
-        f"interrupted ({str(exc) or 'Ctrl-C'})"
 
 
 def keep_interrupted(out: Path, exc: BaseException, finished: str, write_partial=None

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import train
-from core.errors import RunInterrupted, command, run_command
+from core.errors import RunInterrupted, command, interruption, run_command
 from core.files import write_whole
 from core.names import (
     GPU_ONLY_SPEEDUPS,
@@ -43,7 +43,6 @@ from studies.common import (
     base_config,
     folder_name,
     fresh_out,
-    interruption,
     keep_interrupted,
     outcome,
     run_config,
