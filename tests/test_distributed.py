@@ -15,7 +15,7 @@ import losses
 from data import SyntheticFaces
 from model import build_model
 from training.distributed import GlobalBatch, RankShare, local_boxes
-from training.ranks import Ranks
+from training.ranks import Ranks, stop
 
 STRATEGIES = [("padded", "triton"), ("concat", "triton"), ("kernel", "triton"),
               ("packed", "triton"), ("nested", "triton")]
@@ -30,8 +30,9 @@ def _setup(name: str, backend: str, seed: int):
 
 def _rank(rank: int, port: int, seed: int, out: str) -> None:
     """One rank: its share of the first global batch, DDP's backward, rank 0 saves."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(WORLD))
+    Ranks(rank, WORLD).start(cuda=False)  # joins as train.py's ranks do
     try:
         for name, backend in STRATEGIES:
             model, strategy, dataset = _setup(name, backend, seed)
@@ -49,10 +50,7 @@ def _rank(rank: int, port: int, seed: int, out: str) -> None:
                             "grads": [p.grad.clone() for p in model.parameters()]},
                            os.path.join(out, f"{name}.pt"))
     finally:
-        # Every rank done before any leaves: gloo can abort a rank whose peer tore the
-        # group down under it ("terminate called without an active exception").
-        dist.barrier()
-        dist.destroy_process_group()
+        stop()  # every rank done, then the group freed before the interpreter ends
 
 
 def _free_port() -> int:

@@ -95,6 +95,38 @@ def test_every_gradient_reduction_trains_as_one_process(tmp_path, knob):
     assert summary["losses"] == pytest.approx(one["losses"], rel=2e-5), knob
 
 
+LEAVE_THE_GROUP = """
+import os, sys
+import torch
+from training.ranks import from_env, stop
+ranks = from_env()
+ranks.start(cuda=False)
+# DDP's constructor imports torch._dynamo after the group exists, as train.py's does.
+torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+ranks.gather(ranks.rank)
+stop()
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+gloo = sorted(n for n in names if "gloo" in n)
+if gloo:
+    print(f"rank {ranks.rank} still runs {gloo}", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def test_leaving_the_group_stops_gloos_threads(tmp_path):
+    """stop() frees the group, so gloo's threads end before the interpreter does: a
+    thread that outlived it could free a work holding Python tensors during the shutdown
+    and abort the rank (training/ranks._bind_defaults_before_the_group). Deterministic,
+    unlike the abort it prevents (1 run in ~20)."""
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE_THE_GROUP)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2",
+                           str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_the_scaling_against_a_one_process_run_is_in_the_summary(tmp_path):
     base = train.run(train.parse_config(RANK_ARGS + ["--out-dir", str(tmp_path)]))
     code, out, err = _finish(_launch(tmp_path, "--run-name", "job", "--scaling-baseline",

@@ -46,6 +46,7 @@ class Ranks:
         import torch.distributed as dist
         device = self.device(cuda)
         if self.distributed and not dist.is_initialized():
+            _bind_defaults_before_the_group()
             # The step's collectives finish in milliseconds; a rank that waits minutes is
             # waiting for a dead peer, which torchrun kills sooner anyway.
             dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=5))
@@ -84,6 +85,19 @@ class Ranks:
         return True
 
 
+def _bind_defaults_before_the_group() -> None:
+    """Imports torch.distributed.nn.functional while no group exists. Its functions take
+    `group=group.WORLD` as a default argument, bound at import: imported after
+    init_process_group (DDP's constructor imports torch._dynamo, which imports it), they
+    hold the default group for the process's life, so destroy_process_group cannot free
+    it. Gloo's worker threads then outlive stop() and free their last work during the
+    interpreter's shutdown; that work still holds the tensors of the summaries' gather,
+    whose release needs the GIL, and the rank aborts ('terminate called without an active
+    exception', 1 run in ~20 on 2 CPU cores, seen in a core dump). Imported first, the
+    defaults are None, and destroy_process_group joins the threads while Python lives."""
+    import torch.distributed.nn.functional  # noqa: F401
+
+
 def from_env() -> Ranks:
     """This process's place, from the variables torchrun sets."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -94,10 +108,9 @@ def from_env() -> Ranks:
 
 def stop() -> None:
     """Leaves the process group after a job that ended well, once every rank is done with
-    it (torch may not even be installed: train.py --help). A rank that left while a peer
-    was still using the group was seen to abort in gloo's teardown ('terminate called
-    without an active exception'). After an early end nothing is waited for: torchrun
-    stops the job."""
+    it (torch may not even be installed: train.py --help), and frees it: gloo's threads
+    end here, not in the interpreter's shutdown (_bind_defaults_before_the_group says
+    why that matters). After an early end nothing is waited for: torchrun stops the job."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.barrier()
