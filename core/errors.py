@@ -70,7 +70,7 @@ def one_line(exc: BaseException) -> str:
     needs only its last line, without the 'core.errors.UserError: ' prefix. A write the
     file system refused (WRITE_ERRNOS) says so (write_failure).
     """
-    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+    if is_write_failure(exc):
         return write_failure(exc)
     text = str(exc).strip()
     last = text.splitlines()[-1] if text else type(exc).__name__
@@ -105,7 +105,7 @@ def report_errors(run, *args, report=None) -> int:
         (report or print_error)(one_line(exc))
         return exc.exit_code
     except OSError as exc:
-        if exc.errno not in WRITE_ERRNOS:
+        if not is_write_failure(exc):
             raise
         (report or print_error)(one_line(exc))
         return 1
@@ -114,6 +114,10 @@ def report_errors(run, *args, report=None) -> int:
 # What the file system, not the code, refused: a full disk or quota, a read-only one, a
 # name too long. One line naming the cause, not a traceback.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG)
+
+
+def is_write_failure(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS
 
 
 def write_failure(exc: OSError) -> str:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import train
 from core.errors import (
-    WRITE_ERRNOS,
     StudyInterrupted,
     UserError,
     interruption,
+    is_write_failure,
     one_line,
 )
 from core.files import claim, release_claims
@@ -101,8 +101,7 @@ def attempt(cfg: train.Config, tag: str) -> tuple[dict | None, str | None]:
             raise  # the other ranks would wait for this one in the next run's collectives
         cause = exc.__cause__ or exc
         # A user's mistake or a full disk is its line; anything else is a bug to show.
-        if not (isinstance(cause, UserError) or
-                isinstance(cause, OSError) and cause.errno in WRITE_ERRNOS):
+        if not (isinstance(cause, UserError) or is_write_failure(cause)):
             traceback.print_exc()
         print(f"{tag}: failed: {one_line(exc)}", file=sys.stderr, flush=True)
         return None, f"the run failed: {one_line(exc)}"
