@@ -260,7 +260,9 @@ def kernel_changes(runs: dict, limit: int = 6) -> str:
 
 
 def write_ladder(out: Path, runs: dict, skipped: list[dict], note: str = "") -> str:
-    """ladder.md, .csv, ladder-kernels.md and ladder.png; `note` opens the table."""
+    """skipped.json, ladder.md, .csv, ladder-kernels.md and ladder.png; `note` opens the
+    table."""
+    write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
     rows = ladder_rows(runs, skipped)
     columns = [c for c in COLUMNS if any(c in r for r in rows)]
     table = markdown_of_dicts(columns, rows, left={"strategy", "rung"})
@@ -294,7 +296,6 @@ def _keep_partial(out: Path, runs: dict, skipped: list, planned: int, exc):
     saying so, in <out>-interrupted/ (studies/common.keep_interrupted); the error to
     raise."""
     def write_partial(folder: Path):
-        write_whole(folder / SKIPPED, json.dumps(skipped, indent=1) + "\n")
         note = (f"**Interrupted** after {len(runs)} of {planned} rungs: the rows below "
                 "are those that finished or were skipped.")
         write_ladder(folder, {k: folder / p.name for k, p in runs.items()}, skipped, note=note)
@@ -325,7 +326,6 @@ def _main(argv) -> int:
         run_groups(out, train_args, args.strategies, plan_strategies, runs, skipped)
     except KeyboardInterrupt as exc:
         raise _keep_partial(out, runs, skipped, planned, exc) from None
-    write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
     print(write_ladder(out, runs, skipped))
     print(f"written: {display(out / 'ladder.md')}, ladder.csv, ladder-kernels.md, ladder.png")
     return outcome(skipped, "step GPU ms", len(runs), "rungs")
