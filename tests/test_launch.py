@@ -127,6 +127,32 @@ def test_leaving_the_group_stops_gloos_threads(tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+COMPARE_THEN_LEAVE = """
+import os, sys
+from studies.compare import main
+code = main(sys.argv[1:])
+names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+gloo = sorted(n for n in names if "gloo" in n)
+if code or gloo:
+    print(f"rank {os.environ['RANK']}: exit {code}, still runs {gloo}", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def test_make_compare_leaves_the_group_free(tmp_path):
+    """make compare keeps its model, and with it DDP's hold on the group, between runs
+    (model/build.py): stop() must drop it, or gloo's threads outlive the interpreter and
+    a rank can abort at exit (issue 31: 1 job in ~20). Deterministic, unlike the abort."""
+    script = tmp_path / "compare_then_leave.py"
+    script.write_text(COMPARE_THEN_LEAVE)
+    proc = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2",
+                           str(script), "--strategies", "padded", "--modes", "train",
+                           "--out", str(tmp_path / "cmp"), *RANK_ARGS], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_the_scaling_against_a_one_process_run_is_in_the_summary(tmp_path):
     base = train.run(train.parse_config(RANK_ARGS + ["--out-dir", str(tmp_path)]))
     code, out, err = _finish(_launch(tmp_path, "--run-name", "job", "--scaling-baseline",

@@ -113,5 +113,20 @@ def stop() -> None:
     why that matters). After an early end nothing is waited for: torchrun stops the job."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        _forget_what_holds_the_group()
         dist.barrier()
         dist.destroy_process_group()
+
+
+def _forget_what_holds_the_group() -> None:
+    """Drops the model that make compare keeps between its runs (model/build.py): it is
+    kept with its runner, the DDP wrapper, which holds the process group, so the group
+    outlived destroy_process_group and gloo's threads the interpreter (one make compare
+    rank in ~20 aborted at exit: 'terminate called without an active exception')."""
+    build = sys.modules.get("model.build")  # loaded only where a model was built
+    if build is not None:
+        import gc
+        build.forget_kept_model()
+        # Dropping the reference frees DDP on CPU ranks (tested); a compiled runner may
+        # sit in reference cycles, which are freed here rather than at exit.
+        gc.collect()
