@@ -30,7 +30,7 @@ from core.names import (
 from core.signals import ignore_stop_signals, stop_once
 from profiling.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from profiling.scaling import check_baseline
-from training import ddp, speedups
+from training import ddp, parallel, speedups
 from training.ddp import COMM_HOOKS
 from training.ddp import HELP as DDP_HELP
 from training.ranks import from_env, stop
@@ -101,6 +101,7 @@ class Config:
     bucket_view: bool = option(True, DDP_HELP["bucket_view"])
     comm_hook: str = option("sum", DDP_HELP["comm_hook"], choices=COMM_HOOKS)
     overlap: bool = option(True, DDP_HELP["overlap"])
+    parallel: str = option("ddp", parallel.HELP, choices=parallel.PARALLEL)
     scaling_baseline: str = option("", "a one-GPU run folder of the same batch size per GPU: "
                                    "summary.json gives this run's scaling against it")
     seed: int = option(0, "same seed, same batches and weights for every strategy")
@@ -195,6 +196,7 @@ def validate(cfg: Config, world: int = 1) -> None:
     check_out_dir(cfg.out_dir)
     speedups.check(cfg, torch.cuda.is_available())
     ddp.check(cfg)
+    parallel.check(cfg, world)
     if cfg.scaling_baseline:
         check_baseline(cfg.scaling_baseline, dataclasses.asdict(cfg))
 
@@ -215,10 +217,12 @@ class StepFns:
         return self.arrive(self.copy(batch))
 
 
-def make_step(cfg: Config, strategy, runner, optimizer, device, across=None) -> StepFns:
+def make_step(cfg: Config, strategy, runner, optimizer, device, across=None,
+              prefetch=None) -> StepFns:
     """The step's functions (StepFns). across: on several ranks, the global batch's loss
     and gradients (training/distributed.GlobalBatch); the returned loss is the global
-    batch's."""
+    batch's. prefetch: what starts before the forward, outside the compiled model
+    (--parallel zero: lin1's all-gather, training/parallel.prefetcher)."""
     from training.distributed import GlobalBatch
     across = across or GlobalBatch(cfg.loss)
     cuda = device.type == "cuda"
@@ -244,6 +248,8 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None) -> 
 
     def train_step(images, targets):
         with phase("forward"):
+            if prefetch is not None:
+                prefetch()
             with autocast:
                 pred = runner(images)
             close_range()
@@ -299,7 +305,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                                               *ddp.wrapper(cfg, ranks, device))
     t_model = time.perf_counter() - t_model
     across = GlobalBatch.of(cfg, ranks, model)
-    fns = make_step(cfg, strategy, runner, optimizer, device, across)
+    fns = make_step(cfg, strategy, runner, optimizer, device, across,
+                    parallel.prefetcher(cfg, ranks, model))
 
     graphed = None
     if used["cuda_graph"]:
@@ -318,7 +325,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                      check_out_dir(cfg.out_dir), name, speedups=speed, ranks=ranks,
                      facts={"batches": batches}) as prof:
         params = sum(p.numel() for p in model.parameters())
-        where = f"{ranks.world} ranks ({device.type})" if ranks.distributed else device
+        where = (f"{ranks.world} ranks ({device.type}, --parallel {cfg.parallel})"
+                 if ranks.distributed else device)
         prof.say(f"{cfg.mode} mode, {cfg.preset} preset, batch {cfg.batch_size}, {prof.total} "
                  f"steps ({cfg.wait} wait, {cfg.warmup} warmup, {cfg.active} profiled) "
                  f"on {where} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "

@@ -45,6 +45,9 @@ FIELDS = {
     "seed": _config("seed"),
     "speed-ups asked": _speedups_asked,
     "ranks": lambda s: (s.get("distributed") or {}).get("world", 1),
+    # How several ranks split lin1 (training/parallel.py); DDP before the switch existed.
+    "parallel": lambda s: (s.get("distributed") or {}).get("parallel", "ddp")
+    if s.get("distributed") else "-",
     "device": lambda s: (s.get("environment") or {}).get("device"),
 }
 

@@ -335,6 +335,7 @@ class ProfiledRun:
         import torch.distributed as dist
         job = combine(record, per_rank, self.ranks.world, dist.get_backend())
         job["ddp"] = knobs(self.cfg)
+        job["distributed"]["parallel"] = self.cfg.parallel
         if self.cfg.scaling_baseline:
             job["distributed"]["scaling"] = scaling(job, self.cfg.scaling_baseline)
         return job

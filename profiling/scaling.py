@@ -15,7 +15,7 @@ from profiling import alike
 # What a baseline must share with the job besides strategy and mode: all of
 # profiling/alike.py's fields but the ranks (one against several) and the device (known
 # only once the job runs).
-SETTINGS = [name for name in alike.FIELDS if name not in ("ranks", "device")]
+SETTINGS = [name for name in alike.FIELDS if name not in ("ranks", "parallel", "device")]
 
 
 def samples_per_s(summary: dict) -> float:

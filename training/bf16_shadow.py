@@ -14,8 +14,39 @@ would meet a bf16 weight).
 import torch
 
 from kernels.triton_shadow_sgd import shadow_sgd_step
+from training.parallel import is_sharded, local
 
 MOMENTUM = 0.9
+
+
+def momentum_sgd(params, lr: float, fused: bool):
+    """torch's SGD with momentum 0.9 over params: fused where asked, except for sharded
+    parameters (DTensors of --parallel zero or tp), whose fused step has no DTensor rule
+    in torch 2.11 (aten._fused_sgd_); they take the foreach step, one optimizer beside."""
+    params = list(params)
+    sharded = [p for p in params if is_sharded(p)]
+    plain = [p for p in params if not is_sharded(p)]
+    opts = [torch.optim.SGD(group, lr=lr, momentum=MOMENTUM, **kwargs)
+            for group, kwargs in ((plain, {"fused": True} if fused else {}),
+                                  (sharded, {"foreach": True})) if group]
+    if len(opts) < 2:  # one group, or none: torch's own refusal of an empty list
+        return opts[0] if opts else torch.optim.SGD(plain, lr=lr, momentum=MOMENTUM)
+    return _Together(opts)
+
+
+class _Together:
+    """Several optimizers stepped as one."""
+
+    def __init__(self, optimizers):
+        self.optimizers = optimizers
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=set_to_none)
 
 
 class SGDWithShadow:
@@ -26,8 +57,7 @@ class SGDWithShadow:
         self.shadows = model.shadowed()  # [(bf16 parameter, fp32 master)]
         shadowed = {id(p) for p, _ in self.shadows}
         rest = [p for p in model.parameters() if id(p) not in shadowed]
-        self.inner = torch.optim.SGD(rest, lr=lr, momentum=MOMENTUM,
-                                     **({"fused": True} if fused else {}))
+        self.inner = momentum_sgd(rest, lr, fused)
         self.lr = lr
         self.buffers: list[torch.Tensor | None] = [None] * len(self.shadows)
 
@@ -39,8 +69,10 @@ class SGDWithShadow:
             first = self.buffers[i] is None  # host-side state: no sync
             if first:
                 self.buffers[i] = torch.empty_like(master)
-            shadow_sgd_step(master, param.grad, self.buffers[i], param.data, self.lr,
-                            MOMENTUM, first)
+            # Sharded (--parallel zero or tp): the local rows of the weight and its
+            # gradient, beside the master's and momentum's rows (training/parallel.py).
+            shadow_sgd_step(master, local(param.grad), self.buffers[i], local(param.data),
+                            self.lr, MOMENTUM, first)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)

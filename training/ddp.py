@@ -55,7 +55,8 @@ def wrapper(cfg, ranks, device) -> tuple:
     the kept model of make compare must match to be reused."""
     return (lambda model: wrap(model, cfg, ranks, device),
             # one process: the model itself in both modes; several: DDP in train mode only
-            (ranks.world, cfg.mode if ranks.distributed else None, *knobs(cfg).values()))
+            (ranks.world, cfg.mode if ranks.distributed else None, cfg.parallel,
+             *knobs(cfg).values()))
 
 
 def reduction(cfg, ranks) -> str | None:
@@ -68,13 +69,18 @@ def reduction(cfg, ranks) -> str | None:
 
 
 def wrap(model, cfg, ranks, device):
-    """The module the step runs: DDP around the model where reduction() says so, else the
-    model itself."""
+    """The module the step runs: lin1 sharded as --parallel says (training/parallel.py),
+    then DDP around the model where reduction() says so, leaving alone what the design
+    owns; else the model itself."""
+    from training.parallel import shard
+    owned = shard(model, cfg, ranks, device)
     if reduction(cfg, ranks) != "ddp":
         return model
     import warnings
 
     from torch.nn.parallel import DistributedDataParallel
+    if owned:  # DDP would all-reduce them, and broadcast rank 0's rows to every rank
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, owned)
     # With bucket views, the channels_last conv weights' gradients (NHWC strides) are
     # copied into their contiguous buckets, and autograd warns each step; those are a few
     # thousand elements, lin1's 1.07 B are views as meant.
@@ -123,6 +129,9 @@ def reduce_after_backward(model) -> None:
     """--no-overlap: every gradient summed over the ranks once the backward is done (the
     loss is scaled for a sum), none of it hidden behind the backward."""
     import torch.distributed as dist
+
+    from training.parallel import is_sharded
     for p in model.parameters():
-        if p.grad is not None:
+        # A sharded parameter's gradient (--parallel zero or tp) is reduced by its design.
+        if p.grad is not None and not is_sharded(p):
             dist.all_reduce(p.grad)

@@ -161,14 +161,10 @@ def build(cfg, used: dict, device, reuse: bool, wrap=None, wrap_key=None):
 def make_optimizer(model, lr: float, used: dict):
     """SGD with momentum 0.9: fused, or torch's default (foreach on CUDA); with bf16_shadow
     the shadowed weight's step is its own kernel (training/bf16_shadow.py)."""
-    import torch
-    params = model.parameters()
+    from training.bf16_shadow import SGDWithShadow, momentum_sgd
     if used["bf16_shadow"]:
-        from training.bf16_shadow import SGDWithShadow
         return SGDWithShadow(model, lr, fused=used["fused_sgd"])
-    if used["fused_sgd"]:
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, fused=True)
-    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    return momentum_sgd(model.parameters(), lr, fused=used["fused_sgd"])
 
 
 def describe_used(speed: dict) -> str:

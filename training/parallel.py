@@ -1,0 +1,140 @@
+"""--parallel: how the step is spread over N ranks (make profile GPUS=N). lin1 holds 98 % of
+the parameters (65,536 x 16,384 at the full size), so the designs differ in what they do
+with it; the convolutions, lin2 (under zero) and every bias but lin1's are replicated,
+their gradients all-reduced by DDP (training/ddp.py) in every design.
+
+    ddp   lin1 replicated: its 2.1 GB bf16 gradient all-reduced every step, and every rank
+          runs the whole optimizer over it (identical work on every rank).
+    zero  lin1's weight sharded by rows (FSDP2's fully_shard on a 1-D DeviceMesh): its
+          gradient reduce-scattered, its bf16 weight all-gathered before the conv forward
+          (prefetch(): the convolutions do not need it), its fp32 master and momentum
+          (--bf16-shadow) kept for the local rows only, so each rank updates 1/N of it.
+    tp    lin1 column-parallel and lin2 row-parallel (DTensor tensor parallel,
+          parallelize_module on the same mesh): each rank's flattened features are
+          all-gathered, each rank computes its 1/N of lin1's outputs for the global batch,
+          lin2's partial sums are reduce-scattered back to each rank's own samples. lin1's
+          weight never moves; its gradient is the global batch's on each rank already, so
+          no gradient of the head is reduced, and each rank updates only its rows.
+
+Bytes a rank sends per step at the full size (docs/several-gpus.md has the cost model):
+ddp ~2 x (N-1)/N x 2.15 GB; zero ~2 x (N-1)/N x 2.15 GB too (a reduce-scatter plus an
+all-gather of the bf16 weight) but 1/N of the optimizer; tp ~3 x (N-1)/N x B x 65,536 x 2
+bytes (features gathered in the forward, their gradient reduce-scattered in the backward,
+lin2's output reduce-scattered), 0.40 GB at N = 2 and batch 1024 a rank.
+
+Every design sums the gradients over the ranks (the loss is scaled for a sum,
+training/distributed.py): the head's tensor-parallel gradients are sums by construction,
+so the trunk's reduction must be one too (--comm-hook sum, the default, or --no-overlap).
+
+Nothing here imports torch at import time (train.py --help works without it).
+"""
+
+from core.errors import UserError
+
+PARALLEL = ("ddp", "zero", "tp")
+HELP = ("several GPUs: ddp (lin1 replicated, its gradient all-reduced), zero (lin1's weight, "
+        "gradient, master and momentum sharded by rows: FSDP2), tp (lin1 column- and lin2 "
+        "row-parallel: DTensor tensor parallel, features all-gathered)")
+# The buffer that --bf16-shadow adds for lin1's fp32 master (model/boxnet.py).
+MASTER = "lin1_master"
+
+
+def check(cfg, world: int) -> None:
+    """Where a design cannot apply: one line, before anything is written."""
+    if cfg.parallel not in PARALLEL:
+        raise UserError(f"--parallel takes {', '.join(PARALLEL)}, not {cfg.parallel!r}")
+    if cfg.parallel == "ddp":
+        return
+    flag = f"--parallel {cfg.parallel}"
+    if world < 2:
+        raise UserError(f"{flag} shards lin1 over several ranks: run it with GPUS=N (N >= 2), "
+                        "or use --parallel ddp on one")
+    if cfg.hidden % world:
+        raise UserError(f"{flag} splits lin1's {cfg.hidden} rows evenly over the ranks: "
+                        f"--hidden must be a multiple of {world}")
+    if cfg.overlap and cfg.comm_hook != "sum":
+        raise UserError(f"{flag} sums gradients over the ranks (the head's sharded gradients "
+                        f"are sums already): use --comm-hook sum (the default), not "
+                        f"{cfg.comm_hook}")
+
+
+def sharded(cfg, ranks) -> bool:
+    """Whether this run shards lin1 (a design other than ddp, on several ranks)."""
+    return ranks.distributed and cfg.parallel != "ddp"
+
+
+def shard(model, cfg, ranks, device) -> list[str]:
+    """Applies the design to the model in place, before DDP wraps it; returns the names of
+    the parameters and buffers DDP must leave alone (sharded, or already the global
+    batch's). Every rank built the same model from the same seed, so each keeps its own
+    rows of the same full tensors."""
+    if not sharded(cfg, ranks):
+        return []
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(device.type, (ranks.world,), mesh_dim_names=("shard",))
+    if cfg.parallel == "zero":
+        _fully_shard_lin1(model, mesh)
+    else:
+        _tensor_parallel_head(model, mesh)
+    if getattr(model, "bf16_shadow", False):
+        _keep_local_master_rows(model, ranks)
+    return _left_to_the_design(model)
+
+
+def _fully_shard_lin1(model, mesh) -> None:
+    from torch.distributed.fsdp import fully_shard
+    # The weight alone: under --bf16-shadow it is bf16 and the bias fp32, and FSDP2 gathers
+    # one dtype per module; the bias (16 K elements) stays with DDP. Kept unsharded from
+    # the forward to the end of the backward (one gather a step, not two).
+    fully_shard(model.lin1, mesh=mesh, reshard_after_forward=False,
+                ignored_params={model.lin1.bias})
+    # Sums, as DDP's sum hook does; gloo has no pre-multiplied sum, NCCL does not need one.
+    model.lin1.set_gradient_divide_factor(1.0)
+    model.lin1.set_force_sum_reduction_for_comms(True)
+
+
+def _tensor_parallel_head(model, mesh) -> None:
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    # Each rank's features (batch-sharded) are all-gathered for lin1; lin2's output comes
+    # back batch-sharded, each rank its own samples, as a plain tensor.
+    parallelize_module(model, mesh, {"lin1": ColwiseParallel(input_layouts=Shard(0)),
+                                     "lin2": RowwiseParallel(output_layouts=Shard(0))})
+
+
+def _keep_local_master_rows(model, ranks) -> None:
+    """The fp32 master of lin1's weight, cut to this rank's rows: the rows of the bf16
+    weight's local shard (Shard(0), even chunks: check() asks for it)."""
+    rows = model.lin1_master.chunk(ranks.world)[ranks.rank].clone()
+    model.lin1_master = rows  # the full master is freed here: 4.3 GB at the full size
+
+
+def _left_to_the_design(model) -> list[str]:
+    from torch.distributed.tensor import DTensor
+    names = [n for n, p in model.named_parameters() if isinstance(p, DTensor)]
+    return names + ([MASTER] if getattr(model, "bf16_shadow", False) else [])
+
+
+def prefetcher(cfg, ranks, model):
+    """What runs before each forward, outside the compiled model: under zero, lin1's
+    all-gather started, so that it runs beside the conv forward (FSDP2's pre-forward
+    hook then only waits for it); nothing otherwise."""
+    if not (sharded(cfg, ranks) and cfg.parallel == "zero"):
+        return lambda: None
+    lin1 = model.lin1
+    return lambda: lin1.unshard(async_op=True)
+
+
+def local(tensor):
+    """A sharded tensor's local part (its rows on this rank), or the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
+
+
+def is_sharded(tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+    return isinstance(tensor, DTensor)
