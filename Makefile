@@ -18,11 +18,17 @@ MODE ?= train
 ARGS ?=
 # GPUS=N > 1: N ranks under torchrun (training/launch.py), one per GPU, or N CPU processes
 # (gloo) on a machine without GPUs; --batch-size stays per rank.
+# NODES=H > 1: H hosts, each running the same command with its own GPUS, meeting at
+# RDZV=host:port (torchrun's c10d rendezvous; the first host's address, say).
 GPUS ?= 1
-ifeq ($(GPUS),1)
+NODES ?= 1
+RDZV ?=
+ifeq ($(GPUS)$(NODES),11)
 LAUNCH := $(PYTHON)
-else
+else ifeq ($(NODES),1)
 LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS)
+else
+LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS) --nnodes $(NODES) --rdzv "$(RDZV)"
 endif
 
 .PHONY: profile compare ladder sweep throughput test test-gpu test-browser lint tensorboard setup clean-build

@@ -1,14 +1,19 @@
 """Starts a script on N ranks with torchrun, and turns a failed job into one line.
 
     python3 -m training.launch --nproc 2 train.py --loss padded     # make profile GPUS=2
+    # several hosts (make profile GPUS=8 NODES=2 RDZV=host0:29500), the same on each host:
+    python3 -m training.launch --nproc 8 --nnodes 2 --rdzv host0:29500 train.py ...
 
-torchrun itself (torch.distributed.run, --standalone, no restarts) starts the ranks: one
-process per GPU with NCCL, or, without GPUs, N CPU processes with gloo (so a CPU machine
-runs the distributed path too). When a rank fails (an exception, a user error in its
-batch, a killed process), torchrun stops every other rank within its monitor interval
-(0.1 s); this launcher then prints the line of the rank that failed first, as that rank
-left it (training/ranks.py), instead of torchrun's report, and exits with its code: 2 for
-a user error, 130 for Ctrl-C, 1 otherwise. Ctrl-C stops every rank.
+torchrun itself (torch.distributed.run, no restarts) starts the ranks: one process per GPU
+with NCCL, or, without GPUs, N CPU processes with gloo (so a CPU machine runs the
+distributed path too). One host is --standalone; several meet through torchrun's own c10d
+rendezvous at --rdzv (a host:port every host reaches; the first launcher there hosts it),
+each host starting its own --nproc ranks (they may differ), the world being their sum.
+When a rank fails (an exception, a user error in its batch, a killed process), torchrun
+stops every other rank within its monitor interval (0.1 s); this launcher then prints the
+line of the rank that failed first, as that rank left it (training/ranks.py), instead of
+torchrun's report, and exits with its code: 2 for a user error, 130 for Ctrl-C, 1
+otherwise. Ctrl-C stops every rank.
 """
 
 import logging
@@ -22,19 +27,43 @@ from pathlib import Path
 from core.errors import UserError, report_errors, run_command
 from training.ranks import ERRORS_ENV
 
-USAGE = "usage: python3 -m training.launch --nproc N SCRIPT [ARGS...]"
+USAGE = ("usage: python3 -m training.launch --nproc N [--nnodes H --rdzv HOST:PORT] SCRIPT "
+         "[ARGS...]")
 
 
-def parse(argv: list[str]) -> tuple[int, list[str]]:
+def _whole(value: str, what: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise UserError(f"{what} must be a whole number, not {value!r}") from None
+    if number < 1:
+        raise UserError(f"{what} must be at least 1, not {number}")
+    return number
+
+
+def parse(argv: list[str]) -> tuple[int, list[str], list[str]]:
+    """(ranks on this host, torchrun's rendezvous arguments, the script and its args)."""
     if len(argv) < 3 or argv[0] != "--nproc":
         raise UserError(USAGE)
-    try:
-        nproc = int(argv[1])
-    except ValueError:
-        raise UserError(f"GPUS must be a whole number, not {argv[1]!r}") from None
-    if nproc < 1:
-        raise UserError(f"GPUS must be at least 1, not {nproc}")
-    return nproc, argv[2:]
+    nproc, rest = _whole(argv[1], "GPUS"), argv[2:]
+    nodes, endpoint = 1, ""
+    while rest and rest[0] in ("--nnodes", "--rdzv"):
+        if len(rest) < 3:
+            raise UserError(USAGE)
+        if rest[0] == "--nnodes":
+            nodes = _whole(rest[1], "NODES")
+        else:
+            endpoint = rest[1]
+        rest = rest[2:]
+    if nodes == 1:
+        return nproc, ["--standalone"], rest
+    host, _, port = endpoint.rpartition(":")
+    if not (host and port.isdigit()):
+        raise UserError(f"NODES={nodes} needs RDZV=HOST:PORT, an address every host reaches "
+                        f"(the first host's, say), not {endpoint!r}")
+    # The job's id: every host of one job gives the same, from the endpoint.
+    return nproc, [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+                   f"--rdzv-id=ragged-{port}"], rest
 
 
 def check_devices(nproc: int) -> None:
@@ -81,7 +110,7 @@ def quiet_torchrun() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def launch(nproc: int, script: list[str]) -> int:
+def launch(nproc: int, rendezvous: list[str], script: list[str]) -> int:
     quiet_torchrun()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -94,7 +123,7 @@ def launch(nproc: int, script: list[str]) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     # --log-dir: torchrun's per-rank error files go under the folder removed below, not
     # into a /tmp/torchelastic_* folder of their own that no one removes.
-    args = get_args_parser().parse_args(["--standalone", f"--nproc-per-node={nproc}",
+    args = get_args_parser().parse_args([*rendezvous, f"--nproc-per-node={nproc}",
                                          "--max-restarts=0", f"--log-dir={folder / 'torchrun'}",
                                          *script])
     try:
