@@ -72,9 +72,15 @@ def shard(model, cfg, ranks, device) -> list[str]:
         return []
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device.type, (ranks.world,), mesh_dim_names=("shard",))
-    if cfg.parallel == "zero":
+    return apply(model, cfg.parallel, mesh, ranks)
+
+
+def apply(model, design: str, mesh, ranks) -> list[str]:
+    """shard()'s work on a given mesh (bench/sharded_rank.py applies it on a world of one
+    to time a rank's work without the collectives)."""
+    if design == "zero":
         _fully_shard_lin1(model, mesh)
-    else:
+    elif design == "tp":
         _tensor_parallel_head(model, mesh)
     if getattr(model, "bf16_shadow", False):
         _keep_local_master_rows(model, ranks)

@@ -1,0 +1,194 @@
+"""Probe: what one rank of each --parallel design computes, on one GPU, so that the
+several-GPU prediction (docs/several-gpus.md's cost model) rests on measured compute and
+only the collectives are taken from elsewhere.
+
+A. A rank's whole train step under each design (training/parallel.apply) on a process
+   group of one (NCCL, this GPU): the engines' own cost (DDP's reducer, FSDP2's hooks and
+   its gather into a full weight, DTensor's dispatch, what torch.compile makes of them)
+   with collectives that move nothing. Against "one": the one-GPU step without DDP.
+   Each design a fresh compile; CUDA events around each step (median of --steps after
+   --warmup), the step as train.py runs it (train.make_step), one batch reused.
+B. The pieces that change with N at the full size: lin1's and lin2's three GEMMs at the
+   shapes a tp rank multiplies (the global batch N*B against H/N of lin1's rows: the same
+   FLOPs as one GPU's, other shapes), and the shadow SGD over the H/N rows a zero or tp
+   rank updates. Median of 20 after 3 warm-ups, CUDA events.
+
+Run on the device: python3 bench/sharded_rank.py [--loss kernel --backend triton]
+[--designs one,ddp,zero,tp] [--worlds 1,2,4,8] > sharded_rank.md
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, ".")
+import train  # noqa: E402
+from data import SyntheticFaces  # noqa: E402
+from training import parallel, speedups  # noqa: E402
+from training.ranks import Ranks  # noqa: E402
+
+
+def one_batch(cfg, strategy, device):
+    dataset = SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed)
+    images, targets = strategy.collate([dataset[i] for i in range(cfg.batch_size)])
+    return images.to(device), strategy.to_device(targets, device)
+
+
+def wrap_for(design: str, mesh):
+    """The model as a rank of `design` runs it, on a world of one."""
+    def wrap(model):
+        if design == "one":
+            return model
+        owned = parallel.apply(model, design, mesh, Ranks())
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from training.ddp import allreduce_sum_hook, no_buffer_broadcast
+        if owned:
+            DDP._set_params_and_buffers_to_ignore_for_model(model, owned)
+        ddp = DDP(model, device_ids=[0], gradient_as_bucket_view=True, **no_buffer_broadcast())
+        ddp.register_comm_hook(None, allreduce_sum_hook)
+        return ddp
+    return wrap
+
+
+def time_steps(step, batch, warmup: int, steps: int) -> list[float]:
+    ms = []
+    for i in range(warmup + steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step(*batch)
+        end.record()
+        if i >= warmup:
+            ms.append((start, end))
+    torch.cuda.synchronize()  # host-device sync: once, after the timed steps
+    return [s.elapsed_time(e) for s, e in ms]
+
+
+def design_step(design, args, mesh) -> dict:
+    import losses
+    cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend])
+    device = torch.device("cuda", 0)
+    used = speedups.resolve(cfg, True)["on"]
+    speedups.apply_backend_flags(used, True, many_runs=True)
+    strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
+    torch._dynamo.reset()  # the last design's compiled graphs held its model
+    import gc
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    model, runner, optimizer = speedups.build(cfg, used, device, False, wrap_for(design, mesh))
+    prefetch = (lambda: model.lin1.unshard(async_op=True)) if design == "zero" else None
+    fns = train.make_step(cfg, strategy, runner, optimizer, device, prefetch=prefetch)
+    batch = one_batch(cfg, strategy, device)
+    ms = time_steps(fns.train_step, batch, args.warmup, args.steps)
+    row = {"design": design, "step ms median": statistics.median(ms),
+           "step ms min": min(ms), "step ms max": max(ms),
+           "peak GB": torch.cuda.max_memory_allocated() / 1e9,
+           "build+run s": time.perf_counter() - t0}
+    return row  # the model goes with this frame; the next design resets dynamo first
+
+
+def cuda_ms(fn, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    pairs = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        pairs.append((s, e))
+    torch.cuda.synchronize()  # host-device sync: once, after the timed calls
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def gemms(world: int, batch: int, features: int, hidden: int, out: int) -> tuple:
+    """(lin1's, lin2's) {fwd, dX, dW} ms at a tp rank's shapes."""
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    rows, gb = hidden // world, batch * world
+    x, w1 = torch.randn(gb, features, **bf), torch.randn(rows, features, **bf) * 0.01
+    y = x @ w1.t()
+    w2, dout = torch.randn(out, rows, **bf), torch.randn(gb, out, **bf)
+    lin1 = {"fwd": cuda_ms(lambda: x @ w1.t()), "dX": cuda_ms(lambda: y @ w1),
+            "dW": cuda_ms(lambda: y.t() @ x)}
+    lin2 = {"fwd": cuda_ms(lambda: y @ w2.t()), "dX": cuda_ms(lambda: dout @ w2),
+            "dW": cuda_ms(lambda: dout.t() @ y)}
+    return lin1, lin2
+
+
+def shadow_sgd_ms(rows: int, features: int) -> float:
+    from kernels.triton_shadow_sgd import shadow_sgd_step
+    master = torch.randn(rows, features, device="cuda")
+    buf, grad = torch.zeros_like(master), torch.randn_like(master).bfloat16()
+    weight = master.bfloat16()
+    return cuda_ms(lambda: shadow_sgd_step(master, grad, buf, weight, 1e-4, 0.9, False))
+
+
+def rank_pieces(world: int, batch=1024, features=65536, hidden=16384, out=1024) -> dict:
+    """A tp rank's GEMMs (global batch N*B, H/N rows) and a zero/tp rank's shadow SGD."""
+    lin1, lin2 = gemms(world, batch, features, hidden, out)
+    rows = hidden // world
+    sgd = shadow_sgd_ms(rows, features)
+    flops = 2 * batch * world * features * rows * 3
+    return {"world": world, "lin1 GEMMs ms": sum(lin1.values()),
+            **{f"lin1 {k}": v for k, v in lin1.items()},
+            "lin1 TFLOP/s": flops / sum(lin1.values()) / 1e9,
+            "lin2 GEMMs ms": sum(lin2.values()), "shadow SGD ms (H/N rows)": sgd,
+            "shadow SGD TB/s": rows * features * 20 / sgd / 1e9}
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    fmt = (lambda v: f"{v:.2f}" if isinstance(v, float) else str(v))
+    return "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)] +
+                     ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--loss", default="kernel")
+    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--designs", default="one,ddp,zero,tp")
+    ap.add_argument("--worlds", default="1,2,4,8")
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--json", default=os.environ.get("SHARDED_JSON", ""))
+    args = ap.parse_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cuda", (1,), mesh_dim_names=("shard",))
+    print(f"# A rank's work per design, {torch.cuda.get_device_name()}, torch "
+          f"{torch.__version__}, {args.loss}/{args.backend}\n", flush=True)
+    steps = []
+    for design in args.designs.split(","):
+        try:
+            steps.append(design_step(design, args, mesh))
+        except Exception as exc:  # a design that fails here is a finding, not the end
+            steps.append({"design": design, "step ms median": float("nan"), "step ms min":
+                          float("nan"), "step ms max": float("nan"), "peak GB": float("nan"),
+                          "build+run s": 0.0})
+            print(f"{design}: failed: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
+        print(table(steps[-1:]), flush=True)
+    print("\n## A. The step on a world of one\n\n" + table(steps), flush=True)
+    pieces = [rank_pieces(int(n)) for n in args.worlds.split(",")]
+    print("\n## B. A rank's lin1, lin2 and shadow SGD at N ranks (tp shapes)\n\n" +
+          table(pieces), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"steps": steps, "pieces": pieces, "device": torch.cuda.get_device_name(),
+                       "torch": torch.__version__}, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
