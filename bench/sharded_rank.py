@@ -88,11 +88,27 @@ def design_step(design, args, mesh) -> dict:
     fns = train.make_step(cfg, strategy, runner, optimizer, device, prefetch=prefetch)
     batch = one_batch(cfg, strategy, device)
     ms = time_steps(fns.train_step, batch, args.warmup, args.steps)
+    if args.top:
+        print(top_kernels(design, fns.train_step, batch, args.top), flush=True)
     row = {"design": design, "step ms median": statistics.median(ms),
            "step ms min": min(ms), "step ms max": max(ms),
            "peak GB": torch.cuda.max_memory_allocated() / 1e9,
            "build+run s": time.perf_counter() - t0}
     return row  # the model goes with this frame; the next design resets dynamo first
+
+
+def top_kernels(design: str, step, batch, top: int) -> str:
+    """The GPU work of 3 profiled steps, by kernel name, ms per step: where a design's
+    step time goes beside the one-GPU step's."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step(*batch)
+        torch.cuda.synchronize()  # host-device sync: the profiled steps are done
+    rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:top]
+    lines = [f"{design}: {e.device_time_total / 3e3:7.3f} ms/step  {e.count // 3:3d}x  "
+             f"{e.key[:90]}" for e in rows]
+    return "\n".join([f"### {design}: top GPU work per step", *lines, ""])
 
 
 def cuda_ms(fn, reps: int = 20) -> float:
@@ -159,6 +175,8 @@ def main() -> None:
     ap.add_argument("--worlds", default="1,2,4,8")
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--top", type=int, default=0, help="print each design's N largest "
+                    "kernels per step (a profile of 3 steps)")
     ap.add_argument("--json", default=os.environ.get("SHARDED_JSON", ""))
     args = ap.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

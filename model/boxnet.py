@@ -44,6 +44,9 @@ class BoxNet(nn.Module):
         # triton_second_block.py), in its input's dtype, as autocast would run the conv.
         self.triton_second_block = triton_second_block
         self.channels_last = channels_last
+        # False where a design of several GPUs must not be compiled whole: then only the
+        # trunk is (training/parallel.py says why; model/build.py reads it).
+        self.compile_whole = True
         if channels_last:
             self.to(memory_format=torch.channels_last)
         # --bf16-shadow: lin1.weight a bf16 parameter, its fp32 master a buffer that the
@@ -58,6 +61,13 @@ class BoxNet(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, 1, S, S] -> boxes [B, capacity, 4] as (x1, y1, x2, y2) pixels."""
+        raw = self.head(self.trunk(images).flatten(1)).view(-1, self.capacity, 4)
+        return boxes_from_raw(raw, self.image_size)
+
+    def trunk(self, images: torch.Tensor) -> torch.Tensor:
+        """The four conv blocks: uint8 [B, 1, S, S] -> [B, 256, S/16, S/16]. A method of its
+        own so that a design of several GPUs can compile it apart from the head
+        (training/parallel.py, model/build.py)."""
         if self.triton_first_block:
             conv = self.features[0]
             x = first_block(images, conv.weight, conv.bias, self.block_dtype,
@@ -69,9 +79,11 @@ class BoxNet(nn.Module):
             x = self.features[6:](second_block(x, conv.weight, conv.bias))
         else:
             x = self.features[3:](x)
-        x = x.flatten(1)
-        raw = self.lin2(torch.relu(self.lin1(x))).view(-1, self.capacity, 4)
-        return boxes_from_raw(raw, self.image_size)
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """lin1, ReLU, lin2 on the flattened features."""
+        return self.lin2(torch.relu(self.lin1(x)))
 
 
 def make_shadow(linear: torch.nn.Linear) -> torch.Tensor:

@@ -49,7 +49,9 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
         model = BoxNet(image_size, capacity, hidden, triton_first_block, channels_last,
                        block_dtype, bf16_shadow, triton_second_block)
     wrapped = wrap(model) if wrap else model
-    runner = torch.compile(wrapped) if compile_model else wrapped
+    runner = torch.compile(wrapped) if compile_model and model.compile_whole else wrapped
+    if compile_model and not model.compile_whole:
+        model.trunk = torch.compile(model.trunk)  # the rest runs eager (--parallel tp)
     if reuse:
         pin = device.type == "cuda"
         initial = [p.detach().to("cpu", copy=True).pin_memory() if pin else

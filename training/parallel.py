@@ -110,6 +110,13 @@ def _tensor_parallel_head(model, mesh) -> None:
     # back batch-sharded, each rank its own samples, as a plain tensor.
     parallelize_module(model, mesh, {"lin1": ColwiseParallel(input_layouts=Shard(0)),
                                      "lin2": RowwiseParallel(output_layouts=Shard(0))})
+    # Only the trunk (the convolutions) is compiled; the head and DDP run eager. torch
+    # 2.11's compile of the whole model traced lin1 with the plain features, not the
+    # DTensor its input hook makes ("aten.addmm.default got mixed torch.Tensor and
+    # DTensor", bench/sharded_rank.py on the H100), and torch.compiler.disable around the
+    # head lost the output's grad_fn on 2.13. The head is three cuBLAS GEMMs either way:
+    # compile had nothing to fuse there.
+    model.compile_whole = False
 
 
 def _keep_local_master_rows(model, ranks) -> None:
