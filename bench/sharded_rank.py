@@ -198,9 +198,10 @@ def main() -> None:
             print(f"{design}: failed: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
         print(table(steps[-1:]), flush=True)
     print("\n## A. The step on a world of one\n\n" + table(steps), flush=True)
-    pieces = [rank_pieces(int(n)) for n in args.worlds.split(",")]
-    print("\n## B. A rank's lin1, lin2 and shadow SGD at N ranks (tp shapes)\n\n" +
-          table(pieces), flush=True)
+    pieces = [rank_pieces(int(n)) for n in args.worlds.split(",") if n]
+    if pieces:
+        print("\n## B. A rank's lin1, lin2 and shadow SGD at N ranks (tp shapes)\n\n" +
+              table(pieces), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": steps, "pieces": pieces, "device": torch.cuda.get_device_name(),
