@@ -94,9 +94,13 @@ def _fully_shard_lin1(model, mesh) -> None:
     # the forward to the end of the backward (one gather a step, not two).
     fully_shard(model.lin1, mesh=mesh, reshard_after_forward=False,
                 ignored_params={model.lin1.bias})
-    # Sums, as DDP's sum hook does; gloo has no pre-multiplied sum, NCCL does not need one.
+    # Sums, as DDP's sum hook does: NCCL's reduce-scatter pre-multiplies by 1. gloo has no
+    # pre-multiplied sum, so there FSDP2 sums and divides after (a pass over the shard,
+    # which torch 2.13 skips for a factor of 1 and 2.11 may not).
+    import torch.distributed as dist
     model.lin1.set_gradient_divide_factor(1.0)
-    model.lin1.set_force_sum_reduction_for_comms(True)
+    if dist.get_backend() == "gloo":
+        model.lin1.set_force_sum_reduction_for_comms(True)
 
 
 def _tensor_parallel_head(model, mesh) -> None:
