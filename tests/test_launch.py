@@ -245,7 +245,12 @@ def test_ctrl_c_stops_every_rank(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--nproc", "0", "train.py"], "GPUS must be at least 1, not 0"),
     (["--nproc", "two", "train.py"], "GPUS must be a whole number, not 'two'"),
-    (["train.py"], "usage: python3 -m training.launch --nproc N SCRIPT [ARGS...]"),
+    (["train.py"], "usage: python3 -m training.launch --nproc N [--nnodes H --rdzv "
+                   "HOST:PORT] SCRIPT [ARGS...]"),
+    (["--nproc", "2", "--nnodes", "0", "train.py"], "NODES must be at least 1, not 0"),
+    (["--nproc", "2", "--nnodes", "2", "--rdzv", "nowhere", "train.py"],
+     "NODES=2 needs RDZV=HOST:PORT, an address every host reaches (the first host's, "
+     "say), not 'nowhere'"),
 ])
 def test_bad_launcher_arguments_are_one_line(args, message):
     done = subprocess.run([sys.executable, "-m", "training.launch", *args], cwd=REPO,

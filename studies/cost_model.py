@@ -1,0 +1,204 @@
+"""make costmodel: each --parallel design's step on N GPUs, predicted from what one GPU
+measured (bench/sharded_rank.py's JSON) and the links' bandwidths, with the bytes every
+rank moves per step; the design it picks at each N. docs/several-gpus.md explains the
+model; results/several-gpus.md sets it beside the measurements.
+
+    python3 -m studies.cost_model --measured results/sharded_rank-h100.json \\
+        [--worlds 2,4,8,16,64] [--gpus-per-host 8] [--nvlink-gbs 341] [--network-gbs 50]
+
+The model, per rank and step (B samples a rank, lin1 F -> H, lin2 H -> O, bf16 = 2 bytes):
+- compute: the design's step on a world of one (measured: the engines' own cost with
+  collectives that move nothing), less the shadow SGD over the rows it no longer owns
+  (measured at H/N rows; halves with N).
+- collectives by NCCL's ring: an all-reduce of S bytes takes 2 (N-1)/N S / bw, an
+  all-gather or a reduce-scatter of S bytes in all (N-1)/N S / bw, where bw is the bus
+  bandwidth of the slowest link the ring crosses (NVLink inside a host, the network across).
+- exposure: a collective runs beside compute that does not need it (ddp's all-reduce
+  beside the backward; zero's all-gather beside the conv forward, its reduce-scatter
+  beside the conv backward), else it is exposed (tp's gathers sit between the trunk and
+  lin1, and between lin1's backward and the trunk's). Hidden communication still slows
+  the kernels beside it by `contention` of its time (fitted to the two-H200 DDP run).
+"""
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.errors import UserError, command, run_command
+
+BF16, FP32 = 2, 4
+# tp2d: tp inside each host, data-parallel across hosts (modelled; --parallel has no such
+# design yet: docs/several-gpus.md).
+DESIGNS = ("ddp", "zero", "tp", "tp2d")
+# Two H200s, NVLink: the 4.36 GB fp32 all-reduce took 12.8 ms, 341 GB/s of bus bandwidth
+# (shared/WORKLOAD.md); its bf16 2.15 GB all-reduce 6.8 ms under DDP (results/several-gpus.md).
+NVLINK_GBS = 341.0
+# Across hosts: one 400 Gb/s NIC per GPU, NCCL's bus bandwidth about 50 GB/s. Stated, not
+# measured here (no machine of several hosts is lent).
+NETWORK_GBS = 50.0
+# The two-H200 DDP run: the step grew 3.78 ms (25.25 -> 29.03 ms median) with 8.73 ms of
+# NCCL kernels all but 0.07 ms hidden; 1.45 ms of it is DDP's own cost on a world of one
+# (its bucket copy, bench/sharded_rank.py), so hidden NCCL time slowed the kernels beside
+# it by (3.78 - 1.45) / 8.73.
+CONTENTION = (3.78 - 1.45) / 8.73
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int = 1024      # samples a rank
+    features: int = 65536  # lin1's input: 256 x 16 x 16 at 256 x 256 images
+    hidden: int = 16384
+    out: int = 1024        # 256 boxes x 4
+    conv_params: int = 4 * 9 + 4 + 16 * 4 * 9 + 16 + 64 * 16 * 9 + 64 + 256 * 64 * 9 + 256
+
+
+def ring(kind: str, size: float, n: int, gbs: float) -> float:
+    """ms of a ring collective over n ranks: an all-reduce of `size` bytes, or an
+    all-gather / reduce-scatter whose result (input) is `size` bytes in all."""
+    if n < 2 or size <= 0:
+        return 0.0
+    factor = 2 * (n - 1) / n if kind == "all-reduce" else (n - 1) / n
+    return factor * size / (gbs * 1e9) * 1e3
+
+
+def collectives(design: str, n: int, s: Shape, g: int = 8
+                ) -> list[tuple[str, str, float, str]]:
+    """(name, kind, bytes in all, when) per step: when is 'hidden' (beside the backward),
+    'forward' (beside the conv forward), 'backward' (beside the conv backward) or
+    'exposed'; 'hidden-across' is hidden but crosses hosts among n / g of them (tp2d,
+    g GPUs a host)."""
+    lin1_grad = s.hidden * s.features * BF16  # bf16 under --bf16-shadow
+    replicated = (s.conv_params + s.hidden + s.out * s.hidden + s.out) * FP32
+    if design == "ddp":
+        return [("every gradient", "all-reduce", lin1_grad + replicated, "hidden")]
+    if design == "zero":
+        return [("lin1 weight (bf16)", "all-gather", lin1_grad, "forward"),
+                ("lin1 gradient", "reduce-scatter", lin1_grad, "backward"),
+                ("the other gradients", "all-reduce", replicated, "hidden")]
+    if design == "tp2d":  # tp inside each host of g GPUs, data-parallel across hosts
+        return collectives("tp", min(n, g), s) + [
+            ("lin1 and lin2 shards' gradients, across hosts", "all-reduce",
+             (s.hidden * s.features * BF16 + (s.hidden + s.out * s.hidden) * FP32) / min(n, g),
+             "hidden-across")]
+    features = n * s.batch * s.features * BF16  # the global batch's, gathered
+    outputs = n * s.batch * s.out * BF16
+    return [("features", "all-gather", features, "exposed"),
+            ("features' gradient", "reduce-scatter", features, "exposed"),
+            ("lin2 output", "reduce-scatter", outputs, "exposed"),
+            ("lin2 output's gradient", "all-gather", outputs, "exposed"),
+            ("conv and lin2-bias gradients", "all-reduce",
+             (s.conv_params + s.out) * FP32, "hidden")]
+
+
+def _ring_size(n: int, g: int, when: str) -> int:
+    """How many ranks a collective's ring holds: tp2d's gathers stay inside a host of g,
+    its gradient all-reduce spans the n / g hosts."""
+    return max(n // g, 1) if when == "hidden-across" else n
+
+
+def sent_per_rank(design: str, n: int, s: Shape, g: int = 8) -> float:
+    """Bytes one rank sends per step (a ring's all-gather or reduce-scatter sends (N-1)/N of
+    the whole, an all-reduce twice that)."""
+    total = 0.0
+    for _, kind, size, when in collectives(design, n, s, g):
+        k = _ring_size(n, g, when) if design == "tp2d" else n
+        total += size * (k - 1) / k * (2 if kind == "all-reduce" else 1)
+    return total
+
+
+def predict(design: str, n: int, measured: dict, s: Shape, per_host: int, nvlink: float,
+            network: float, window: dict) -> dict:
+    """The predicted step of one rank of `design` on n GPUs. window: ms of compute that
+    a hidden collective can run beside (the conv forward; the backward after lin1)."""
+    steps = {r["design"]: r["step ms median"] for r in measured["steps"]}
+    steps["tp2d"] = steps["tp"]  # the same rank's work; only its collectives differ
+    sgd = {p["world"]: p["shadow SGD ms (H/N rows)"] for p in measured["pieces"]}
+    full_sgd = sgd[1]
+    shards = min(n, per_host) if design == "tp2d" else n  # tp2d shards inside a host
+    sgd_n = sgd.get(shards, full_sgd / shards)  # measured at 1, 2, 4, 8; 1/N beyond
+    compute = steps[design] - (0.0 if design == "ddp" else full_sgd - sgd_n)
+    exposed = hidden = 0.0
+    for _, kind, size, when in collectives(design, n, s, per_host):
+        k = _ring_size(n, per_host, when) if design == "tp2d" else n
+        crosses = n > per_host and (design != "tp2d" or when == "hidden-across")
+        t = ring(kind, size, k, network if crosses else nvlink)
+        room = window.get(when, float("inf")) if when != "exposed" else 0.0
+        exposed += max(0.0, t - room)
+        hidden += min(t, room)
+    step = compute + exposed + CONTENTION * hidden
+    return {"design": design, "GPUs": n, "compute ms": compute, "NCCL ms": exposed + hidden,
+            "exposed ms": exposed, "step ms": step, "GB sent a rank": sent_per_rank(
+                design, n, s, per_host) / 1e9, "scaling": n * steps["one"] / step}
+
+
+def table(rows: list[dict]) -> str:
+    keys = list(rows[0])
+    fmt = (lambda v: f"{v:.2f}" if isinstance(v, float) else str(v))
+    return "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)] +
+                     ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows])
+
+
+def chart(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    worlds = sorted({r["GPUs"] for r in rows})
+    for design in DESIGNS:
+        ax.plot(worlds, [next(r["scaling"] for r in rows if r["GPUs"] == n and
+                              r["design"] == design) for n in worlds], marker="o",
+                label=f"{design} (predicted)")
+    ax.plot(worlds, worlds, "k:", label="N x one GPU")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("samples/s against one GPU")
+    ax.set_title(title, fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="make costmodel", description=__doc__.split("\n\n")[0],
+                                 allow_abbrev=False)
+    ap.add_argument("--measured", default="results/sharded_rank-h100.json",
+                    help="bench/sharded_rank.py's JSON (a rank's work, one GPU)")
+    ap.add_argument("--worlds", default="2,4,8,16,64")
+    ap.add_argument("--gpus-per-host", type=int, default=8)
+    ap.add_argument("--nvlink-gbs", type=float, default=NVLINK_GBS)
+    ap.add_argument("--network-gbs", type=float, default=NETWORK_GBS)
+    ap.add_argument("--chart", default="", help="a PNG of the predicted scaling")
+    args = ap.parse_args(argv)
+    try:
+        measured = json.loads(Path(args.measured).read_text())
+        worlds = [int(n) for n in args.worlds.split(",")]
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--measured {args.measured} and --worlds {args.worlds}: {exc}") from None
+    if any(n < 2 for n in worlds):
+        raise UserError("--worlds are numbers of GPUs, 2 or more")
+    s = Shape()
+    # What a hidden collective can run beside, from the one-GPU step's kernels: the conv
+    # forward (~2 ms) for zero's all-gather; the backward after lin1's (~7 ms) otherwise.
+    window = {"forward": 2.0, "backward": 7.0, "hidden": 7.0, "hidden-across": 7.0}
+    rows = [predict(d, n, measured, s, args.gpus_per_host, args.nvlink_gbs,
+                    args.network_gbs, window) for n in worlds for d in DESIGNS]
+    print(f"Measured on: {measured.get('device')}, torch {measured.get('torch')}; NVLink "
+          f"{args.nvlink_gbs:.0f} GB/s inside a host of {args.gpus_per_host}, network "
+          f"{args.network_gbs:.0f} GB/s across; contention {CONTENTION:.2f}\n")
+    print(table(rows))
+    print("\nBest design at each N: " + ", ".join(
+        f"{n}: {max((r for r in rows if r['GPUs'] == n), key=lambda r: r['scaling'])['design']}"
+        for n in worlds))
+    if args.chart:
+        chart(rows, Path(args.chart), f"predicted from {measured.get('device')}")
+        print(f"written: {args.chart}")
+    return 0
+
+
+main = command(_main)
+
+if __name__ == "__main__":
+    run_command(main, "no prediction was written")
