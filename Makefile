@@ -31,7 +31,7 @@ else
 LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS) --nnodes $(NODES) --rdzv "$(RDZV)"
 endif
 
-.PHONY: profile compare ladder sweep throughput test test-gpu test-browser lint tensorboard setup clean-build
+.PHONY: profile compare ladder sweep throughput costmodel test test-gpu test-browser lint tensorboard setup clean-build
 
 profile: $(SETUP)
 	$(LAUNCH) train.py --loss $(LOSS) --backend $(BACKEND) --mode $(MODE) $(ARGS)
@@ -56,6 +56,11 @@ sweep: $(SETUP)
 # ARGS="--strategies padded,kernel:triton --loader torch" and so on.
 throughput: $(SETUP)
 	$(PYTHON) -m studies.throughput $(ARGS)
+
+# Each --parallel design's step on N GPUs predicted from one GPU's measurements
+# (studies/cost_model.py; bench/sharded_rank.py measures them on the device).
+costmodel: $(SETUP)
+	$(PYTHON) -m studies.cost_model $(ARGS)
 
 # The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
 # test-browser's.

@@ -44,6 +44,11 @@ NETWORK_GBS = 50.0
 CONTENTION = (3.78 - 1.45) / 8.73
 
 
+# Scaling measured over an epoch on several GPUs: (design, GPUs, factor, where). The
+# ddp point is the one CONTENTION was fitted to, so it does not test the model.
+MEASURED = [("ddp", 2, 1.73, "2 H200s, sustained; issue 32")]
+
+
 @dataclass(frozen=True)
 class Shape:
     batch: int = 1024      # samples a rank
@@ -148,7 +153,11 @@ def chart(rows: list[dict], path: Path, title: str) -> None:
     for design in DESIGNS:
         ax.plot(worlds, [next(r["scaling"] for r in rows if r["GPUs"] == n and
                               r["design"] == design) for n in worlds], marker="o",
-                label=f"{design} (predicted)")
+                label=f"{design} (predicted{'; modelled, not built' if design == 'tp2d' else ''})")
+    for design, n, factor, where in MEASURED:
+        ax.plot([n], [factor], "kx", markersize=9)
+        ax.annotate(f"{design} measured: {factor}x ({where})", (n, factor),
+                    textcoords="offset points", xytext=(8, -12), fontsize=8)
     ax.plot(worlds, worlds, "k:", label="N x one GPU")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)

@@ -1,0 +1,58 @@
+"""studies/cost_model.py: the bytes each design moves, the ring's times, and the choice
+it makes from a rank's measured work (results/sharded_rank-h100.json)."""
+
+import json
+
+import pytest
+
+from studies import cost_model as cm
+
+MEASURED = json.loads(open("results/sharded_rank-h100.json").read())
+
+
+def test_a_ring_moves_what_nccl_documents():
+    # 2 (N-1)/N of the bytes for an all-reduce, (N-1)/N for a gather or a scatter.
+    assert cm.ring("all-reduce", 100e9, 2, 100.0) == pytest.approx(1000.0)
+    assert cm.ring("all-gather", 100e9, 4, 100.0) == pytest.approx(750.0)
+    assert cm.ring("reduce-scatter", 1e9, 1, 100.0) == 0.0
+
+
+def test_bytes_per_rank_at_the_full_size():
+    s = cm.Shape()
+    # ddp: lin1's bf16 gradient (2.15 GB) and the fp32 rest, all-reduced.
+    assert cm.sent_per_rank("ddp", 2, s) / 1e9 == pytest.approx(2.22, abs=0.01)
+    # tp: each rank's 134 MB of bf16 features out, and their gradient back.
+    assert cm.sent_per_rank("tp", 2, s) / 1e9 == pytest.approx(0.27, abs=0.01)
+    # zero sends what ddp does (a reduce-scatter and an all-gather of the bf16 weight).
+    assert cm.sent_per_rank("zero", 8, s) == pytest.approx(cm.sent_per_rank("ddp", 8, s),
+                                                           rel=0.01)
+    # tp2d's gathers stay in a host of 8: past one host it sends less than tp.
+    assert cm.sent_per_rank("tp2d", 64, s) < cm.sent_per_rank("tp", 64, s) / 5
+
+
+def test_the_model_halves_the_optimizer_and_picks_tp_inside_a_host():
+    s = cm.Shape()
+    window = {"forward": 2.0, "backward": 7.0, "hidden": 7.0, "hidden-across": 7.0}
+    rows = {(d, n): cm.predict(d, n, MEASURED, s, 8, cm.NVLINK_GBS, cm.NETWORK_GBS, window)
+            for d in cm.DESIGNS for n in (2, 8, 64)}
+    steps = {r["design"]: r["step ms median"] for r in MEASURED["steps"]}
+    sgd = MEASURED["pieces"][0]["shadow SGD ms (H/N rows)"]
+    assert rows["tp", 2]["compute ms"] == pytest.approx(steps["tp"] - sgd / 2, rel=0.01)
+    assert rows["ddp", 2]["compute ms"] == steps["ddp"]
+    for n in (2, 8):
+        assert max(cm.DESIGNS, key=lambda d: rows[d, n]["scaling"]) in ("tp", "tp2d")
+    assert max(cm.DESIGNS, key=lambda d: rows[d, 64]["scaling"]) == "tp2d"
+
+
+def test_bad_worlds_are_one_line(capsys):
+    assert cm.main(["--worlds", "1,2"]) == 2
+    assert "--worlds are numbers of GPUs, 2 or more" in capsys.readouterr().err
+    assert cm.main(["--measured", "nowhere.json"]) == 2
+    assert "--measured nowhere.json" in capsys.readouterr().err
+
+
+def test_the_command_prints_the_table_and_the_choice(tmp_path, capsys):
+    assert cm.main(["--worlds", "2,8", "--chart", str(tmp_path / "m.png")]) == 0
+    out = capsys.readouterr().out
+    assert "| tp | 2 |" in out and "Best design at each N: 2: tp" in out
+    assert (tmp_path / "m.png").stat().st_size > 1000
