@@ -8,6 +8,7 @@ and taking an output folder for one command at a time.
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 from core.errors import UserError
@@ -36,19 +37,75 @@ def write_whole(path: Path, text: str) -> None:
 def claim(folder: Path, kind: str, owner: str) -> None:
     """Take `folder` for this command alone: a file made with O_EXCL, so of two commands
     started together on one folder one gets it and the other stops here with one line,
-    before it measures anything. Released when the command ends (release_claims)."""
+    before it measures anything. Released when the command ends (release_claims). A claim
+    whose process has ended (kill -9 leaves it) is taken over, with a line saying so."""
     path = folder / f".{kind}-claimed"
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        holder = path.read_text().strip() if path.exists() else "?"
-        raise UserError(f"{folder} is being written by another {owner} ({holder}): choose "
-                        f"a new --out") from None
-    except OSError as exc:
-        raise UserError(f"cannot write in {folder}: {exc.strerror}") from None
+    for attempt in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            holder = _read(path)
+            if attempt == 0 and _stale(holder) and _set_aside(path, holder):
+                print(f"note: taking over {folder}: the {owner} that claimed it ({holder}) "
+                      "has ended without releasing it", file=sys.stderr)
+                continue
+            raise UserError(f"{folder} is being written by another {owner} ({holder or '?'}):"
+                            f" choose a new --out") from None
+        except OSError as exc:
+            raise UserError(f"cannot write in {folder}: {exc.strerror}") from None
     with os.fdopen(fd, "w") as f:
-        f.write(f"pid {os.getpid()}\n")
+        f.write(f"pid {os.getpid()} started {_start_time(os.getpid())}\n")
     _claims.append(path)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux /proc), which tells a
+    reused pid from the claimer; "" where /proc does not say."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _stale(holder: str) -> bool:
+    """Whether the claim's process has ended: no such pid, or a pid now another process's
+    (its start time differs). A claim that names no pid is never taken as stale."""
+    words = holder.split()
+    if len(words) < 2 or words[0] != "pid" or not words[1].isdigit():
+        return False
+    pid = int(words[1])
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, someone else's
+    started = words[3] if len(words) >= 4 and words[2] == "started" else ""
+    return bool(started) and started != _start_time(pid)
+
+
+def _set_aside(path: Path, stale: str) -> bool:
+    """Moves the stale claim out of the way (a rename: atomic). Of two commands taking it
+    over, one moves it and makes its own; the other finds the claim gone or new: it puts
+    back what it moved if that was not the stale claim, and stops as usual."""
+    aside = path.with_name(f"{path.name}.stale-{os.getpid()}")
+    try:
+        os.rename(path, aside)
+    except OSError:
+        return False
+    if _read(aside) != stale:  # another command's fresh claim: back where it was
+        os.replace(aside, path)
+        return False
+    aside.unlink(missing_ok=True)
+    return True
 
 
 def release_claims() -> None:

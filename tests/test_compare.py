@@ -2,6 +2,7 @@
 run folders gives the same table, and the counts agree with a real GPU trace."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 import train
 from studies import common, compare
 from studies.compare_rows import compare_rows, load_summary
-from tests.helpers import TINY, interrupt_at_run
+from tests.helpers import REPO, TINY, interrupt_at_run
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -68,6 +69,31 @@ def test_two_commands_on_one_out_folder_cannot_both_write(tmp_path):
     assert first == tmp_path / "shared"
     # Another kind of study may share the folder (a ladder beside a comparison).
     common.fresh_out(tmp_path / "shared", "ladder", "ladder")
+
+
+def test_a_claim_whose_command_was_killed_is_taken_over(tmp_path, capsys):
+    """kill -9 of make compare or make throughput leaves its claim (issue 31): the next
+    command on that folder takes it over with a line, as long as the claimer is gone."""
+    import signal
+    import subprocess
+    import sys
+
+    from core.errors import UserError
+    folder = tmp_path / "shared"
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from studies import common; "
+            f"common.fresh_out(__import__('pathlib').Path({str(folder)!r}), 'comparison', "
+            "'compare'); print('claimed', flush=True); import time; time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "claimed"
+    with pytest.raises(UserError, match=f"being written by another make compare \\(pid "
+                                        f"{proc.pid} "):
+        common.fresh_out(folder, "comparison", "compare")  # alive: refused
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert common.fresh_out(folder, "comparison", "compare") == folder
+    err = capsys.readouterr().err
+    assert f"taking over {folder}: the make compare that claimed it (pid {proc.pid} " in err
+    assert (folder / ".comparison-claimed").read_text().startswith(f"pid {os.getpid()} ")
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_result_file(tmp_path, capsys, monkeypatch):
