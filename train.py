@@ -181,7 +181,14 @@ def validate(cfg: Config, world: int = 1) -> None:
                         f"+ --warmup + --active = {window}): give at least {window}, or 0")
     if not (math.isfinite(cfg.seconds) and cfg.seconds >= 0):
         raise UserError(f"--seconds must be a number of seconds, 0 or more, got {cfg.seconds}")
+    if cfg.seconds and cfg.steps <= window:
+        raise UserError(f"--seconds ends a run once its profiled window is done, and this "
+                        f"run is that window alone ({window} steps): give --steps too, "
+                        "more than the window")
     steps = max(cfg.steps, window)
+    if cfg.settle >= steps:
+        raise UserError(f"--settle {cfg.settle} leaves none of the run's {steps} steps for "
+                        "the sustained rate: give a smaller --settle or more --steps")
     if steps * cfg.batch_size * world > cfg.dataset_length:
         ranks = f" on each of {world} ranks" if world > 1 else ""
         raise UserError(f"{steps} steps of {cfg.batch_size}{ranks} need more than the "

@@ -249,7 +249,9 @@ def test_a_time_budget_ends_the_run_after_the_profiled_window(tmp_path, capsys):
 @pytest.mark.parametrize("args,message", [
     (["--steps", "2"], "--steps 2 is shorter than the profiled window"),
     (["--seconds", "-1"], "--seconds must be a number of seconds, 0 or more"),
-    (["--settle", "-1"], "--settle must not be negative")])
+    (["--settle", "-1"], "--settle must not be negative"),
+    (["--steps", "6", "--settle", "6"], "--settle 6 leaves none of the run's 6 steps"),
+    (["--seconds", "5"], "--seconds ends a run once its profiled window is done")])
 def test_long_run_options_are_checked(tmp_path, args, message):
     with pytest.raises(UserError, match=message):
         train.validate(train.parse_config(TINY + ["--out-dir", str(tmp_path), *args]))
