@@ -22,11 +22,15 @@ from core.errors import UserError
 
 def check_capacity(samples, capacity: int) -> None:
     """Refuse a sample with more boxes than the model predicts: never truncate silently."""
-    for position, (_, boxes) in enumerate(samples):
-        if boxes.shape[0] > capacity:
-            raise UserError(
-                f"sample {position} of the batch has {boxes.shape[0]} boxes but the model "
-                f"predicts only {capacity}: raise --max-boxes to at least {boxes.shape[0]}")
+    counts = [boxes.shape[0] for _, boxes in samples]
+    over = [i for i, n in enumerate(counts) if n > capacity]
+    if over:
+        # The batch's largest, not the first that does not fit: one raise is enough.
+        most = max(counts)
+        raise UserError(
+            f"sample {over[0]} of the batch has {counts[over[0]]} boxes but the model "
+            f"predicts only {capacity}: raise --max-boxes to at least {most} (this batch's "
+            "largest)")
 
 
 def _stack_images(samples) -> torch.Tensor:

@@ -139,9 +139,15 @@ def describe(rate: dict, busy_fraction: float | None, wait: dict | None = None,
     if wait:
         line += (f"\ndata wait (host): {wait['total_ms']:,.1f} ms over those steps, median "
                  f"{wait['median_ms']:.2f} ms, p95 {wait['p95_ms']:.2f} ms; "
-                 f"{wait['steps_waited']} steps waited over {WAITED_MS:g} ms")
+                 f"{_count(wait['steps_waited'], 'step')} waited over {WAITED_MS:g} ms")
     if loader:
-        line += (f"\nthe loader's {loader['workers']} workers: {loader['batches_per_s']:.1f} "
+        who = (f"the loader's {_count(loader['workers'], 'worker')}" if loader['workers']
+               else "the loader (no workers: the main process)")
+        line += (f"\n{who}: {loader['batches_per_s']:.1f} "
                  f"batches/s ({loader['batches_per_s'] * batch / 1e3:.1f} k samples/s), "
                  f"{loader['worker_batch_ms']:.0f} ms a batch in a worker")
     return line
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")

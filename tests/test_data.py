@@ -105,3 +105,15 @@ def test_a_workers_fd_server_is_quiet_when_the_main_process_hangs_up():
             import sys
             _quiet_hang_ups(*sys.exc_info(), report=report)
         assert reported == expected
+
+
+def test_a_batch_over_capacity_names_its_largest_sample():
+    """Issue 31: the hint named the first sample that did not fit, so a user raised
+    --max-boxes once per sample; it names the batch's largest now."""
+    from core.errors import UserError
+    from data.collate import check_capacity
+    samples = [(None, torch.zeros(n, 4, dtype=torch.uint8)) for n in (0, 3, 7, 2)]
+    with pytest.raises(UserError, match="sample 1 of the batch has 3 boxes but the model "
+                       "predicts only 2: raise --max-boxes to at least 7 \\(this batch's "
+                       "largest\\)"):
+        check_capacity(samples, 2)

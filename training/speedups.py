@@ -108,6 +108,8 @@ def resolve(cfg, cuda: bool) -> dict:
     """What this run actually uses: each switch on or off, and for cuda_graph under auto
     the reason it is off. Recorded in summary.json."""
     used = {name: bool(getattr(cfg, name)) for name in SPEEDUPS if name != "cuda_graph"}
+    if cfg.mode == "forward":
+        used["fused_sgd"] = False  # no optimizer step runs in forward mode
     reason = graph_refusal(cfg, cuda)
     used["cuda_graph"] = cfg.cuda_graph != "off" and reason is None
     if cfg.cuda_graph == "off":
