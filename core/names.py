@@ -65,6 +65,9 @@ def parse_variant(text: str) -> tuple[str, str]:
         raise UserError(f"unknown strategy {text!r} in --strategies: use "
                         f"<loss>[:{'|:'.join(BACKENDS)}] with a loss from "
                         f"{', '.join(STRATEGIES)}")
+    if backend and loss not in FUSED:
+        raise UserError(f"{loss} has no kernel backend: write {loss}, not {text} "
+                        f"(backends are for {', '.join(FUSED)})")
     return loss, backend or BACKENDS[0]
 
 

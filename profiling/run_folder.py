@@ -36,17 +36,18 @@ def check_run_name(name: str) -> None:
                         "another name")
 
 
-def check_out_dir(out_dir: str) -> Path:
+def check_out_dir(out_dir: str, flag: str = "--out-dir") -> Path:
     """The output folder as the user meant it (relative to the current folder), if it is
-    or can become a writable folder; nothing is created here."""
+    or can become a writable folder; nothing is created here. flag: the option that
+    named it (the studies' --out)."""
     path = Path(out_dir).expanduser().absolute()
     existing = path
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise UserError(f"--out-dir {out_dir}: {existing} is a file, not a folder")
+        raise UserError(f"{flag} {out_dir}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"--out-dir {out_dir}: {existing} is not writable")
+        raise UserError(f"{flag} {out_dir}: {existing} is not writable")
     return path
 
 

@@ -39,15 +39,26 @@ def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
         made = new_run_dir(check_out_dir("profiles"), f"{prefix}-{utc_stamp()}")
         _made.add(made)
         return made
-    check_out_dir(str(out))
+    check_out_dir(str(out), "--out")
     if (out / f"{kind}.md").exists() or (out / SKIPPED).exists():
         raise UserError(f"{out} already holds a {kind}; choose a new --out (a {kind} is "
                         "never overwritten)")
     if not out.exists():
-        out.mkdir(parents=True)
+        try:
+            out.mkdir(parents=True)
+        except OSError as exc:  # /proc, say: writable as root, yet no folder can be made
+            raise UserError(f"--out {out}: cannot make the folder ({exc.strerror})") from None
         _made.add(out)
     claim(out, kind, f"make {prefix}")
     return out
+
+
+def discard_out(out: Path) -> None:
+    """Gives back a study's folder that ends holding nothing: removed if the study made it
+    (its claim first), else left as it was found."""
+    release_claims()
+    if out in _made and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
 
 
 def keep_interrupted(out: Path, exc: BaseException, finished: str, write_partial=None

@@ -21,11 +21,12 @@ user sees), beside the run folders.
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
 import train
-from core.errors import command, run_command
+from core.errors import UserError, command, run_command
 from core.files import write_whole
 from core.names import RAGGED, describe, parse_variants, variants
 from core.tables import csv_text, markdown_of_dicts
@@ -36,6 +37,7 @@ from studies.common import (
     SKIPPED,
     attempt,
     base_config,
+    discard_out,
     folder_name,
     fresh_out,
     keep_interrupted,
@@ -65,6 +67,21 @@ def run_fields(base: train.Config, given: dict, loss: str, ragged_seconds: float
     else:
         fields["wait"] = steps - base.warmup - base.active
     return {k: v for k, v in fields.items() if k not in given}
+
+
+def check_epoch(base: train.Config, given: dict) -> None:
+    """An epoch (the runs' length unless --steps says) must hold the profiled window: a
+    short --dataset-length made the window's --wait negative, and the refusal named
+    --wait, which the user never gave."""
+    if "steps" in given:
+        return
+    epoch = base.dataset_length // base.batch_size
+    window = base.warmup + base.active
+    if epoch < window:
+        raise UserError(f"an epoch of --dataset-length {base.dataset_length} at batch "
+                        f"{base.batch_size} is {epoch} steps, too few for the profiled "
+                        f"window at its end ({window} steps): give a larger "
+                        "--dataset-length, or --steps")
 
 
 def row_of(summary: dict, folder: Path) -> dict:
@@ -97,7 +114,11 @@ def _main(argv) -> int:
                         "profiles/throughput-<time>/)")
     args, train_args = parser.parse_known_args(argv)
     plan = parse_variants(args.strategies)
+    if not (math.isfinite(args.ragged_seconds) and args.ragged_seconds > 0):
+        raise UserError(f"--ragged-seconds must be a positive number of seconds, got "
+                        f"{args.ragged_seconds}")
     base, given = base_config(train_args, PER_RUN, REFUSAL)
+    check_epoch(base, given)
     padded = run_fields(base, given, "padded", args.ragged_seconds)  # a padded-layout run's
     train.validate(run_config(base, **padded))
     out = fresh_out(args.out, "throughput", "throughput")
@@ -109,6 +130,13 @@ def _main(argv) -> int:
         _run_all(out, base, given, plan, args.ragged_seconds, rows, skipped, runs)
     except KeyboardInterrupt as exc:
         raise _keep_partial(out, rows, skipped, runs, len(plan), exc) from None
+    if not rows and not any(str(r["steps run"]).startswith("the run failed") for r in skipped):
+        # Nothing could run here (CUDA kernels on a CPU, say): no table, and no folder
+        # whose skipped.json would refuse the next make throughput there.
+        discard_out(out)
+        reasons = "; ".join(f"{r['strategy']}: {r['steps run']}" for r in skipped)
+        raise UserError(f"none of the {len(plan)} strategies could run here ({reasons}); "
+                        "nothing written")
     write_tables(out, rows, skipped, runs)
     return outcome(skipped, "steps run", len(rows), "runs")
 

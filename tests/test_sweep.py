@@ -115,7 +115,9 @@ def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch, c
     (["--boxes-capacity", "-1"], "--boxes-capacity must be at least 1"),
     (["--rep-ms", "-5"], "--rep-ms must be at least 1"),
     (["--strategies", ""], "--strategies"),
-    (["--strategies", "padded,kernel,padded:cuda"], "--strategies names padded twice"),
+    (["--strategies", "padded,kernel,kernel:triton"], "--strategies names kernel/triton twice"),
+    (["--strategies", "nested:cuda"], "nested has no kernel backend: write nested, not "
+                                      "nested:cuda"),
 ])
 def test_bad_options_are_one_line(tmp_path, capsys, args, message):
     assert sweep.main(["--out", str(tmp_path / "x"), *args]) == 2

@@ -49,6 +49,34 @@ def test_options_set_per_run_are_refused(tmp_path, capsys):
     assert "--loss is set per run by make throughput" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,message", [
+    # issue 31, item 9: each was a wrong line, a traceback or a check after the folder
+    (["--dataset-length", "8"], "an epoch of --dataset-length 8 at batch 4 is 2 steps, too "
+                                "few for the profiled window at its end (3 steps)"),
+    (["--ragged-seconds", "nan"], "--ragged-seconds must be a positive number of seconds"),
+    (["--strategies", "nested:cuda"], "nested has no kernel backend"),
+    (["--out", "/proc/x/y"], "--out /proc/x/y: "),
+])
+def test_bad_options_are_one_line_before_any_folder(tmp_path, capsys, args, message):
+    out = ["--out", str(tmp_path / "x")] if "--out" not in args else []
+    assert throughput.main([*out, *UNPLACED, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "--out-dir" not in err and "Traceback" not in err, err
+    assert not (tmp_path / "x").exists()
+
+
+def test_nothing_that_can_run_here_writes_nothing(tmp_path, capsys, monkeypatch):
+    """Every strategy skipped (the CUDA kernels on a CPU): one line with the reasons, no
+    folder left to refuse the next make throughput there."""
+    monkeypatch.setattr(throughput, "unavailable_reason", lambda: "no CUDA here")
+    assert throughput.main(["--out", str(tmp_path / "x"), "--strategies", "kernel:cuda",
+                            *SHORT]) == 2
+    err = capsys.readouterr().err
+    assert "none of the 1 strategies could run here (kernel/cuda: skipped: no CUDA here)" \
+        in err
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.gpu
 def test_a_small_throughput_table_on_the_gpu(tmp_path, capsys):
     """On the device: the rates come from CUDA events, the GPU's rate from the trace's
