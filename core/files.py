@@ -24,6 +24,11 @@ def whole(path: Path):
     try:
         yield partial
         os.replace(partial, path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        if exc.filename is None:  # a write (not an open) refused: ENOSPC names no file
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
     except BaseException:
         partial.unlink(missing_ok=True)
         raise

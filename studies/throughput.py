@@ -168,8 +168,9 @@ def _run_all(out: Path, base, given: dict, plan, ragged_seconds: float, rows: li
 
 
 def write_tables(out: Path, rows: list, skipped: list, runs: list, note: str = "") -> None:
-    """throughput.md, .csv, throughput.png and steps.png; `note` opens the table."""
-    write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
+    """throughput.md, .csv, throughput.png and steps.png; `note` opens the table. The
+    skipped rows' file last: with it a folder counts as holding a throughput (fresh_out),
+    so a full disk before then leaves a folder that a rerun may take."""
     table = markdown_of_dicts(COLUMNS, rows + skipped, left={"strategy", "timer", "budget",
                                                              "run folder"})
     if note:
@@ -178,6 +179,7 @@ def write_tables(out: Path, rows: list, skipped: list, runs: list, note: str = "
     write_whole(out / "throughput.csv", csv_text(COLUMNS, rows + skipped))
     throughput_chart(rows, out / "throughput.png")
     step_times_chart(runs, out / "steps.png")
+    write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
     print(table)
     print(f"written: {display(out / 'throughput.md')}, throughput.csv, throughput.png, "
           "steps.png")

@@ -109,3 +109,27 @@ def test_ctrl_c_keeps_the_table_of_the_runs_that_finished(tmp_path, monkeypatch)
     rows = list(csv.DictReader((kept / "throughput.csv").open()))
     assert [r["strategy"] for r in rows] == ["padded"]
     assert Path(rows[0]["run folder"]).parent == kept
+
+
+def test_a_full_disk_names_the_file_and_leaves_a_folder_a_rerun_takes(tmp_path, monkeypatch):
+    """Issue 31, item 8: ENOSPC while the tables were written gave 'could not write: No
+    space left on device', and the skipped.json written first made the folder refuse a
+    rerun though it held no table. The line names the file; skipped.json comes last."""
+    import errno
+
+    from core.errors import one_line
+    from studies import common
+    out = tmp_path / "tp"
+    out.mkdir()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # a write: no filename
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError) as caught:
+        throughput.write_tables(out, [], [{"strategy": "padded", "steps run": "x"}], [])
+    monkeypatch.undo()
+    assert one_line(caught.value) == (f"could not write {out / 'throughput.md'}: No space "
+                                      "left on device (the disk is full)")
+    assert not list(out.iterdir())  # no partial file, no skipped.json
+    assert common.fresh_out(out, "throughput", "throughput") == out
