@@ -114,6 +114,10 @@ def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train") -> torc
         record_shapes=False, profile_memory=True, with_stack=False)
 
 
+# Runs of up to this many steps print a line every step; longer ones fewer
+# (ProfiledRun._worth_a_line).
+LINE_EVERY_STEP_UP_TO = 500
+
 class _NoScalars:
     """The SummaryWriter of ranks other than 0: TensorBoard gets one set of scalars."""
 
@@ -138,6 +142,7 @@ class ProfiledRun:
         self.total = max(cfg.steps, self.window)  # planned; --seconds may end it sooner
         self.done = 0          # steps completed
         self.losses: list[float] = []
+        self._last_line = 0.0  # when the last progress line was printed (time.monotonic)
         self.step_times: list[dict] = []  # each step's host and device ms, as read
         self.record: dict | None = None
         self.dir: Path | None = None
@@ -198,8 +203,21 @@ class ProfiledRun:
         if read.device_ms is not None:
             self.writer.add_scalar("step_device_ms", read.device_ms, step)
             device = f", {read.device_ms:.1f} ms on the device"
-        self.say(f"step {step + 1}/{self.total} ({self.schedule_of(step)}) loss {loss:.4f} "
-                 f"{read.host_ms:.1f} ms{device}")
+        if self._worth_a_line(step):
+            self.say(f"step {step + 1}/{self.total} ({self.schedule_of(step)}) loss "
+                     f"{loss:.4f} {read.host_ms:.1f} ms{device}")
+
+    def _worth_a_line(self, step: int) -> bool:
+        """Every step of a run of up to LINE_EVERY_STEP_UP_TO steps; in a longer one (an
+        epoch: 976 steps at the GPU preset, 31,250 at the CPU's) the first 20, those of
+        the profiled window, the last, and one at least every 2 s between."""
+        now = time.monotonic()
+        if (self.total <= LINE_EVERY_STEP_UP_TO or step < 20 or step + 1 == self.total
+                or self.schedule_of(step) in ("warmup", "profiled")
+                or now - self._last_line >= 2.0):
+            self._last_line = now
+            return True
+        return False
 
     def end_step(self, step: int) -> None:
         """A step's work is enqueued: the profiler moves on to the next."""
