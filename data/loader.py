@@ -17,7 +17,11 @@ import traceback
 import torch
 
 from core.errors import UserError
-from data.ring_loader import RingLoader
+from data import shared_memory
+from data.ring_loader import RingLoader, ring_bytes
+
+TORCH_PREFETCH = 2  # PyTorch's DataLoader's default prefetch_factor
+BATCH_TIMEOUT_S = 300  # PyTorch's loader: a batch not back by then was lost in its worker
 
 # Core affinity is a Linux call; elsewhere every process keeps the cores it has.
 _CAN_PIN = hasattr(os, "sched_getaffinity")
@@ -121,6 +125,17 @@ def make_loader(dataset, batch_size: int, num_workers: int, collate, pin_memory:
         # Set before the loader starts: its threads inherit the main thread's cores, and
         # each forked worker then moves itself to the workers' cores.
         os.sched_setaffinity(0, cores[0] if cores else start_cores())
+    if num_workers:  # shared memory: one line now, before the run, where it will not fit
+        size = getattr(dataset, "image_size", 256)
+        image = size * size  # uint8
+        if ring:
+            shared_memory.check(ring_bytes(batch_size, image, num_workers),
+                                f"the ring loader ({num_workers} workers, batch {batch_size})")
+        else:
+            boxes = 4 * getattr(dataset, "max_boxes", 256)  # at most, as uint8 or a count
+            shared_memory.check(num_workers * TORCH_PREFETCH * batch_size * (image + boxes),
+                                f"PyTorch's loader ({num_workers} workers x {TORCH_PREFETCH} "
+                                f"batches of {batch_size} in flight)")
     if ring:
         return RingLoader(dataset, batch_size, num_workers, collate, pinned=pin_memory,
                           sampler=sampler, worker_init_fn=_worker_init(cores[1] if cores
@@ -128,7 +143,11 @@ def make_loader(dataset, batch_size: int, num_workers: int, collate, pin_memory:
     return torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=False, sampler=sampler, drop_last=True,
         num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,
-        worker_init_fn=_worker_init(cores[1] if cores else None))
+        worker_init_fn=_worker_init(cores[1] if cores else None),
+        # A batch lost in a worker (its pickling thread failing on a full /dev/shm) made
+        # the main process wait for it forever; a batch takes well under a second.
+        timeout=BATCH_TIMEOUT_S if num_workers else 0)
+
 
 
 def own_rate(loader) -> dict | None:

@@ -32,13 +32,23 @@ import time
 import torch
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler
 
+from core.errors import UserError
 from core.trees import map_leaves
+from data import shared_memory
 from data.ring_targets import nbytes, pack, unpack
 
 _PIXEL = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the collate's stand-in for an image
 PREFETCH = 2  # batches each worker keeps ready (the DataLoader's prefetch_factor)
 SPARE_SLOTS = 2  # the batch in use and the one whose copy may still be in flight
 TARGET_FLOOR = 64 * 1024  # bytes of targets a slot holds at least
+
+
+def ring_bytes(batch_size: int, sample_bytes: int, workers: int) -> int:
+    """What the ring will ask of shared memory, before its first batch says exactly: the
+    images, and TARGET_FLOOR of targets, a slot (the workload's padded targets: 1 MB a
+    batch at 1024)."""
+    slots = PREFETCH * max(workers, 1) + SPARE_SLOTS
+    return slots * (batch_size * sample_bytes + TARGET_FLOOR)
 
 
 class _NumberedBatches(BatchSampler):
@@ -129,9 +139,17 @@ class RingLoader:
         target_bytes = max(2 * nbytes(first), TARGET_FLOOR)
         slots = self.in_flight + SPARE_SLOTS
         image_bytes = self.batch_size * torch.Size(sample_shape).numel()
-        # Shared before the workers fork, so that every process writes the same pages.
-        self.ring = torch.empty(slots * (image_bytes + target_bytes),
-                                dtype=torch.uint8).share_memory_()
+        size = slots * (image_bytes + target_bytes)
+        self.ring = torch.empty(size, dtype=torch.uint8)
+        if self.workers:  # shared before the workers fork: every process writes its pages
+            shared_memory.check(size, f"the ring loader's {slots} batch slots")
+            try:
+                self.ring.share_memory_()
+            except RuntimeError as exc:  # /dev/shm filled since the check
+                shared_memory.remove_own_leftovers()
+                raise UserError(f"the ring loader's {slots} batch slots ({size / 1e6:.0f} "
+                                f"MB) do not fit in shared memory ({exc}): see --num-workers "
+                                "and --batch-size") from None
         self.images = self.ring[:slots * image_bytes].view(slots, self.batch_size,
                                                            *sample_shape)
         self.targets = self.ring[slots * image_bytes:].view(slots, target_bytes)
