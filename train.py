@@ -27,6 +27,7 @@ from core.names import (
     describe,
     phases_of,
 )
+from core.output import survive_closed_stdout
 from core.signals import ignore_stop_signals, stop_once
 from profiling.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from profiling.scaling import check_baseline
@@ -387,6 +388,7 @@ def _report(line: str) -> None:
 
 
 def main(argv=None) -> int:
+    survive_closed_stdout()  # `| head` ends no run (core/output.py)
     stop_once()  # Ctrl-C or SIGTERM ends a run, once
     try:
         run(parse_config(argv))

@@ -144,6 +144,8 @@ def run_command(main, unwritten: str, stop_signals: bool = True) -> None:
     KeyboardInterrupt, once: core.signals.stop_once, unless stop_signals is False for a
     command that handles them itself) is one line saying what was not written, and exit
     130 (the run in progress has already marked its own folder)."""
+    from core.output import survive_closed_stdout
+    survive_closed_stdout()  # `| head` ends no run (core/output.py)
     if stop_signals:
         from core.signals import stop_once
         stop_once()
