@@ -87,6 +87,15 @@ def gather_predictions(pred, index, offsets):
     return picked, torch.where(wrong, float("nan"), 1.0)
 
 
+def _quiet_fx_tracing_warning() -> None:
+    """torch.nested's jagged ops ask torch.fx whether it is tracing, and torch logs 'is_fx_
+    tracing will return true for both fx.symbolic_trace and torch.export' on the first
+    call: a note for torch's own developers, printed into every nested run (issue 31).
+    Its logger alone is raised to errors."""
+    import logging
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+
+
 def nested_loss(pred, targets):
     boxes, index, offsets = targets
     check_packed(pred, boxes, index, offsets)
@@ -104,5 +113,6 @@ def nested_loss(pred, targets):
 
 
 def make(capacity: int, backend: str) -> Strategy:
+    _quiet_fx_tracing_warning()
     return Strategy("nested", partial(collate_packed, capacity=capacity), tensors_to_device,
                     nested_loss)

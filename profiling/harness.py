@@ -61,10 +61,11 @@ from training.ranks import Ranks
 
 
 @contextlib.contextmanager
-def _signals_deferred(act: bool = True, say=None, what: str = "the run's files"):
+def _signals_deferred(act: bool = True, say=None, what: str | None = "the run's files"):
     """Ctrl-C and SIGTERM that arrive inside are held and acted on at the end (act=False:
     dropped, for a run already ending). say(line): told once when the first one arrives,
-    that `what` is being written and kept.
+    that `what` is being written and kept (None: that the run is ending and keeps
+    nothing).
 
     Python-level handlers that only take note, not pthread_sigmask: a signal blocked in
     the main thread is delivered to another thread, and its KeyboardInterrupt could still
@@ -77,8 +78,12 @@ def _signals_deferred(act: bool = True, say=None, what: str = "the run's files")
     def hold(signum, _frame):
         if not held and say is not None:
             name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            say(f"{name} received while {what} is written: held until it is, so that "
-                "nothing is cut short (kill -9 would discard it)")
+            if what is None:
+                say(f"{name} received while the run ends early: it keeps nothing (no "
+                    "profiled step completed)")
+            else:
+                say(f"{name} received while {what} is written: held until it is, so that "
+                    "nothing is cut short (kill -9 would discard it)")
         held.append(signum)
 
     previous = {signum: signal.signal(signum, hold)
@@ -238,6 +243,8 @@ class ProfiledRun:
         # already ending early ends as it was going to.
         profiled = self._profiled_done()
         what = f"the trace of {profiled} profiled steps" if profiled else "the run's folder"
+        if exc is not None and not profiled:
+            what = None  # ending early with no profiled step: nothing is written or kept
         with _signals_deferred(act=exc is None, say=self.say, what=what):
             return self._exit(exc_type, exc, tb)
 

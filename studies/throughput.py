@@ -51,7 +51,7 @@ REFUSAL = ("is set per run by make throughput; choose runs with --strategies and
            "folder with --out")
 COLUMNS = ["strategy", "steps run", "sustained samples/s", "GPU's rate samples/s", "share",
            "step median ms", "step p95 ms", "GPU busy", "data wait ms", "steps waited",
-           "timer", "budget", "run folder"]
+           "timer", "budget", "loader", "copy", "run folder"]
 
 
 # The CPU preset's epoch is 31,250 steps of batch 32 (hours on 2 cores): its runs stop
@@ -114,6 +114,9 @@ def row_of(summary: dict, folder: Path) -> dict:
         "data wait ms": wait.get("total_ms"), "steps waited": wait.get("steps_waited"),
         "timer": rate.get("timer"),
         "budget": f"{cfg['seconds']:g} s" if cfg.get("seconds") else None,
+        # How the batches reached the step: what decides the share (docs/runs.md).
+        "loader": (summary.get("batches") or {}).get("loader", cfg.get("loader")),
+        "copy": (summary.get("batches") or {}).get("copy"),
         "run folder": display(folder.absolute())}
 
 
@@ -192,7 +195,7 @@ def write_tables(out: Path, rows: list, skipped: list, runs: list, note: str = "
     skipped rows' file last: with it a folder counts as holding a throughput (fresh_out),
     so a full disk before then leaves a folder that a rerun may take."""
     table = markdown_of_dicts(COLUMNS, rows + skipped, left={"strategy", "timer", "budget",
-                                                             "run folder"})
+                                                             "loader", "copy", "run folder"})
     if note:
         table = f"{note}\n\n{table}"
     write_whole(out / "throughput.md", table + "\n")

@@ -103,3 +103,17 @@ def test_a_non_finite_loss_stops_the_run(tmp_path, monkeypatch):
         train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
     (kept,) = tmp_path.iterdir()
     assert kept.name.endswith("-failed")  # a bug's traceback is kept, marked failed
+
+
+def test_a_signal_while_a_run_ends_keeping_nothing_says_so():
+    """A SIGTERM relayed by make while a run ended early with no profiled step said it was
+    'received while the run's folder is written', though nothing was kept (issue 31)."""
+    import os
+    import signal
+
+    from profiling.harness import _signals_deferred
+    lines = []
+    with _signals_deferred(act=False, say=lines.append, what=None):
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert lines == ["SIGTERM received while the run ends early: it keeps nothing (no "
+                     "profiled step completed)"]

@@ -38,6 +38,7 @@ def test_a_tiny_throughput_table(tmp_path, capsys):
         assert (out / name).exists(), name
     rows = {r["strategy"]: r for r in csv.DictReader((out / "throughput.csv").open())}
     assert rows["padded"]["steps run"] == "10" and rows["padded"]["timer"] == "host wall"
+    assert rows["padded"]["loader"] == "ring" and rows["padded"]["copy"] == "in the step"
     assert float(rows["padded"]["sustained samples/s"]) > 0
     assert rows["loop"]["budget"] == "0.5 s" and 3 <= int(rows["loop"]["steps run"]) <= 10
     if not train.torch.cuda.is_available():
