@@ -35,3 +35,20 @@ def test_two_gpus_train_as_one_on_the_global_batch(tmp_path, loss, backend):
         assert comm["by_phase_ms"]["backward"] > 0  # DDP's all-reduces, in the backward
         assert comm["overlapped_ms"] + comm["exposed_ms"] == pytest.approx(comm["comm_ms"])
     assert job["environment"]["device"] == torch.cuda.get_device_name(0)
+
+
+@pytest.mark.parametrize("parallel", ["zero", "tp"])
+@pytest.mark.parametrize("loss,backend", [("padded", "triton"), ("kernel", "cuda"),
+                                          ("conditional", "triton"), ("packed", "cuda")])
+def test_every_design_on_two_gpus_trains_as_one(tmp_path, parallel, loss, backend):
+    """--parallel zero and tp with NCCL, the bf16 shadow on each rank's rows of lin1 and
+    the compiled trunk: the losses of one GPU on the global batch, within bf16 rounding."""
+    common = ["--loss", loss, "--backend", backend, "--out-dir", str(tmp_path)]
+    done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", "train.py",
+                           *SMALL, *PER_RANK, *common, "--parallel", parallel, "--run-name",
+                           "job"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    job = json.loads((tmp_path / "job" / "summary.json").read_text())
+    one = train.run(train.parse_config(SMALL + PER_RANK + common + ["--batch-size", "64"]))
+    assert job["losses"] == pytest.approx(one["losses"], rel=1e-2)
+    assert job["distributed"]["parallel"] == parallel
