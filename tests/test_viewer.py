@@ -4,6 +4,7 @@ tensorboard runs it). GPU: the real H100 fixtures; CPU: a trace made here."""
 
 import gzip
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -395,3 +396,46 @@ def test_a_logdir_that_does_not_exist_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert err == [f"error: no folder {missing}: make profile writes its runs into "
                        "profiles/ (LOGDIR= picks another folder)"]
+
+
+@pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_traces_load_ends_the_server_and_its_children(tmp_path, signum):
+    """Ctrl-C (or SIGTERM) to make tensorboard's group while the plugin loads traces: the
+    server and every process it forked end within seconds, with one line and no
+    traceback. The plugin's Manager and trace loaders used to take the signal too: 44
+    tracebacks, and some ran on a minute after the prompt came back (issue 31)."""
+    import signal
+    for copy in range(4):
+        for name in ("kernel", "padded", "graph"):
+            run = tmp_path / f"gpu_{name}_{copy}"
+            run.mkdir()
+            shutil.copy(FIXTURES / f"gpu_{name}_train.pt.trace.json.gz",
+                        run / "train.1.pt.trace.json.gz")
+    proc = subprocess.Popen([sys.executable, "-m", "viewer.serve", "--logdir", str(tmp_path),
+                             "--port", str(_free_port())], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    for line in proc.stderr:
+        if "plugin.py" in line and "Add run" in line:  # loading has begun
+            break
+    os.killpg(proc.pid, getattr(signal, signum))
+    sent = time.time()
+    _, err = proc.communicate(timeout=60)
+    assert time.time() - sent < 5, "the server outlived the signal"
+    assert proc.returncode == 130 and "make tensorboard: stopped" in err, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    deadline = time.time() + 5
+    while _group_members(proc.pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _group_members(proc.pid), "a child of the server outlived it"
+
+
+def _group_members(group: int) -> list[int]:
+    members = []
+    for pid in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if pid.isdigit() and int(stat.rsplit(")", 1)[1].split()[2]) == group:
+            members.append(int(pid))
+    return members

@@ -18,6 +18,32 @@ def _logdirs(argv: list[str]) -> list[str]:
     return found + [a.split("=", 1)[1] for a in argv if a.startswith("--logdir=")]
 
 
+def _children_go_with_the_server() -> None:
+    """Every process the server forks (the plugin's cache Manager, one loader per trace)
+    ignores Ctrl-C and SIGTERM and is SIGKILLed when the server dies (Linux's
+    PR_SET_PDEATHSIG). A Ctrl-C to the terminal's group reached them all: the Manager died
+    first, each loader printed its traceback of the lost connection (44 for 48 runs), and
+    some ran on for a minute after the prompt came back (issue 31). Now the server alone
+    takes the signal and its children end with it, silently. (TensorBoard's data server is
+    exec'd with --die-after-stdin: it ends with the server too.)"""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import os
+    import signal
+
+    server = os.getpid()
+
+    def in_child() -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if os.getppid() != server:  # the server died before the line above
+            os._exit(0)
+
+    os.register_at_fork(after_in_child=in_child)
+
+
 def _main(argv) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     for logdir in _logdirs(argv):
@@ -33,11 +59,53 @@ def _main(argv) -> int:
         raise UserError(f"{exc.name} is not installed: pip install torch-tb-profiler==0.4.3 "
                         "(make setup does it on a CPU machine)") from exc
     tb_profiler_compat.apply()
+    _children_go_with_the_server()
     if not any(a == "--host" or a.startswith("--host=") or a.startswith("--bind_all")
                for a in argv):
         argv += ["--host", "127.0.0.1"]
     sys.argv = ["tensorboard", *argv]
-    return tensorboard_main.run_main() or 0
+    import os
+    import signal
+
+    from tensorboard import program
+
+    # SIGTERM ends it as Ctrl-C does. TensorBoard's own handler (the method its embedders
+    # override) ran its atexit handlers instead: the plugin's Manager went first, each
+    # trace loader printed the lost connection, and the threads were joined for 15 s.
+    program.TensorBoard._install_signal_handler = (
+        lambda self, signum, name: signal.signal(signum, signal.default_int_handler))
+    try:
+        return tensorboard_main.run_main() or 0
+    except KeyboardInterrupt:
+        # TensorBoard's and the plugin's threads are not daemons: the interpreter joined
+        # them for 5-15 s after a Ctrl-C (a traceback too, if it came during start-up).
+        # A server has nothing to write: it ends now, and its children with it.
+        _end_children()
+        print("make tensorboard: stopped", file=sys.stderr, flush=True)
+        os._exit(130)
+
+
+def _end_children() -> None:
+    """The trace loaders killed (nothing of theirs is kept), then the plugin's Manager shut
+    down by its own message (it removes its socket's pymp-* folder, which a killed one
+    left), then the atexit handlers (the plugin's cache folder): no temporary folder
+    stays, and no loader outlives its Manager to print a lost connection."""
+    import atexit
+    import gc
+    import multiprocessing
+    from multiprocessing.managers import BaseManager
+    managers = [o for o in gc.get_objects() if isinstance(o, BaseManager)]
+    theirs = {getattr(m, "_process", None) for m in managers}
+    for child in multiprocessing.active_children():
+        if child not in theirs:
+            child.kill()
+            child.join(timeout=2)
+    for manager in managers:
+        try:
+            manager.shutdown()
+        except Exception:  # noqa: BLE001 (not started, or already gone)
+            pass
+    atexit._run_exitfuncs()
 
 
 main = command(_main)
