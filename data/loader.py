@@ -149,7 +149,6 @@ def make_loader(dataset, batch_size: int, num_workers: int, collate, pin_memory:
         timeout=BATCH_TIMEOUT_S if num_workers else 0)
 
 
-
 def own_rate(loader) -> dict | None:
     """The loader's own rate as measured during the run (RingLoader.rate: its workers'
     batches per second); None for PyTorch's loader, which gives no such figure
