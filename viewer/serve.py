@@ -18,6 +18,11 @@ def _logdirs(argv: list[str]) -> list[str]:
     return found + [a.split("=", 1)[1] for a in argv if a.startswith("--logdir=")]
 
 
+# Set once the server stops: a child forked after that exits at once (the plugin's loading
+# threads go on forking trace loaders, which the atexit handlers would then wait for).
+_STOPPING: list[bool] = []
+
+
 def _children_go_with_the_server() -> None:
     """Every process the server forks (the plugin's cache Manager, one loader per trace)
     ignores Ctrl-C and SIGTERM and is SIGKILLed when the server dies (Linux's
@@ -35,6 +40,8 @@ def _children_go_with_the_server() -> None:
     server = os.getpid()
 
     def in_child() -> None:
+        if _STOPPING:  # forked by a loading thread while the server stops: not wanted
+            os._exit(0)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
@@ -64,25 +71,39 @@ def _main(argv) -> int:
                for a in argv):
         argv += ["--host", "127.0.0.1"]
     sys.argv = ["tensorboard", *argv]
-    import os
     import signal
 
     from tensorboard import program
 
-    # SIGTERM ends it as Ctrl-C does. TensorBoard's own handler (the method its embedders
-    # override) ran its atexit handlers instead: the plugin's Manager went first, each
-    # trace loader printed the lost connection, and the threads were joined for 15 s.
+    # Ctrl-C and SIGTERM stop the server in their handler, wherever its main thread is: a
+    # KeyboardInterrupt raised there could be swallowed during start-up (CI once saw a
+    # server serve on after the Ctrl-C), and TensorBoard's own SIGTERM handler (the
+    # method its embedders override) ran its atexit handlers instead: the plugin's
+    # Manager went first, each trace loader printed the lost connection, and the threads
+    # were joined for 15 s.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop)
     program.TensorBoard._install_signal_handler = (
-        lambda self, signum, name: signal.signal(signum, signal.default_int_handler))
+        lambda self, signum, name: signal.signal(signum, _stop))
     try:
         return tensorboard_main.run_main() or 0
     except KeyboardInterrupt:
-        # TensorBoard's and the plugin's threads are not daemons: the interpreter joined
-        # them for 5-15 s after a Ctrl-C (a traceback too, if it came during start-up).
-        # A server has nothing to write: it ends now, and its children with it.
-        _end_children()
-        print("make tensorboard: stopped", file=sys.stderr, flush=True)
-        os._exit(130)
+        _stop()
+
+
+def _stop(signum=None, frame=None) -> None:
+    """Ends the server now, and its children with it: TensorBoard's and the plugin's
+    threads are not daemons, and the interpreter joined them for 5-15 s. A server has
+    nothing to write; should the cleanup hang, a timer ends the server 5 s on."""
+    import os
+    import threading
+    if _STOPPING:  # a second signal while the first's cleanup runs
+        return
+    _STOPPING.append(True)
+    threading.Timer(5.0, os._exit, args=(130,)).start()
+    _end_children()
+    print("make tensorboard: stopped", file=sys.stderr, flush=True)
+    os._exit(130)
 
 
 def _end_children() -> None:
