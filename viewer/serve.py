@@ -75,12 +75,13 @@ def _main(argv) -> int:
 
     from tensorboard import program
 
-    # Ctrl-C and SIGTERM stop the server in their handler, wherever its main thread is: a
-    # KeyboardInterrupt raised there could be swallowed during start-up (CI once saw a
-    # server serve on after the Ctrl-C), and TensorBoard's own SIGTERM handler (the
-    # method its embedders override) ran its atexit handlers instead: the plugin's
-    # Manager went first, each trace loader printed the lost connection, and the threads
-    # were joined for 15 s.
+    # Ctrl-C and SIGTERM stop the server in handlers of its own. Python's KeyboardInterrupt
+    # is not enough: a process started in the background by a non-interactive shell
+    # inherits SIGINT ignored, and Python then keeps it ignored (a CI run started so saw
+    # the server serve on, its SigIgn holding SIGINT, 24 minutes after the test's
+    # Ctrl-C). TensorBoard's own SIGTERM handler (the method its embedders override) ran
+    # its atexit handlers instead: the plugin's Manager went first, each trace loader
+    # printed the lost connection, and the threads were joined for 15 s.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _stop)
     program.TensorBoard._install_signal_handler = (
