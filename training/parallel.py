@@ -7,7 +7,7 @@ their gradients all-reduced by DDP (training/ddp.py) in every design.
           runs the whole optimizer over it (identical work on every rank).
     zero  lin1's weight sharded by rows (FSDP2's fully_shard on a 1-D DeviceMesh): its
           gradient reduce-scattered, its bf16 weight all-gathered before the conv forward
-          (prefetch(): the convolutions do not need it), its fp32 master and momentum
+          (prefetcher(): the convolutions do not need it), its fp32 master and momentum
           (--bf16-shadow) kept for the local rows only, so each rank updates 1/N of it.
     tp    lin1 column-parallel and lin2 row-parallel (DTensor tensor parallel,
           parallelize_module on the same mesh): each rank's flattened features are
@@ -18,9 +18,10 @@ their gradients all-reduced by DDP (training/ddp.py) in every design.
 
 Bytes a rank sends per step at the full size (docs/several-gpus.md has the cost model):
 ddp ~2 x (N-1)/N x 2.15 GB; zero ~2 x (N-1)/N x 2.15 GB too (a reduce-scatter plus an
-all-gather of the bf16 weight) but 1/N of the optimizer; tp ~3 x (N-1)/N x B x 65,536 x 2
-bytes (features gathered in the forward, their gradient reduce-scattered in the backward,
-lin2's output reduce-scattered), 0.40 GB at N = 2 and batch 1024 a rank.
+all-gather of the bf16 weight) but 1/N of the optimizer; tp ~2 x (N-1) x B x 65,536 x 2
+bytes (each rank's bf16 features gathered in the forward, their gradient reduce-scattered
+in the backward; lin2's B x 1,024 outputs add little), 0.27 GB at N = 2 and batch 1024 a
+rank (studies/cost_model.sent_per_rank).
 
 Every design sums the gradients over the ranks (the loss is scaled for a sum,
 training/distributed.py): the head's tensor-parallel gradients are sums by construction,
@@ -131,8 +132,7 @@ def _keep_local_master_rows(model, ranks) -> None:
 
 
 def _left_to_the_design(model) -> list[str]:
-    from torch.distributed.tensor import DTensor
-    names = [n for n, p in model.named_parameters() if isinstance(p, DTensor)]
+    names = [n for n, p in model.named_parameters() if is_sharded(p)]
     return names + ([MASTER] if getattr(model, "bf16_shadow", False) else [])
 
 
