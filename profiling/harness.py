@@ -116,7 +116,16 @@ def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train") -> torc
         schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
                                          repeat=1),
         on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir), worker),
-        record_shapes=False, profile_memory=True, with_stack=False)
+        record_shapes=False, profile_memory=_memory_worth_profiling(), with_stack=False)
+
+
+def _memory_worth_profiling() -> bool:
+    """Memory events for TensorBoard's memory view, except under Triton's interpreter (a
+    CPU run of a fused strategy): it keeps a block of each launch alive into the next
+    launch, so the first profiled step frees a block made before the profiler started and
+    c10 prints 'CPUAllocator.cpp:245 Memory block of unknown size...' (issue 31), a note
+    that would be all the view had to say about the interpreter's memory anyway."""
+    return os.environ.get("TRITON_INTERPRET") != "1"
 
 
 # Runs of up to this many steps print a line every step; longer ones fewer
@@ -164,6 +173,7 @@ class ProfiledRun:
         self.profiler.__enter__()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
+        self._exiting = False  # __exit__ says why
         return self
 
     def say(self, text: str) -> None:
@@ -237,6 +247,18 @@ class ProfiledRun:
             self.profiler.step()
 
     def __exit__(self, exc_type, exc, tb):
+        try:
+            return self._exit_holding_signals(exc_type, exc, tb)
+        except KeyboardInterrupt as late:
+            if self._exiting:
+                raise  # the exit's own end (RunInterrupted), or a signal it let through
+            # Ctrl-C or SIGTERM landed in the lines above before they held the signals:
+            # torchrun's SIGTERM does so at times on rank 0, already ending on its peer's
+            # death, and the folder was left unmarked. The run ends as interrupted, and
+            # marks its folder; core.signals.stop_once drops any further signal.
+            return self._exit_holding_signals(type(late), late, late.__traceback__)
+
+    def _exit_holding_signals(self, exc_type, exc, tb):
         # Writing the trace and the summary takes seconds (the loop's trace at batch 128:
         # 6.6 s): a Ctrl-C or SIGTERM meanwhile is held, so that it cannot cut the files
         # short. A complete run then ends as interrupted, its folder complete; a run
@@ -253,6 +275,7 @@ class ProfiledRun:
         return min(self.cfg.active, max(0, self.done - self.cfg.wait - self.cfg.warmup))
 
     def _exit(self, exc_type, exc, tb):
+        self._exiting = True  # signals are held from here on (__exit__)
         if exc is not None and self.ranks.distributed:
             # A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and
             # torchrun's, which stops every rank once one has ended) must not cut its

@@ -117,3 +117,38 @@ def test_a_signal_while_a_run_ends_keeping_nothing_says_so():
         os.kill(os.getpid(), signal.SIGTERM)
     assert lines == ["SIGTERM received while the run ends early: it keeps nothing (no "
                      "profiled step completed)"]
+
+
+def test_a_signal_as_the_run_starts_to_end_still_marks_its_folder(tmp_path, monkeypatch):
+    """torchrun's SIGTERM reaches rank 0 while rank 0 is already ending on its peer's
+    death. Landing in the first lines of the run's exit, before its signals were held,
+    the KeyboardInterrupt escaped the exit and left the folder unmarked (`job`, no
+    summary: tests/test_launch.py saw it once in 8 killed-rank jobs under load). Here the
+    signal is sent at that very point, every time."""
+    import os
+
+    import profiling.harness
+    from core.signals import STOP_SIGNALS, stop_once
+    real = profiling.harness.ProfiledRun._profiled_done
+    sent = []
+
+    def profiled_done(self):
+        if not sent:  # the first call is __exit__'s own, before it holds the signals
+            sent.append(signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler raises here
+        return real(self)
+    monkeypatch.setattr(profiling.harness.ProfiledRun, "_profiled_done", profiled_done)
+    _break_dataset_at(monkeypatch, 12)  # steps 1-3 complete, step 4 fails
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    stop_once()
+    try:
+        with pytest.raises(KeyboardInterrupt) as ended:
+            train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--run-name",
+                                                 "run", "--active", "5"]))
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    assert sent and "run-interrupted holds the 2 profiled steps" in str(ended.value), ended
+    assert [p.name for p in tmp_path.iterdir()] == ["run-interrupted"]
+    summary = json.loads((tmp_path / "run-interrupted" / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["steps"] == 2
