@@ -92,6 +92,8 @@ class Config:
     triton_first_block: bool = option(True, SPEEDUP_HELP["triton_first_block"])
     triton_second_block: bool = option(True, SPEEDUP_HELP["triton_second_block"])
     bf16_shadow: bool = option(True, SPEEDUP_HELP["bf16_shadow"])
+    update_in_gemm: str = option("auto", SPEEDUP_HELP["update_in_gemm"],
+                                 choices=("auto", "on", "off"))
     # Off by default: measured on the H100, the replay saved no GPU time (the step is
     # GPU-bound) and its step wall time was less steady (results/step.md).
     cuda_graph: str = option("off", SPEEDUP_HELP["cuda_graph"], choices=("auto", "on", "off"))

@@ -13,6 +13,7 @@ each sigmoid-scaled to the image, so x2 >= x1 and y2 >= y1 always.
 import torch
 from torch import nn
 
+from kernels.deferred_linear import PendingGrad, deferred_linear
 from kernels.triton_first_block import first_block
 from kernels.triton_second_block import second_block
 
@@ -21,7 +22,7 @@ class BoxNet(nn.Module):
     def __init__(self, image_size: int = 256, capacity: int = 256, hidden: int = 16384,
                  triton_first_block: bool = False, channels_last: bool = False,
                  block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False,
-                 triton_second_block: bool = False):
+                 triton_second_block: bool = False, update_in_gemm: bool = False):
         super().__init__()
         if image_size % 16:
             raise ValueError(f"image size {image_size} must be a multiple of 16 "
@@ -54,10 +55,19 @@ class BoxNet(nn.Module):
         self.bf16_shadow = bf16_shadow
         if bf16_shadow:
             self.register_buffer("lin1_master", make_shadow(self.lin1))
+        # --update-in-gemm: lin1's backward leaves its weight gradient to the optimizer,
+        # whose step runs the GEMM with the update in its epilogue (kernels/
+        # deferred_linear.py); torch.compile cannot trace that backward, so only the trunk
+        # is compiled.
+        self.lin1_pending = PendingGrad() if update_in_gemm else None
+        if update_in_gemm:
+            self.compile_whole = False
 
     def shadowed(self) -> list:
-        """[(bf16 parameter, fp32 master)] for the optimizer; empty without --bf16-shadow."""
-        return [(self.lin1.weight, self.lin1_master)] if self.bf16_shadow else []
+        """[(bf16 parameter, fp32 master, PendingGrad or None)] for the optimizer; empty
+        without --bf16-shadow."""
+        return ([(self.lin1.weight, self.lin1_master, self.lin1_pending)]
+                if self.bf16_shadow else [])
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 [B, 1, S, S] -> boxes [B, capacity, 4] as (x1, y1, x2, y2) pixels."""
@@ -83,7 +93,11 @@ class BoxNet(nn.Module):
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """lin1, ReLU, lin2 on the flattened features."""
-        return self.lin2(torch.relu(self.lin1(x)))
+        if self.lin1_pending is not None:
+            h = deferred_linear(x, self.lin1.weight, self.lin1.bias, self.lin1_pending)
+        else:
+            h = self.lin1(x)
+        return self.lin2(torch.relu(h))
 
 
 def make_shadow(linear: torch.nn.Linear) -> torch.Tensor:

@@ -26,6 +26,7 @@ import train
 from core.errors import RunInterrupted, command, interruption, run_command
 from core.files import write_whole
 from core.names import (
+    CHOICE_SPEEDUPS,
     GPU_ONLY_SPEEDUPS,
     INTERPRETER_SLOW_SPEEDUPS,
     PHASES,
@@ -61,7 +62,7 @@ COLUMNS = (["strategy", "rung", "step GPU ms", "step CPU ms", "saved GPU ms"]
 
 def rung_fields(speedup: str) -> dict:
     """The Config field that turns one speed-up on."""
-    return {speedup: "on" if speedup == "cuda_graph" else True}
+    return {speedup: "on" if speedup in CHOICE_SPEEDUPS else True}
 
 
 # Triton's interpreter runs the two blocks at ~105 s a step at the CPU preset (batch 32 of
@@ -86,8 +87,8 @@ def why_not_here(speedup: str, base: train.Config, loss: str, cuda: bool) -> str
             return (f"Triton's interpreter would take ~{seconds:.0f} s a step here (batch "
                     f"{base.batch_size}, {base.image_size}x{base.image_size} images); it "
                     "runs on a GPU")
-    if speedup == "cuda_graph":
-        return speedups.graph_refusal(run_config(base, loss=loss), cuda)
+    if speedup in CHOICE_SPEEDUPS:
+        return speedups.REFUSALS[speedup](run_config(base, loss=loss), cuda)
     return None
 
 

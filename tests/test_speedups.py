@@ -79,7 +79,7 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
     written = json.loads((tmp_path / "fast" / "summary.json").read_text())["speedups"]
     assert written["on"] == {"cudnn_benchmark": False, "fused_sgd": True, "channels_last": True,
                              "triton_first_block": True, "triton_second_block": True,
-                             "bf16_shadow": False,
+                             "bf16_shadow": False, "update_in_gemm": False,
                              "cuda_graph": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()
@@ -92,6 +92,8 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
     (["--cudnn-benchmark"], "--cudnn-benchmark needs a CUDA GPU"),
     (["--cuda-graph", "on"], "--cuda-graph on: CUDA graphs need a CUDA GPU"),
     (["--bf16-shadow"], "--bf16-shadow needs bf16 autocast on a CUDA GPU"),
+    (["--update-in-gemm", "on"], "--update-in-gemm on: it updates --bf16-shadow's fp32 "
+                                 "master weights and momentum, which need bf16 autocast"),
 ])
 def test_a_gpu_only_speedup_without_a_gpu_is_one_line(tmp_path, args, message):
     one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path, message)

@@ -13,6 +13,7 @@ would meet a bf16 weight).
 
 import torch
 
+from kernels.triton_dw_update import dw_update_step
 from kernels.triton_shadow_sgd import shadow_sgd_step
 from training.parallel import is_sharded, local
 
@@ -51,11 +52,13 @@ class _Together:
 
 class SGDWithShadow:
     """torch's SGD (momentum 0.9) for every parameter but the shadowed ones, whose step is
-    one kernel each. The same step()/zero_grad() as a torch optimizer."""
+    one kernel each: the shadow SGD over the bf16 gradient, or, with --update-in-gemm, the
+    weight-gradient GEMM with the update in its epilogue over the operands the backward
+    left (kernels/triton_dw_update.py). The same step()/zero_grad() as a torch optimizer."""
 
     def __init__(self, model, lr: float, fused: bool):
-        self.shadows = model.shadowed()  # [(bf16 parameter, fp32 master)]
-        shadowed = {id(p) for p, _ in self.shadows}
+        self.shadows = model.shadowed()  # [(bf16 parameter, fp32 master, PendingGrad)]
+        shadowed = {id(p) for p, _, _ in self.shadows}
         rest = [p for p in model.parameters() if id(p) not in shadowed]
         self.inner = momentum_sgd(rest, lr, fused)
         self.lr = lr
@@ -63,12 +66,18 @@ class SGDWithShadow:
 
     def step(self) -> None:
         self.inner.step()
-        for i, (param, master) in enumerate(self.shadows):
-            if param.grad is None:  # as torch's SGD: a parameter without gradient stays
-                continue
+        for i, (param, master, pending) in enumerate(self.shadows):
+            operands = pending.take() if pending is not None else None
+            if operands is None and param.grad is None:
+                continue  # as torch's SGD: a parameter without gradient stays
             first = self.buffers[i] is None  # host-side state: no sync
             if first:
                 self.buffers[i] = torch.empty_like(master)
+            if operands is not None:
+                dy, x = operands
+                dw_update_step(dy, x, master, self.buffers[i], param.data, self.lr,
+                               MOMENTUM, first)
+                continue
             # Sharded (--parallel zero or tp): the local rows of the weight and its
             # gradient, beside the master's and momentum's rows (training/parallel.py).
             shadow_sgd_step(master, local(param.grad), self.buffers[i], local(param.data),
@@ -76,7 +85,9 @@ class SGDWithShadow:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
-        for param, _ in self.shadows:
+        for param, _, pending in self.shadows:
+            if pending is not None:
+                pending.take()  # a backward's operands that no step used
             if set_to_none:
                 param.grad = None
             elif param.grad is not None:

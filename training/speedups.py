@@ -24,6 +24,11 @@
                      one Triton kernel updates together with the momentum, reading the bf16
                      gradient (kernels/triton_shadow_sgd.py): two 1.07 B-element casts a
                      step fewer. Needs bf16 autocast on a GPU.
+    update_in_gemm   lin1's shadow SGD in the epilogue of its weight-gradient GEMM, one
+                     Triton kernel in the optimizer's step (kernels/triton_dw_update.py):
+                     the update's memory traffic runs under the GEMM's tensor-core work
+                     and the 2.1 GB bf16 gradient is never written. Needs bf16_shadow; one
+                     rank (a gradient reduced across ranks must exist before the update).
     cuda_graph       the whole step (forward, loss, backward, optimizer) captured once and
                      replayed: one launch a step instead of hundreds. Static-shape
                      strategies in train mode only (training/cuda_graph.py).
@@ -35,7 +40,7 @@ use where the step is built.
 """
 
 from core.errors import UserError
-from core.names import GPU_ONLY_SPEEDUPS, PACKED, RAGGED, SPEEDUPS
+from core.names import CHOICE_SPEEDUPS, GPU_ONLY_SPEEDUPS, PACKED, RAGGED, SPEEDUPS
 
 HELP = {
     "cudnn_benchmark": "cuDNN autotunes each convolution in the first (unprofiled) step "
@@ -48,6 +53,8 @@ HELP = {
                            "(one forward, two backward)",
     "bf16_shadow": "lin1's weight as bf16 with fp32 master weights, updated by one Triton "
                    "kernel that reads the bf16 gradient (GPU, with --amp)",
+    "update_in_gemm": "lin1's shadow SGD in the epilogue of its weight-gradient GEMM: auto "
+                      "(where it can: --bf16-shadow on one GPU, train mode), on, off",
     "cuda_graph": "replay the whole train step as one CUDA graph: auto (where it can: a "
                   "static-shape strategy in train mode on a GPU), on, off",
 }
@@ -56,7 +63,7 @@ assert tuple(HELP) == SPEEDUPS, "core.names.SPEEDUPS and HELP must agree"
 
 def baseline_values() -> dict:
     """Every speed-up off: the step as the original ran it."""
-    return {name: ("off" if name == "cuda_graph" else False) for name in SPEEDUPS}
+    return {name: ("off" if name in CHOICE_SPEEDUPS else False) for name in SPEEDUPS}
 
 
 def graph_refusal(cfg, cuda: bool) -> str | None:
@@ -83,38 +90,62 @@ def graph_refusal(cfg, cuda: bool) -> str | None:
     return None
 
 
+def gemm_update_refusal(cfg, cuda: bool) -> str | None:
+    """Why lin1's update cannot run in its weight-gradient GEMM in this run, or None."""
+    from training.ranks import from_env
+    if not (cuda and cfg.amp and cfg.bf16_shadow):
+        return ("it updates --bf16-shadow's fp32 master weights and momentum, which need "
+                "bf16 autocast on a CUDA GPU (--amp)")
+    if cfg.mode != "train":
+        return "forward mode runs no update"
+    if from_env().distributed:
+        return ({"ddp": "with --parallel ddp each rank's weight gradient is all-reduced "
+                        "before the update, so the GEMM that makes it cannot update",
+                 "zero": "with --parallel zero lin1's gradient is reduce-scattered before "
+                         "a shard is updated, so the GEMM that makes it cannot update",
+                 "tp": "with --parallel tp lin1 is a sharded DTensor layer, which the "
+                       "GEMM's update is not built for"}[cfg.parallel])
+    return None
+
+
+REFUSALS = {"update_in_gemm": gemm_update_refusal, "cuda_graph": graph_refusal}
+
+
 def check(cfg, cuda: bool) -> None:
-    """A GPU-only speed-up asked for without a GPU, or a CUDA graph asked for where none
-    can be made: one line, before anything is written."""
+    """A GPU-only speed-up asked for without a GPU, or a speed-up asked for (on) where it
+    cannot apply: one line, before anything is written."""
     for name in GPU_ONLY_SPEEDUPS:
         value = getattr(cfg, name)
-        if name == "cuda_graph":
+        flag = "--" + name.replace("_", "-")
+        if name in CHOICE_SPEEDUPS:
             if value not in ("auto", "on", "off"):
-                raise UserError(f"--cuda-graph takes auto, on or off, not {value!r}")
-            reason = graph_refusal(cfg, cuda) if value == "on" else None
+                raise UserError(f"{flag} takes auto, on or off, not {value!r}")
+            reason = REFUSALS[name](cfg, cuda) if value == "on" else None
             if reason:
-                raise UserError(f"--cuda-graph on: {reason}; use --cuda-graph off or auto")
+                raise UserError(f"{flag} on: {reason}; use {flag} off or auto")
         elif name == "bf16_shadow":
             if value and not (cuda and cfg.amp):
                 raise UserError("--bf16-shadow needs bf16 autocast on a CUDA GPU (--amp); "
                                 "leave it out (or --no-bf16-shadow) here")
         elif value and not cuda:
-            flag = "--" + name.replace("_", "-")
             raise UserError(f"{flag} needs a CUDA GPU; leave it out (or --no-"
                             f"{flag[2:]}) on this machine")
 
 
 def resolve(cfg, cuda: bool) -> dict:
-    """What this run actually uses: each switch on or off, and for cuda_graph under auto
-    the reason it is off. Recorded in summary.json."""
-    used = {name: bool(getattr(cfg, name)) for name in SPEEDUPS if name != "cuda_graph"}
+    """What this run actually uses: each switch on or off, and for the auto ones (the
+    CUDA graph, the update in the GEMM) the reason each is off. Recorded in summary.json."""
+    used = {name: bool(getattr(cfg, name)) for name in SPEEDUPS if name not in CHOICE_SPEEDUPS}
     if cfg.mode == "forward":
         used["fused_sgd"] = False  # no optimizer step runs in forward mode
-    reason = graph_refusal(cfg, cuda)
-    used["cuda_graph"] = cfg.cuda_graph != "off" and reason is None
-    if cfg.cuda_graph == "off":
-        reason = "turned off"
-    return {"on": used, "cuda_graph_off_because": None if used["cuda_graph"] else reason}
+    reasons = {}
+    for name in CHOICE_SPEEDUPS:
+        reason = "turned off" if getattr(cfg, name) == "off" else REFUSALS[name](cfg, cuda)
+        used[name] = reason is None
+        reasons[name] = reason
+    return {"on": {name: used[name] for name in SPEEDUPS},
+            "cuda_graph_off_because": reasons["cuda_graph"],
+            "update_in_gemm_off_because": reasons["update_in_gemm"]}
 
 
 # The cudnn_benchmark value of the first CUDA run of this process (see below).
@@ -156,6 +187,7 @@ def build(cfg, used: dict, device, reuse: bool, wrap=None, wrap_key=None):
                                 block_dtype=torch.bfloat16 if autocast_on else torch.float32,
                                 bf16_shadow=used["bf16_shadow"],
                                 triton_second_block=used["triton_second_block"],
+                                update_in_gemm=used["update_in_gemm"],
                                 wrap=wrap, wrap_key=wrap_key)
     return model, runner, make_optimizer(model, cfg.lr, used)
 
@@ -175,4 +207,7 @@ def describe_used(speed: dict) -> str:
     text = ", ".join(on) if on else "none (baseline)"
     if speed["cuda_graph_off_because"] and speed["cuda_graph_off_because"] != "turned off":
         text += f"; no CUDA graph: {speed['cuda_graph_off_because']}"
+    gemm = speed.get("update_in_gemm_off_because")
+    if speed["on"]["bf16_shadow"] and gemm and gemm != "turned off":
+        text += f"; lin1's update apart from its GEMM: {gemm}"
     return text

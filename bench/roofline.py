@@ -1,0 +1,218 @@
+"""Probe: the train step's roofline on this GPU (issue 33). Each phase of the GPU preset's
+step alone, its FLOPs and bytes counted from the shapes, its GPU time, what it achieves
+against the device's peaks, and its floor; then the step's floor two ways: the sum of the
+phases' floors (each phase alone at its own roof, one after the other) and the larger of
+the compute-bound and the memory-bound sums (what a step whose parts overlap could reach).
+Then the whole step, with lin1's update apart and in its GEMM's epilogue.
+
+Bytes are the fewest a phase must move: its operands read once and its results written
+once (a conv block: its input and its pooled output; its backward: those and the
+gradients). FLOPs are the tensor-core multiply-adds x 2; the SGD's few FLOPs an element
+are left out (they are not what bounds it).
+
+Run on the device: python3 bench/roofline.py [--loss padded] [--configs] > roofline.md
+(--configs also times the update-in-GEMM kernel at other tiles.)
+"""
+
+import argparse
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, ".")
+import train  # noqa: E402
+from kernels.triton_dw_update import GPU_CONFIG, dw_update_step  # noqa: E402
+from kernels.triton_shadow_sgd import shadow_sgd_step  # noqa: E402
+from training import speedups  # noqa: E402
+
+# Dense bf16 tensor-core peak (no sparsity) and HBM bandwidth, from the data sheets.
+PEAKS = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12)}
+TILES = [dict(GPU_CONFIG),
+         dict(BLOCK_H=128, BLOCK_F=128, BLOCK_K=64, GROUP_H=8, num_warps=4, num_stages=4),
+         dict(BLOCK_H=128, BLOCK_F=128, BLOCK_K=64, GROUP_H=8, num_warps=8, num_stages=3),
+         dict(BLOCK_H=256, BLOCK_F=128, BLOCK_K=64, GROUP_H=8, num_warps=8, num_stages=3),
+         dict(BLOCK_H=64, BLOCK_F=256, BLOCK_K=64, GROUP_H=8, num_warps=4, num_stages=4),
+         dict(BLOCK_H=128, BLOCK_F=256, BLOCK_K=64, GROUP_H=16, num_warps=8, num_stages=4)]
+
+
+def cuda_ms(fn, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    pairs = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        pairs.append((s, e))
+    torch.cuda.synchronize()  # host-device sync: once, after the timed calls
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def peaks() -> tuple[float, float]:
+    name = torch.cuda.get_device_name()
+    for key, value in PEAKS.items():
+        if key in name:
+            return value
+    sys.exit(f"error: no peaks known for {name}: add them to PEAKS")
+
+
+def lin1_phases(B: int, Fe: int, H: int, tiles: list) -> list[dict]:
+    """lin1's GEMMs, its shadow SGD, and the update in the dW GEMM (each tile config)."""
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    x, w = torch.randn(B, Fe, **bf), torch.randn(H, Fe, **bf) * 0.01
+    bias, dy = torch.randn(H, **bf), torch.randn(B, H, **bf)
+    master = w.float()
+    buf, grad = torch.zeros_like(master), torch.randn_like(master).bfloat16()
+    gemm = 2 * B * Fe * H
+    act = (B * Fe + B * H) * 2
+    rows = [
+        ("lin1 forward GEMM", gemm, act + H * Fe * 2, lambda: F.linear(x, w, bias)),
+        ("lin1 dX GEMM", gemm, act + H * Fe * 2, lambda: dy @ w),
+        ("lin1 dW GEMM (bf16 dW)", gemm, act + H * Fe * 2, lambda: dy.t() @ x),
+        ("lin1 shadow SGD", 0, H * Fe * 20,
+         lambda: shadow_sgd_step(master, grad, buf, w, 1e-4, 0.9, False)),
+    ]
+    for i, tile in enumerate(tiles):
+        label = "lin1 dW GEMM + SGD (update_in_gemm)" + ("" if i == 0 else f" tile {tile}")
+        rows.append((label, gemm, act + H * Fe * 18,
+                     lambda t=tile: dw_update_step(dy, x, master, buf, w, 1e-4, 0.9, False,
+                                                   config=t)))
+    return [dict(phase=n, flops=f, bytes=b, ms=cuda_ms(fn)) for n, f, b, fn in rows]
+
+
+def lin2_phases(B: int, H: int, out: int) -> list[dict]:
+    bf = dict(device="cuda", dtype=torch.bfloat16)
+    h, w2, dout = torch.randn(B, H, **bf), torch.randn(out, H, **bf), torch.randn(B, out, **bf)
+    gemm = 2 * B * H * out
+    moved = (B * H + H * out + B * out) * 2
+    return [dict(phase="lin2 three GEMMs", flops=3 * gemm, bytes=3 * moved,
+                 ms=cuda_ms(lambda: (h @ w2.t(), dout @ w2, dout.t() @ h)))]
+
+
+def trunk_counts(B: int, S: int) -> tuple[int, int]:
+    """(FLOPs, bytes) of the four conv blocks' forward and backward: conv_i takes 4^i
+    channels at S/2^i to 4^(i+1) pooled to half the side; conv1 has no input gradient."""
+    flops = moved = 0
+    for i in range(4):
+        cin, cout, side = 4 ** i, 4 ** (i + 1), S // 2 ** i
+        fwd = 2 * B * side * side * cin * cout * 9
+        flops += fwd * (2 if i == 0 else 3)
+        x_bytes = B * cin * side * side * (1 if i == 0 else 2)  # uint8 images first
+        y_bytes = B * cout * (side // 2) ** 2 * 2
+        # forward: x, y; backward: x again, dy, and dx (not for the images)
+        moved += x_bytes + y_bytes + x_bytes + y_bytes + (0 if i == 0 else x_bytes)
+    return flops, moved
+
+
+def trunk_phase(model, images) -> dict:
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        grad = torch.randn_like(model.trunk(images))
+
+    def fwd_bwd():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model.trunk(images)
+        out.backward(grad)
+    flops, moved = trunk_counts(images.shape[0], images.shape[-1])
+    return dict(phase="conv trunk forward + backward", flops=flops, bytes=moved,
+                ms=cuda_ms(fwd_bwd, reps=10))
+
+
+def small_sgd_phase(model) -> dict:
+    """torch's fused SGD over every parameter but lin1's weight: 20 bytes a parameter
+    (fp32 parameter, gradient and momentum)."""
+    params = [p for n, p in model.named_parameters() if n != "lin1.weight"]
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9, fused=True)
+    n = sum(p.numel() for p in params)
+    return dict(phase=f"fused SGD of the other {n / 1e6:.1f} M parameters", flops=0,
+                bytes=n * 20, ms=cuda_ms(opt.step))
+
+
+def step_ms(args, update: str):
+    """(median step ms, model, images) of the whole train step, CUDA events."""
+    import losses
+    from data import SyntheticFaces
+    cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend,
+                              "--update-in-gemm", update])
+    used = speedups.resolve(cfg, True)["on"]
+    speedups.apply_backend_flags(used, True, many_runs=True)
+    strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
+    device = torch.device("cuda", 0)
+    torch._dynamo.reset()
+    model, runner, optimizer = speedups.build(cfg, used, device, False)
+    fns = train.make_step(cfg, strategy, runner, optimizer, device)
+    dataset = SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed)
+    images, targets = strategy.collate([dataset[i] for i in range(cfg.batch_size)])
+    batch = (images.to(device), strategy.to_device(targets, device))
+    for _ in range(8):
+        fns.train_step(*batch)
+    pairs = []
+    for _ in range(30):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fns.train_step(*batch)
+        e.record()
+        pairs.append((s, e))
+    torch.cuda.synchronize()  # host-device sync: once, after the timed steps
+    return statistics.median(s.elapsed_time(e) for s, e in pairs), model, batch[0], cfg
+
+
+def table(rows: list[dict], peak_flops: float, peak_bw: float) -> str:
+    lines = ["| phase | GFLOP | GB | GPU ms | TFLOP/s | TB/s | floor ms | bound | floor / ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in rows:
+        compute, memory = r["flops"] / peak_flops * 1e3, r["bytes"] / peak_bw * 1e3
+        floor = max(compute, memory)
+        lines.append(f"| {r['phase']} | {r['flops'] / 1e9:.1f} | {r['bytes'] / 1e9:.3f} | "
+                     f"{r['ms']:.3f} | {r['flops'] / r['ms'] / 1e9:.0f} | "
+                     f"{r['bytes'] / r['ms'] / 1e9:.2f} | {floor:.3f} | "
+                     f"{'compute' if compute >= memory else 'memory'} | "
+                     f"{floor / r['ms']:.0%} |")
+    return "\n".join(lines)
+
+
+def floors(rows: list[dict], peak_flops: float, peak_bw: float) -> str:
+    compute = sum(r["flops"] for r in rows) / peak_flops * 1e3
+    memory = sum(r["bytes"] for r in rows) / peak_bw * 1e3
+    serial = sum(max(r["flops"] / peak_flops, r["bytes"] / peak_bw) for r in rows) * 1e3
+    measured = sum(r["ms"] for r in rows)
+    return (f"phases measured alone: {measured:.2f} ms; sum of their floors (one after "
+            f"the other): {serial:.2f} ms; compute-bound sum {compute:.2f} ms, memory-bound "
+            f"sum {memory:.2f} ms: overlapped floor {max(compute, memory):.2f} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--loss", default="padded")
+    ap.add_argument("--backend", default="triton")
+    ap.add_argument("--configs", action="store_true", help="time the update-in-GEMM kernel "
+                    "at other tiles too")
+    args = ap.parse_args()
+    peak_flops, peak_bw = peaks()
+    print(f"# The step's roofline, {torch.cuda.get_device_name()} (peaks {peak_flops / 1e12:.0f} "
+          f"TFLOP/s bf16 dense, {peak_bw / 1e12:.2f} TB/s), torch {torch.__version__}, "
+          f"{args.loss}\n", flush=True)
+    cfg = train.parse_config([])
+    B, H, S = cfg.batch_size, cfg.hidden, cfg.image_size
+    Fe, out = 256 * (S // 16) ** 2, cfg.max_boxes * 4
+    lin1 = lin1_phases(B, Fe, H, TILES if args.configs else TILES[:1])
+    print(table(lin1, peak_flops, peak_bw) + "\n", flush=True)
+    apart_ms, model, images, _ = step_ms(args, "off")
+    fused_ms, fused_model, _, _ = step_ms(args, "on")
+    rest = [trunk_phase(fused_model, images), *lin2_phases(B, H, out),
+            small_sgd_phase(fused_model)]
+    apart = [r for r in lin1[:4]] + rest
+    fused = [lin1[0], lin1[1], lin1[4]] + rest
+    for title, rows, whole in (("lin1's update apart (shadow SGD)", apart, apart_ms),
+                               ("lin1's update in its dW GEMM", fused, fused_ms)):
+        print(f"## {title}\n\n{table(rows, peak_flops, peak_bw)}\n\n"
+              f"{floors(rows, peak_flops, peak_bw)}; the whole step (CUDA events, median of "
+              f"30, one batch reused): **{whole:.2f} ms**\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
