@@ -23,18 +23,24 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 import train  # noqa: E402
-from kernels.triton_dw_update import GPU_CONFIG, dw_update_step  # noqa: E402
+from kernels.triton_dw_update import (  # noqa: E402
+    EPILOGUE_ONLY,
+    GEMM_ONLY,
+    GPU_CONFIG,
+    dw_update_step,
+)
 from kernels.triton_shadow_sgd import shadow_sgd_step  # noqa: E402
 from training import speedups  # noqa: E402
 
 # Dense bf16 tensor-core peak (no sparsity) and HBM bandwidth, from the data sheets.
 PEAKS = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12)}
-TILES = [dict(GPU_CONFIG),
-         dict(BLOCK_H=128, BLOCK_F=128, BLOCK_K=64, GROUP_H=8, num_warps=4, num_stages=4),
-         dict(BLOCK_H=128, BLOCK_F=128, BLOCK_K=64, GROUP_H=8, num_warps=8, num_stages=3),
-         dict(BLOCK_H=256, BLOCK_F=128, BLOCK_K=64, GROUP_H=8, num_warps=8, num_stages=3),
-         dict(BLOCK_H=64, BLOCK_F=256, BLOCK_K=64, GROUP_H=8, num_warps=4, num_stages=4),
-         dict(BLOCK_H=128, BLOCK_F=256, BLOCK_K=64, GROUP_H=16, num_warps=8, num_stages=4)]
+TILES = [dict(GPU_CONFIG)] + [
+    dict(BLOCK_H=bh, BLOCK_F=bf, BLOCK_K=64, GROUP_H=8, SPLIT=split, PREFETCH=pre,
+         num_warps=w, num_stages=st)
+    for bh, bf, split, pre, w, st in [
+        (128, 128, 2, False, 4, 3), (64, 64, 1, True, 4, 3), (64, 128, 1, True, 4, 3),
+        (128, 64, 1, True, 4, 3), (64, 64, 1, False, 4, 3), (64, 128, 1, True, 8, 3),
+        (128, 128, 1, True, 8, 3), (64, 128, 2, False, 4, 4), (64, 256, 1, True, 8, 3)]]
 
 
 def cuda_ms(fn, reps: int = 20) -> float:
@@ -75,6 +81,13 @@ def lin1_phases(B: int, Fe: int, H: int, tiles: list) -> list[dict]:
         ("lin1 shadow SGD", 0, H * Fe * 20,
          lambda: shadow_sgd_step(master, grad, buf, w, 1e-4, 0.9, False)),
     ]
+    for label, part, moved in (("lin1 dW GEMM alone, update_in_gemm's kernel", GEMM_ONLY,
+                                act + H * Fe * 2),
+                               ("lin1 SGD alone, update_in_gemm's epilogue", EPILOGUE_ONLY,
+                                H * Fe * 18)):
+        rows.append((label, gemm if part == GEMM_ONLY else 0, moved,
+                     lambda p=part: dw_update_step(dy, x, master, buf, w, 1e-4, 0.9, False,
+                                                   part=p)))
     for i, tile in enumerate(tiles):
         label = "lin1 dW GEMM + SGD (update_in_gemm)" + ("" if i == 0 else f" tile {tile}")
         rows.append((label, gemm, act + H * Fe * 18,
@@ -191,6 +204,7 @@ def main() -> None:
     ap.add_argument("--backend", default="triton")
     ap.add_argument("--configs", action="store_true", help="time the update-in-GEMM kernel "
                     "at other tiles too")
+    ap.add_argument("--lin1-only", action="store_true", help="lin1's phases only (no step)")
     args = ap.parse_args()
     peak_flops, peak_bw = peaks()
     print(f"# The step's roofline, {torch.cuda.get_device_name()} (peaks {peak_flops / 1e12:.0f} "
@@ -201,12 +215,14 @@ def main() -> None:
     Fe, out = 256 * (S // 16) ** 2, cfg.max_boxes * 4
     lin1 = lin1_phases(B, Fe, H, TILES if args.configs else TILES[:1])
     print(table(lin1, peak_flops, peak_bw) + "\n", flush=True)
+    if args.lin1_only:
+        return
     apart_ms, model, images, _ = step_ms(args, "off")
     fused_ms, fused_model, _, _ = step_ms(args, "on")
     rest = [trunk_phase(fused_model, images), *lin2_phases(B, H, out),
             small_sgd_phase(fused_model)]
     apart = [r for r in lin1[:4]] + rest
-    fused = [lin1[0], lin1[1], lin1[4]] + rest
+    fused = [lin1[0], lin1[1], lin1[6]] + rest
     for title, rows, whole in (("lin1's update apart (shadow SGD)", apart, apart_ms),
                                ("lin1's update in its dW GEMM", fused, fused_ms)):
         print(f"## {title}\n\n{table(rows, peak_flops, peak_bw)}\n\n"

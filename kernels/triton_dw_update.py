@@ -36,18 +36,24 @@ from core.errors import InputError
 from kernels.triton_op import INTERPRETED
 from kernels.triton_shadow_sgd import _bf16_rtne
 
-# Tiles: measured on the H100 by bench/roofline.py (results/step.md); the interpreter
-# (CPU tests) takes small ones.
-GPU_CONFIG = dict(BLOCK_H=128, BLOCK_F=256, BLOCK_K=64, GROUP_H=8, num_warps=8,
-                  num_stages=3)
-CPU_CONFIG = dict(BLOCK_H=16, BLOCK_F=16, BLOCK_K=16, GROUP_H=2, num_warps=4,
-                  num_stages=1)
+# Tiles: measured on the H100 by bench/roofline.py --configs (results/step.md); the
+# interpreter (CPU tests) takes small ones. SPLIT: the epilogue in that many column
+# strips of the tile, so that its master and momentum loads do not hold a whole tile's
+# registers beside the accumulator's.
+GPU_CONFIG = dict(BLOCK_H=64, BLOCK_F=128, BLOCK_K=64, GROUP_H=8, SPLIT=2, PREFETCH=False,
+                  num_warps=4, num_stages=3)
+CPU_CONFIG = dict(BLOCK_H=16, BLOCK_F=16, BLOCK_K=16, GROUP_H=2, SPLIT=2, PREFETCH=False,
+                  num_warps=4, num_stages=1)
+# What a launch computes: the whole step; for bench/roofline.py's decomposition only, the
+# GEMM alone (its bf16 result into weight) or the epilogue alone (on a zero gradient).
+WHOLE, GEMM_ONLY, EPILOGUE_ONLY = 0, 1, 2
 
 
 @triton.jit
-def _dw_update_kernel(dy_ptr, x_ptr, master_ptr, buf_ptr, weight_ptr, H, F, K, lr,
+def _dw_update_kernel(dyt_ptr, x_ptr, master_ptr, buf_ptr, weight_ptr, H, F, K, lr,
                       momentum, FIRST: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_H: tl.constexpr,
+                      SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PART: tl.constexpr,
                       UPCAST: tl.constexpr):
     # Grouped order: GROUP_H consecutive programs share a tile of F, so X's columns are
     # read from HBM once and then from L2.
@@ -57,36 +63,71 @@ def _dw_update_kernel(dy_ptr, x_ptr, master_ptr, buf_ptr, weight_ptr, H, F, K, l
     per_group = GROUP_H * tiles_f
     first_h = (pid // per_group) * GROUP_H
     group_h = min(tiles_h - first_h, GROUP_H)
-    tile_h = first_h + (pid % per_group) % group_h
-    tile_f = (pid % per_group) // group_h
+    h0 = (first_h + (pid % per_group) % group_h) * BLOCK_H
+    f0 = ((pid % per_group) // group_h) * BLOCK_F
 
-    rows = tile_h * BLOCK_H + tl.arange(0, BLOCK_H)        # h
-    cols = tile_f * BLOCK_F + tl.arange(0, BLOCK_F)        # f
+    # dY^T is [H, K] and X is [K, F], both row-major: A K-contiguous, B F-contiguous, as
+    # the tensor cores' operands are laid out in Triton's own matmul.
+    rows = h0 + tl.arange(0, BLOCK_H)
+    cols = f0 + tl.arange(0, BLOCK_F)
     ks = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_H, BLOCK_F), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + ks
-        # dY^T's tile [BLOCK_H, BLOCK_K]: dY is [K, H], h contiguous.
-        a = tl.load(dy_ptr + k[None, :].to(tl.int64) * H + rows[:, None],
-                    mask=(k[None, :] < K) & (rows[:, None] < H), other=0.0)
-        b = tl.load(x_ptr + k[:, None].to(tl.int64) * F + cols[None, :],
-                    mask=(k[:, None] < K) & (cols[None, :] < F), other=0.0)
-        if UPCAST:  # Triton's interpreter multiplies bf16 as the integers it stores
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)  # bf16 products are exact in fp32 either way
-
+    if PREFETCH:  # the epilogue's loads issued first: in flight during the main loop
+        at = rows[:, None] * F + cols[None, :]
+        inside = (rows[:, None] < H) & (cols[None, :] < F)
+        old_buf = tl.load(buf_ptr + at, mask=inside, other=0.0)
+        old_master = tl.load(master_ptr + at, mask=inside, other=0.0)
+    if PART != 2:
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + ks
+            a = tl.load(dyt_ptr + rows[:, None] * K + k[None, :],
+                        mask=(rows[:, None] < H) & (k[None, :] < K), other=0.0)
+            b = tl.load(x_ptr + k[:, None] * F + cols[None, :],
+                        mask=(k[:, None] < K) & (cols[None, :] < F), other=0.0)
+            if UPCAST:  # Triton's interpreter multiplies bf16 as the integers it stores
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)  # bf16 products are exact in fp32 either way
     g = _bf16_value(acc)  # the bf16 gradient the GEMM would have written, in fp32
-    at = rows[:, None].to(tl.int64) * F + cols[None, :]
+    if PREFETCH:
+        buf = g if FIRST else old_buf * momentum + g
+        master = old_master - lr * buf
+        tl.store(buf_ptr + at, buf, mask=inside)
+        tl.store(master_ptr + at, master, mask=inside)
+        tl.store(weight_ptr + at, _bf16_rtne(master), mask=inside)
+    elif SPLIT == 1:
+        _update_strip(g, master_ptr, buf_ptr, weight_ptr, H, F, h0, f0, lr, momentum,
+                      FIRST, PART, BLOCK_H, BLOCK_F)
+    else:  # two strips of BLOCK_F / 2 columns: g's halves, split in registers
+        halves = tl.permute(tl.reshape(g, (BLOCK_H, 2, BLOCK_F // 2)), (0, 2, 1))
+        left, right = tl.split(halves)
+        _update_strip(left, master_ptr, buf_ptr, weight_ptr, H, F, h0, f0, lr, momentum,
+                      FIRST, PART, BLOCK_H, BLOCK_F // 2)
+        _update_strip(right, master_ptr, buf_ptr, weight_ptr, H, F, h0, f0 + BLOCK_F // 2,
+                      lr, momentum, FIRST, PART, BLOCK_H, BLOCK_F // 2)
+
+
+@triton.jit
+def _update_strip(g, master_ptr, buf_ptr, weight_ptr, H, F, h0, f0, lr, momentum,
+                  FIRST: tl.constexpr, PART: tl.constexpr, ROWS: tl.constexpr,
+                  COLS: tl.constexpr):
+    """The SGD step of the weight's [ROWS, COLS] strip at (h0, f0) from its gradient g.
+    Offsets in int32: the launcher refuses a weight of 2^31 elements or more."""
+    rows = h0 + tl.arange(0, ROWS)
+    cols = f0 + tl.arange(0, COLS)
+    at = rows[:, None] * F + cols[None, :]
     inside = (rows[:, None] < H) & (cols[None, :] < F)
-    if FIRST:
-        buf = g
+    if PART == 1:  # the GEMM alone: its bf16 result, as cuBLAS would write it
+        tl.store(weight_ptr + at, _bf16_rtne(g), mask=inside)
     else:
-        buf = tl.load(buf_ptr + at, mask=inside, other=0.0) * momentum + g
-    master = tl.load(master_ptr + at, mask=inside, other=0.0) - lr * buf
-    tl.store(buf_ptr + at, buf, mask=inside)
-    tl.store(master_ptr + at, master, mask=inside)
-    tl.store(weight_ptr + at, _bf16_rtne(master), mask=inside)
+        if FIRST:
+            buf = g
+        else:
+            buf = tl.load(buf_ptr + at, mask=inside, other=0.0) * momentum + g
+        tl.store(buf_ptr + at, buf, mask=inside)
+        master = tl.load(master_ptr + at, mask=inside, other=0.0) - lr * buf
+        tl.store(master_ptr + at, master, mask=inside)
+        tl.store(weight_ptr + at, _bf16_rtne(master), mask=inside)
 
 
 @triton.jit
@@ -101,16 +142,22 @@ def _bf16_value(x):
 
 def dw_update_step(dy: torch.Tensor, x: torch.Tensor, master: torch.Tensor,
                    buf: torch.Tensor, weight: torch.Tensor, lr: float, momentum: float,
-                   first: bool, config: dict | None = None) -> None:
+                   first: bool, config: dict | None = None, part: int = WHOLE) -> None:
     """One SGD step of the weight from its GEMM's operands, in place on master, buf and
     weight: dy [K, H] and x [K, F] bf16, master and buf [H, F] fp32, weight [H, F] bf16.
-    One launch, no sync. config: the tiles (bench/roofline.py tries others)."""
+    No sync. config: the tiles; part: GEMM_ONLY or EPILOGUE_ONLY (bench/roofline.py)."""
     check_operands(dy, x, master, buf, weight)
     (K, H), F = dy.shape, x.shape[1]
+    if max(H * F, K * F, K * H) >= 2 ** 31:
+        raise InputError(f"the update in the GEMM indexes in int32: a weight of {H} x {F} "
+                         f"with a batch of {K} is too large")
     meta = dict(config or (CPU_CONFIG if INTERPRETED else GPU_CONFIG))
+    # dY^T row-major, K contiguous: the main loop's A operand as the tensor cores take it
+    # (a 33 MB copy at the GPU preset, ~0.02 ms).
+    dyt = dy.t().contiguous()
     grid = (triton.cdiv(H, meta["BLOCK_H"]) * triton.cdiv(F, meta["BLOCK_F"]),)
-    _dw_update_kernel[grid](dy, x, master, buf, weight, H, F, K, lr, momentum, FIRST=first,
-                            UPCAST=INTERPRETED, **meta)
+    _dw_update_kernel[grid](dyt, x, master, buf, weight, H, F, K, lr, momentum, FIRST=first,
+                            PART=part, UPCAST=INTERPRETED, **meta)
 
 
 def check_operands(dy, x, master, buf, weight) -> None:
