@@ -171,6 +171,10 @@ def step_ms(args, update: str):
         e.record()
         pairs.append((s, e))
     torch.cuda.synchronize()  # host-device sync: once, after the timed steps
+    if args.top:
+        from bench.sharded_rank import top_kernels
+        print(top_kernels(f"update_in_gemm {update}", fns.train_step, batch, args.top),
+              flush=True)
     return statistics.median(s.elapsed_time(e) for s, e in pairs), model, batch[0], cfg
 
 
@@ -205,6 +209,8 @@ def main() -> None:
     ap.add_argument("--configs", action="store_true", help="time the update-in-GEMM kernel "
                     "at other tiles too")
     ap.add_argument("--lin1-only", action="store_true", help="lin1's phases only (no step)")
+    ap.add_argument("--top", type=int, default=0, help="each step's N largest kernels (a "
+                    "profile of 3 steps)")
     args = ap.parse_args()
     peak_flops, peak_bw = peaks()
     print(f"# The step's roofline, {torch.cuda.get_device_name()} (peaks {peak_flops / 1e12:.0f} "
