@@ -159,12 +159,13 @@ def test_a_model_takes_the_shadow_sgds_steps_with_the_update_in_the_gemm():
 
 
 def test_auto_is_off_with_the_reason_where_it_cannot_apply(monkeypatch):
-    cfg = train.parse_config(["--preset", "cpu"])
+    assert train.parse_config(["--preset", "cpu"]).update_in_gemm == "off"  # the default
+    cfg = train.parse_config(["--preset", "cpu", "--update-in-gemm", "auto"])
     used = speedups.resolve(cfg, cuda=False)
     assert used["on"]["update_in_gemm"] is False
     assert "--bf16-shadow's fp32 master" in used["update_in_gemm_off_because"]
     # The GPU preset's switches (parse_config refuses that preset without a GPU).
-    gpu = ["--preset", "cpu", "--amp", "--bf16-shadow"]
+    gpu = ["--preset", "cpu", "--amp", "--bf16-shadow", "--update-in-gemm", "auto"]
     assert speedups.resolve(train.parse_config(gpu), cuda=True)["on"]["update_in_gemm"]
     forward = train.parse_config(gpu + ["--mode", "forward"])
     assert speedups.resolve(forward, cuda=True)["update_in_gemm_off_because"] == \
