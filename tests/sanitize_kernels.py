@@ -37,8 +37,32 @@ def main() -> int:
         failures += sum(checked(f"{backend:6} packed", case,
                                 lambda p, c, f=packed: f(p, targets_for("packed", c)))
                         for case in _cases())
-    failures += first_block_cases() + second_block_cases()
+    failures += first_block_cases() + second_block_cases() + dw_update_cases()
     return 1 if failures else 0
+
+
+def dw_update_cases() -> int:
+    """lin1's update in its dW GEMM (--update-in-gemm) over odd sizes, first and later
+    steps: the update against float64 by relative error."""
+    from kernels.triton_dw_update import dw_update_step
+    failures = 0
+    for K, H, F in ((1, 1, 1), (37, 45, 70), (130, 33, 257), (64, 128, 256)):
+        dy = torch.randn(K, H, device="cuda").bfloat16()
+        x = torch.randn(K, F, device="cuda").bfloat16()
+        master = torch.randn(H, F, device="cuda")
+        buf = torch.randn(H, F, device="cuda")
+        weight = torch.empty(H, F, dtype=torch.bfloat16, device="cuda")
+        for first in (True, False):
+            ref_buf = (dy.double().T @ x.double()) + (0 if first else 0.9 * buf.double())
+            ref = master.double() - 0.1 * ref_buf
+            dw_update_step(dy, x, master, buf, weight, 0.1, 0.9, first)
+            torch.cuda.synchronize()  # host-device sync: the check reads the results
+            err = ((master.double() - ref).norm() / ref.norm()).item()  # host-device sync
+            ok = err < 1e-3 and torch.equal(weight, master.bfloat16())
+            print(f"dw_update K={K} H={H} F={F} first={first}: rel err {err:.1e} "
+                  f"{'ok' if ok else 'WRONG'}")
+            failures += not ok
+    return failures
 
 
 def _cases():
