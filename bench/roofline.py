@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 import train  # noqa: E402
+from bench.sharded_rank import cuda_ms, top_kernels  # noqa: E402
 from kernels.triton_dw_update import (  # noqa: E402
     EPILOGUE_ONLY,
     GEMM_ONLY,
@@ -41,20 +42,6 @@ TILES = [dict(GPU_CONFIG)] + [
         (128, 128, 2, False, 4, 3), (64, 64, 1, True, 4, 3), (64, 128, 1, True, 4, 3),
         (128, 64, 1, True, 4, 3), (64, 64, 1, False, 4, 3), (64, 128, 1, True, 8, 3),
         (128, 128, 1, True, 8, 3), (64, 128, 2, False, 4, 4), (64, 256, 1, True, 8, 3)]]
-
-
-def cuda_ms(fn, reps: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    pairs = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        pairs.append((s, e))
-    torch.cuda.synchronize()  # host-device sync: once, after the timed calls
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
 
 
 def peaks() -> tuple[float, float]:
@@ -172,7 +159,6 @@ def step_ms(args, update: str):
         pairs.append((s, e))
     torch.cuda.synchronize()  # host-device sync: once, after the timed steps
     if args.top:
-        from bench.sharded_rank import top_kernels
         print(top_kernels(f"update_in_gemm {update}", fns.train_step, batch, args.top),
               flush=True)
     return statistics.median(s.elapsed_time(e) for s, e in pairs), model, batch[0], cfg
