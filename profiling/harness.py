@@ -252,7 +252,7 @@ class ProfiledRun:
         except KeyboardInterrupt as late:
             if self._exiting:
                 raise  # the exit's own end (RunInterrupted), or a signal it let through
-            # Ctrl-C or SIGTERM landed in the lines above before they held the signals:
+            # Ctrl-C or SIGTERM landed before _exit_holding_signals held the signals:
             # torchrun's SIGTERM does so at times on rank 0, already ending on its peer's
             # death, and the folder was left unmarked. The run ends as interrupted, and
             # marks its folder; core.signals.stop_once drops any further signal.
