@@ -46,6 +46,7 @@ from core.errors import (
     one_line,
 )
 from core.files import write_whole
+from core.names import FUSED
 from core.signals import STOP_SIGNALS, ignore_stop_signals
 from profiling import run_folder
 from profiling.communication import communication
@@ -116,16 +117,18 @@ def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train") -> torc
         schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
                                          repeat=1),
         on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir), worker),
-        record_shapes=False, profile_memory=_memory_worth_profiling(), with_stack=False)
+        record_shapes=False, profile_memory=_memory_worth_profiling(cfg), with_stack=False)
 
 
-def _memory_worth_profiling() -> bool:
-    """Memory events for TensorBoard's memory view, except under Triton's interpreter (a
-    CPU run of a fused strategy): it keeps a block of each launch alive into the next
-    launch, so the first profiled step frees a block made before the profiler started and
-    c10 prints 'CPUAllocator.cpp:245 Memory block of unknown size...' (issue 31), a note
-    that would be all the view had to say about the interpreter's memory anyway."""
-    return os.environ.get("TRITON_INTERPRET") != "1"
+def _memory_worth_profiling(cfg) -> bool:
+    """Memory events for TensorBoard's memory view, except where Triton's interpreter runs
+    a kernel of the step (a CPU run of a fused strategy or a Triton block): it keeps a
+    block of each launch alive into the next launch, so the first profiled step frees a
+    block made before the profiler started and c10 prints 'CPUAllocator.cpp:245 Memory
+    block of unknown size...' (issue 31)."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    return not (interpreted and (cfg.loss in FUSED or cfg.triton_first_block
+                                 or cfg.triton_second_block))
 
 
 # Runs of up to this many steps print a line every step; longer ones fewer

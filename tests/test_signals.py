@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from core.names import SPEEDUPS
 from tests.helpers import TINY, gone, our_lines, signal_after, start_long_run
 
 TRIALS = 4
@@ -78,7 +79,7 @@ COMMAND_TRIALS = 3
 COMMANDS = {"compare": ("padded,concat", "[2/2] concat", "concat-train", "comparison.md",
                         "2 runs"),
             "ladder": ("padded", "] fused_sgd (", "padded-2-fused_sgd", "ladder.md",
-                       "8 rungs")}
+                       f"{len(SPEEDUPS) + 1} rungs")}
 
 
 @pytest.mark.parametrize("module", COMMANDS)
@@ -167,7 +168,8 @@ def test_sigterm_to_make_ladder_alone_stops_its_rung_and_leaves_no_process(tmp_p
     # folder marked around the rung's.
     kept = tmp_path / "lad-interrupted"
     assert lines[0].startswith("error: interrupted (SIGTERM) at step "), lines
-    assert lines[0].endswith(f"; kept in {kept} (0 of 8 rungs finished)"), lines
+    assert lines[0].endswith(f"; kept in {kept} (0 of {len(SPEEDUPS) + 1} rungs finished)"), \
+        lines
     assert [p.name for p in tmp_path.iterdir()] == ["lad-interrupted"]
     assert [p.name for p in kept.iterdir() if p.name.endswith("-interrupted")] == \
         ["padded-0-baseline-interrupted"], sorted(p.name for p in kept.iterdir())
