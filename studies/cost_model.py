@@ -28,8 +28,8 @@ from pathlib import Path
 from core.errors import UserError, command, run_command
 
 BF16, FP32 = 2, 4
-# tp2d: tp inside each host, data-parallel across hosts (modelled; --parallel has no such
-# design yet: docs/several-gpus.md).
+# tp2d: tp inside each host, data-parallel across hosts (--parallel tp2d; on one host it is
+# tp).
 DESIGNS = ("ddp", "zero", "tp", "tp2d")
 # Two H200s, NVLink: the 4.36 GB fp32 all-reduce took 12.8 ms, 341 GB/s of bus bandwidth
 # (shared/WORKLOAD.md); its bf16 2.15 GB all-reduce 6.8 ms under DDP (results/several-gpus.md).

@@ -35,7 +35,7 @@ def _one_process_losses(tmp_path_factory, loss: str, *args) -> list:
 @pytest.mark.parametrize("design,loss,knob", [
     ("zero", "padded", ()), ("zero", "packed", ()), ("zero", "padded", ("--no-overlap",)),
     ("tp", "padded", ()), ("tp", "kernel", ()), ("tp", "nested", ()), ("tp", "loop", ()),
-    ("tp", "padded", ("--no-overlap",))])
+    ("tp", "padded", ("--no-overlap",)), ("tp2d", "padded", ())])
 def test_every_design_trains_as_one_process_on_the_global_batch(tmp_path, tmp_path_factory,
                                                                  design, loss, knob):
     code, out, err = _finish(_launch(tmp_path, "--loss", loss, "--parallel", design,
@@ -76,6 +76,39 @@ def test_two_hosts_of_two_and_one_ranks_meet_at_the_rendezvous(tmp_path):
     one = train.run(train.parse_config(RANK_ARGS + ["--hidden", "48", "--batch-size", "6",
                                                     "--out-dir", str(tmp_path / "one")]))
     assert summary["losses"] == pytest.approx(one["losses"], rel=2e-5)
+
+
+def test_tp2d_over_two_hosts_of_two_trains_as_one_process(tmp_path):
+    """--parallel tp2d on two "hosts" of two ranks: lin1 and lin2 tensor-parallel inside
+    each host, their shards' gradients summed across the hosts, the convolutions'
+    by DDP over all four: one process's losses on the global batch of 8."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    args = [*RANK_ARGS, "--parallel", "tp2d", "--out-dir", str(tmp_path), "--run-name", "job"]
+    hosts = [subprocess.Popen([sys.executable, "-m", "training.launch", "--nproc", "2",
+                               "--nnodes", "2", "--rdzv", endpoint, "train.py", *args],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    for host in hosts:
+        code, _, err = _finish(host)
+        assert code == 0, err
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["distributed"]["world"] == 4 and summary["config"]["parallel"] == "tp2d"
+    one = train.run(train.parse_config(RANK_ARGS + ["--batch-size", "8",
+                                                    "--out-dir", str(tmp_path / "one")]))
+    # The later losses follow updates from the summed shards' gradients: they check them.
+    assert summary["losses"] == pytest.approx(one["losses"], rel=2e-5)
+
+
+def test_tp2d_needs_the_same_ranks_on_every_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    cfg = train.parse_config(RANK_ARGS + ["--out-dir", str(tmp_path), "--parallel", "tp2d"])
+    with pytest.raises(UserError, match="--parallel tp2d needs the same number of ranks on "
+                                        "every host: this host runs 2 of the job's 3"):
+        train.validate(cfg, 3)
+    with pytest.raises(UserError, match="over each host.s ranks: --hidden must be a multiple "
+                                        "of 2"):
+        train.validate(train.parse_config(RANK_ARGS + ["--parallel", "tp2d", "--hidden",
+                                                       "33"]), 4)
 
 
 def test_a_killed_rank_of_a_sharded_job_ends_it_within_seconds(tmp_path):

@@ -15,6 +15,12 @@ their gradients all-reduced by DDP (training/ddp.py) in every design.
           lin2's partial sums are reduce-scattered back to each rank's own samples. lin1's
           weight never moves; its gradient is the global batch's on each rank already, so
           no gradient of the head is reduced, and each rank updates only its rows.
+    tp2d  tp inside each host and data-parallel across hosts (a 2-D DeviceMesh, hosts x
+          ranks per host): the features are gathered over a host's NVLink only, lin1's and
+          lin2's shards hold the host's batch's gradient, which is summed over the ranks
+          of the same shard on the other hosts (one all-reduce of 1/g of the head's
+          gradient across the network, g ranks a host). One host: tp. Every host must run
+          the same number of ranks.
 
 Bytes a rank sends per step at the full size (docs/several-gpus.md has the cost model):
 ddp ~2 x (N-1)/N x 2.15 GB; zero ~2 x (N-1)/N x 2.15 GB too (a reduce-scatter plus an
@@ -32,10 +38,11 @@ Nothing here imports torch at import time (train.py --help works without it).
 
 from core.errors import UserError
 
-PARALLEL = ("ddp", "zero", "tp")
+PARALLEL = ("ddp", "zero", "tp", "tp2d")
 HELP = ("several GPUs: ddp (lin1 replicated, its gradient all-reduced), zero (lin1's weight, "
         "gradient, master and momentum sharded by rows: FSDP2), tp (lin1 column- and lin2 "
-        "row-parallel: DTensor tensor parallel, features all-gathered)")
+        "row-parallel: DTensor tensor parallel, features all-gathered), tp2d (tp inside "
+        "each host, data-parallel across hosts)")
 # The buffer that --bf16-shadow adds for lin1's fp32 master (model/boxnet.py).
 MASTER = "lin1_master"
 
@@ -50,13 +57,26 @@ def check(cfg, world: int) -> None:
     if world < 2:
         raise UserError(f"{flag} shards lin1 over several ranks: run it with GPUS=N (N >= 2), "
                         "or use --parallel ddp on one")
-    if cfg.hidden % world:
-        raise UserError(f"{flag} splits lin1's {cfg.hidden} rows evenly over the ranks: "
-                        f"--hidden must be a multiple of {world}")
+    parts = world
+    if cfg.parallel == "tp2d":
+        parts = per_host()
+        if world % parts:
+            raise UserError(f"{flag} needs the same number of ranks on every host: this "
+                            f"host runs {parts} of the job's {world}")
+    if cfg.hidden % parts:
+        over = "each host's" if parts != world else "the"
+        raise UserError(f"{flag} splits lin1's {cfg.hidden} rows evenly over {over} ranks: "
+                        f"--hidden must be a multiple of {parts}")
     if cfg.overlap and cfg.comm_hook != "sum":
         raise UserError(f"{flag} sums gradients over the ranks (the head's sharded gradients "
                         f"are sums already): use --comm-hook sum (the default), not "
                         f"{cfg.comm_hook}")
+
+
+def per_host() -> int:
+    """The ranks on this host (torchrun's LOCAL_WORLD_SIZE; the whole world without it)."""
+    import os
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
 
 
 def sharded(cfg, ranks) -> bool:
@@ -72,6 +92,11 @@ def shard(model, cfg, ranks, device) -> list[str]:
     if not sharded(cfg, ranks):
         return []
     from torch.distributed.device_mesh import init_device_mesh
+    if cfg.parallel == "tp2d":
+        # torchrun numbers the ranks host by host: row h of the mesh is host h.
+        g = per_host()
+        mesh = init_device_mesh(device.type, (ranks.world // g, g), mesh_dim_names=("dp", "tp"))
+        return apply(model, "tp2d", mesh, ranks)
     mesh = init_device_mesh(device.type, (ranks.world,), mesh_dim_names=("shard",))
     return apply(model, cfg.parallel, mesh, ranks)
 
@@ -79,12 +104,17 @@ def shard(model, cfg, ranks, device) -> list[str]:
 def apply(model, design: str, mesh, ranks) -> list[str]:
     """shard()'s work on a given mesh (bench/sharded_rank.py applies it on a world of one
     to time a rank's work without the collectives)."""
+    parts, index = ranks.world, ranks.rank
     if design == "zero":
         _fully_shard_lin1(model, mesh)
     elif design == "tp":
         _tensor_parallel_head(model, mesh)
+    elif design == "tp2d":
+        _tensor_parallel_head(model, mesh["tp"])
+        _sum_across_hosts(model, mesh["dp"])
+        parts, index = mesh["tp"].size(), mesh["tp"].get_local_rank()
     if getattr(model, "bf16_shadow", False):
-        _keep_local_master_rows(model, ranks)
+        _keep_local_master_rows(model, parts, index)
     return _left_to_the_design(model)
 
 
@@ -124,10 +154,27 @@ def _tensor_parallel_head(model, mesh) -> None:
     model.compile_whole = False
 
 
-def _keep_local_master_rows(model, ranks) -> None:
+def _sum_across_hosts(model, dp_mesh) -> None:
+    """tp2d: each head shard's gradient holds its host's batch; summed here over the ranks
+    that hold the same shard on the other hosts, as each is made in the backward (NCCL
+    enqueues it on the stream: no host wait). Nothing to do on one host."""
+    if dp_mesh.size() == 1:
+        return
+    import torch.distributed as dist
+    group = dp_mesh.get_group()
+
+    def summed(param):
+        dist.all_reduce(local(param.grad), group=group)
+    for param in model.parameters():
+        if is_sharded(param):
+            param.register_post_accumulate_grad_hook(summed)
+
+
+def _keep_local_master_rows(model, parts: int, index: int) -> None:
     """The fp32 master of lin1's weight, cut to this rank's rows: the rows of the bf16
-    weight's local shard (Shard(0), even chunks: check() asks for it)."""
-    rows = model.lin1_master.chunk(ranks.world)[ranks.rank].clone()
+    weight's local shard (Shard(0), even chunks: check() asks for it), the index-th of
+    `parts` (the world's under zero and tp, the host's under tp2d)."""
+    rows = model.lin1_master.chunk(parts)[index].clone()
     model.lin1_master = rows  # the full master is freed here: 4.3 GB at the full size
 
 

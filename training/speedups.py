@@ -107,7 +107,10 @@ def gemm_update_refusal(cfg, cuda: bool) -> str | None:
                  "zero": "with --parallel zero lin1's gradient is reduce-scattered before "
                          "a shard is updated, so the GEMM that makes it cannot update",
                  "tp": "with --parallel tp lin1 is a sharded DTensor layer, which the "
-                       "GEMM's update is not built for"}[cfg.parallel])
+                       "GEMM's update is not built for",
+                 "tp2d": "with --parallel tp2d lin1's gradient is all-reduced across the "
+                         "hosts before the update, so the GEMM that makes it cannot "
+                         "update"}[cfg.parallel])
     return None
 
 
