@@ -31,7 +31,7 @@ else
 LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS) --nnodes $(NODES) --rdzv "$(RDZV)"
 endif
 
-.PHONY: profile compare ladder sweep throughput costmodel test test-gpu test-browser lint tensorboard setup clean-build
+.PHONY: profile compare ladder sweep throughput scaling costmodel test test-gpu test-browser lint tensorboard setup clean-build
 
 profile: $(SETUP)
 	$(LAUNCH) train.py --loss $(LOSS) --backend $(BACKEND) --mode $(MODE) $(ARGS)
@@ -53,9 +53,15 @@ sweep: $(SETUP)
 	$(PYTHON) -m studies.sweep $(ARGS)
 
 # What each strategy sustains over an epoch against the GPU's own rate (studies/throughput.py);
-# ARGS="--strategies padded,kernel:triton --loader torch" and so on.
+# ARGS="--strategies padded,kernel:triton --loader torch" and so on; GPUS=N: on N ranks,
+# ARGS="--against profiles/throughput-<one GPU's>" adds each strategy's scaling.
 throughput: $(SETUP)
-	$(PYTHON) -m studies.throughput $(ARGS)
+	$(LAUNCH) -m studies.throughput $(ARGS)
+
+# The --parallel designs side by side on N ranks, one table (studies/scaling.py): GPUS=2 or
+# more; ARGS="--designs ddp,tp --strategy kernel:cuda --scaling-baseline <one GPU's run>".
+scaling: $(SETUP)
+	$(LAUNCH) -m studies.scaling $(ARGS)
 
 # Each --parallel design's step on N GPUs predicted from one GPU's measurements
 # (studies/cost_model.py; bench/sharded_rank.py measures them on the device).

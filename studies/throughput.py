@@ -17,9 +17,16 @@ profiled steps, and the host's wait for the loader over every step after --settl
 Written under profiles/throughput-<UTC time>/: throughput.md, throughput.csv,
 throughput.png (the rates) and steps.png (every run's step times over the run, the steps a
 user sees), beside the run folders.
+
+Under torchrun (make throughput GPUS=N, training/launch.py) every rank makes the same runs,
+each a job of N ranks, the epoch being the dataset over the global batch; rank 0 alone
+prints and writes the table, whose rates are the global batch's. `--against FOLDER` (one
+GPU's make throughput, say) adds each strategy's scaling: its sustained rate here over its
+rate there.
 """
 
 import argparse
+import csv
 import json
 import math
 import time
@@ -45,6 +52,7 @@ from studies.common import (
     run_config,
 )
 from studies.compare_rows import load_summary
+from training.ranks import from_env, stop
 
 PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir")
 REFUSAL = ("is set per run by make throughput; choose runs with --strategies and the "
@@ -52,6 +60,8 @@ REFUSAL = ("is set per run by make throughput; choose runs with --strategies and
 COLUMNS = ["strategy", "steps run", "sustained samples/s", "GPU's rate samples/s", "share",
            "step median ms", "step p95 ms", "GPU busy", "data wait ms", "steps waited",
            "timer", "budget", "loader", "copy", "run folder"]
+# With --against: each strategy's sustained rate over its rate in the other table.
+SCALING = "scaling"
 
 
 # The CPU preset's epoch is 31,250 steps of batch 32 (hours on 2 cores): its runs stop
@@ -59,22 +69,27 @@ COLUMNS = ["strategy", "steps run", "sustained samples/s", "GPU's rate samples/s
 CPU_STEPS = 60
 
 
-def cpu_capped(base: train.Config, given: dict) -> bool:
+def epoch_steps(base: train.Config, world: int = 1) -> int:
+    """An epoch's steps: the dataset over the global batch (each rank takes its share)."""
+    return base.dataset_length // (base.batch_size * world)
+
+
+def cpu_capped(base: train.Config, given: dict, world: int = 1) -> bool:
     """Whether this is a CPU run whose epoch is cut to CPU_STEPS."""
     return (base.preset == "cpu" and "steps" not in given
-            and base.dataset_length // base.batch_size > CPU_STEPS)
+            and epoch_steps(base, world) > CPU_STEPS)
 
 
-def run_fields(base: train.Config, given: dict, loss: str, ragged_seconds: float) -> dict:
+def run_fields(base: train.Config, given: dict, loss: str, ragged_seconds: float,
+               world: int = 1) -> dict:
     """One run's steps, window and budget, where the user's options do not set them: an
     epoch with the window at its end; for a ragged strategy a time budget, the window at
     its start. On a CPU, an epoch over CPU_STEPS is cut to CPU_STEPS, its window where
     --wait puts it (the start), and no budget."""
     window = base.wait + base.warmup + base.active
-    if cpu_capped(base, given):
+    if cpu_capped(base, given, world):
         return {"steps": max(CPU_STEPS, window)}
-    steps = max(base.steps, window) if "steps" in given else \
-        base.dataset_length // base.batch_size  # an epoch
+    steps = max(base.steps, window) if "steps" in given else epoch_steps(base, world)
     fields = {"steps": steps}
     if loss in RAGGED:  # its window stays where --wait puts it, before the budget ends
         fields["seconds"] = ragged_seconds
@@ -83,17 +98,18 @@ def run_fields(base: train.Config, given: dict, loss: str, ragged_seconds: float
     return {k: v for k, v in fields.items() if k not in given}
 
 
-def check_epoch(base: train.Config, given: dict) -> None:
+def check_epoch(base: train.Config, given: dict, world: int = 1) -> None:
     """An epoch (the runs' length unless --steps says) must hold the profiled window: a
     short --dataset-length made the window's --wait negative, and the refusal named
     --wait, which the user never gave."""
-    if "steps" in given or cpu_capped(base, given):
+    if "steps" in given or cpu_capped(base, given, world):
         return
-    epoch = base.dataset_length // base.batch_size
+    epoch = epoch_steps(base, world)
     window = base.warmup + base.active
     if epoch < window:
+        ranks = f" x {world} ranks" if world > 1 else ""
         raise UserError(f"an epoch of --dataset-length {base.dataset_length} at batch "
-                        f"{base.batch_size} is {epoch} steps, too few for the profiled "
+                        f"{base.batch_size}{ranks} is {epoch} steps, too few for the profiled "
                         f"window at its end ({window} steps): give a larger "
                         "--dataset-length, or --steps")
 
@@ -129,30 +145,46 @@ def _main(argv) -> int:
                         help="the time budget of loop and concat (seconds of steps)")
     parser.add_argument("--out", type=Path, help="a new folder (default: "
                         "profiles/throughput-<time>/)")
+    parser.add_argument("--against", type=Path, help="another make throughput's folder "
+                        "(one GPU's, say): each strategy's scaling against its rate there")
     args, train_args = parser.parse_known_args(argv)
     plan = parse_variants(args.strategies)
     if not (math.isfinite(args.ragged_seconds) and args.ragged_seconds > 0):
         raise UserError(f"--ragged-seconds must be a positive number of seconds, got "
                         f"{args.ragged_seconds}")
+    against = rates_in(args.against) if args.against else None
+    ranks = from_env()  # make throughput GPUS=N: every rank makes the same runs, in step
     base, given = base_config(train_args, PER_RUN, REFUSAL)
-    check_epoch(base, given)
-    padded = run_fields(base, given, "padded", args.ragged_seconds)  # a padded-layout run's
-    train.validate(run_config(base, **padded))
-    out = fresh_out(args.out, "throughput", "throughput")
+    check_epoch(base, given, ranks.world)
+    padded = run_fields(base, given, "padded", args.ragged_seconds, ranks.world)
+    train.validate(run_config(base, **padded), ranks.world)
+    if ranks.distributed:
+        import torch
+        ranks.start(torch.cuda.is_available())
+    # Rank 0 makes the folder and writes the table; the others are told its name.
+    out = ranks.share(fresh_out(args.out, "throughput", "throughput") if ranks.main
+                      else None)
+    say = print if ranks.main else (lambda *a, **k: None)
     steps = padded.get("steps", base.steps)
-    if cpu_capped(base, given):
-        print(f"make throughput on a CPU: {len(plan)} runs of {steps} steps each (an epoch "
-              f"would be {base.dataset_length // base.batch_size:,} steps: --steps N for "
-              "more), each window at its run's start; a CPU's rates say nothing of a GPU's",
-              flush=True)
+    on = f" on {ranks.world} ranks" if ranks.distributed else ""
+    if cpu_capped(base, given, ranks.world):
+        say(f"make throughput on a CPU{on}: {len(plan)} runs of {steps} steps each (an "
+            f"epoch would be {epoch_steps(base, ranks.world):,} steps: --steps N for "
+            "more), each window at its run's start; a CPU's rates say nothing of a GPU's",
+            flush=True)
     else:
-        print(f"make throughput: {len(plan)} runs of {steps} steps each (loop and concat: "
-              f"{args.ragged_seconds:g} s of steps)", flush=True)
+        say(f"make throughput{on}: {len(plan)} runs of {steps} steps each (loop and "
+            f"concat: {args.ragged_seconds:g} s of steps)", flush=True)
     rows, skipped, runs = [], [], []
     try:
-        _run_all(out, base, given, plan, args.ragged_seconds, rows, skipped, runs)
+        _run_all(out, base, given, plan, args.ragged_seconds, rows, skipped, runs, say)
     except KeyboardInterrupt as exc:
+        if not ranks.main:
+            raise  # rank 0 keeps the table's folder
         raise _keep_partial(out, rows, skipped, runs, len(plan), exc) from None
+    stop()  # every rank done with the process group (train.main does the same)
+    if not ranks.main:
+        return 0
     if not rows and not any(str(r["steps run"]).startswith("the run failed") for r in skipped):
         # Nothing could run here (CUDA kernels on a CPU, say): no table, and no folder
         # whose skipped.json would refuse the next make throughput there.
@@ -160,46 +192,75 @@ def _main(argv) -> int:
         reasons = "; ".join(f"{r['strategy']}: {r['steps run']}" for r in skipped)
         raise UserError(f"none of the {len(plan)} strategies could run here ({reasons}); "
                         "nothing written")
+    if against is not None:
+        add_scaling(rows, against)
     write_tables(out, rows, skipped, runs)
     return outcome(skipped, "steps run", len(rows), "runs")
 
 
 def _run_all(out: Path, base, given: dict, plan, ragged_seconds: float, rows: list,
-             skipped: list, runs: list) -> None:
+             skipped: list, runs: list, say=print) -> None:
     """Each strategy's run; appends its row, or its skipped row, and its step times as it
-    ends, so an interrupt keeps what finished."""
+    ends, so an interrupt keeps what finished (rank 0's: only rank 0 reads the summaries
+    it wrote)."""
     cuda_reason = unavailable_reason()
     started = time.time()
+    ranks = from_env()
     for i, (loss, backend) in enumerate(plan, 1):
         tag = f"[{i}/{len(plan)}] {describe(loss, backend)}"
         if backend == "cuda" and cuda_reason:
-            print(f"{tag}: skipped ({cuda_reason})", flush=True)
+            say(f"{tag}: skipped ({cuda_reason})", flush=True)
             skipped.append({"strategy": describe(loss, backend),
                             "steps run": f"skipped: {cuda_reason}"})
             continue
         cfg = run_config(base, loss=loss, backend=backend, mode="train", out_dir=str(out),
                          run_name=folder_name(loss, backend),
-                         **run_fields(base, given, loss, ragged_seconds))
-        print(f"{tag} ({time.time() - started:.0f} s so far)", flush=True)
+                         **run_fields(base, given, loss, ragged_seconds, ranks.world))
+        say(f"{tag} ({time.time() - started:.0f} s so far)", flush=True)
         record, reason = attempt(cfg, tag)
         if record is None:
             skipped.append({"strategy": describe(loss, backend), "steps run": reason})
             continue
-        summary = load_summary(record["run_dir"])
-        rows.append(row_of(summary, Path(record["run_dir"])))
-        runs.append((describe(loss, backend), summary["step_times"]))
+        if ranks.main:
+            summary = load_summary(record["run_dir"])
+            rows.append(row_of(summary, Path(record["run_dir"])))
+            runs.append((describe(loss, backend), summary["step_times"]))
+
+
+def rates_in(folder: Path) -> dict:
+    """Strategy -> sustained samples/s of another make throughput's table (throughput.csv);
+    one line if it holds none."""
+    table = folder / "throughput.csv"
+    if not table.is_file():
+        raise UserError(f"--against {display(folder)}: no throughput.csv there (a make "
+                        "throughput folder, one GPU's, say)")
+    with table.open(newline="") as f:
+        rates = {row["strategy"]: float(row["sustained samples/s"])
+                 for row in csv.DictReader(f) if row.get("sustained samples/s")}
+    if not rates:
+        raise UserError(f"--against {display(folder)}: its table has no sustained rate")
+    return rates
+
+
+def add_scaling(rows: list, against: dict) -> None:
+    """Each row's sustained rate over the same strategy's in the other table."""
+    for row in rows:
+        there, here = against.get(row["strategy"]), row["sustained samples/s"]
+        row["scaling"] = f"{here / there:.2f}x" if there and here else None
 
 
 def write_tables(out: Path, rows: list, skipped: list, runs: list, note: str = "") -> None:
     """throughput.md, .csv, throughput.png and steps.png; `note` opens the table. The
     skipped rows' file last: with it a folder counts as holding a throughput (fresh_out),
     so a full disk before then leaves a folder that a rerun may take."""
-    table = markdown_of_dicts(COLUMNS, rows + skipped, left={"strategy", "timer", "budget",
+    columns = COLUMNS[:3] + [SCALING] + COLUMNS[3:] if any(SCALING in r for r in rows) \
+        else COLUMNS
+    table = markdown_of_dicts(columns, rows + skipped, left={"strategy", "timer", "budget",
                                                              "loader", "copy", "run folder"})
     if note:
         table = f"{note}\n\n{table}"
     write_whole(out / "throughput.md", table + "\n")
-    write_whole(out / "throughput.csv", csv_text(COLUMNS, rows + skipped))
+    write_whole(out / "throughput.csv", csv_text(columns, rows + skipped))
     throughput_chart(rows, out / "throughput.png")
     step_times_chart(runs, out / "steps.png")
     write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")

@@ -3,6 +3,7 @@ train exactly as one process on the global batch, write one folder with both ran
 traces and one summary, and any rank's end (a user error, a killed process, Ctrl-C) stops
 the whole job within seconds with one line."""
 
+import csv
 import json
 import os
 import re
@@ -180,6 +181,78 @@ def test_make_compare_on_two_ranks(tmp_path):
     for run in ("padded-train", "concat-train"):
         summary = json.loads((tmp_path / "cmp" / run / "summary.json").read_text())
         assert summary["distributed"]["world"] == 2
+
+
+def _throughput(out: Path, *args, nproc: int = 1):
+    launch = ["-m", "training.launch", "--nproc", str(nproc)] if nproc > 1 else []
+    return subprocess.run([sys.executable, *launch, "-m", "studies.throughput",
+                           "--strategies", "padded", "--out", str(out), *RANK_ARGS,
+                           "--steps", "6", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_make_throughput_on_two_ranks_against_one(tmp_path):
+    """make throughput GPUS=2: every rank makes the runs, rank 0 writes the table, whose
+    rate is the global batch's; --against one rank's table gives the scaling."""
+    one = _throughput(tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _throughput(tmp_path / "two", "--against", str(tmp_path / "one"), nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count("throughput.md, throughput.csv") == 1  # rank 0 alone
+    assert "make throughput on 2 ranks" in two.stdout
+    summary = json.loads((tmp_path / "two" / "padded" / "summary.json").read_text())
+    assert summary["distributed"]["world"] == 2
+    rows = {}
+    for name in ("one", "two"):
+        with (tmp_path / name / "throughput.csv").open(newline="") as f:
+            (rows[name],) = csv.DictReader(f)
+    rate = {name: float(row["sustained samples/s"]) for name, row in rows.items()}
+    # The global batch: 2 ranks x 2 samples over the rank's step times.
+    steps = [t["host_ms"] for t in summary["step_times"][summary["config"]["settle"]:]]
+    assert rate["two"] == pytest.approx(4 * len(steps) / sum(steps) * 1e3, rel=1e-2)
+    assert rows["two"]["scaling"] == f"{rate['two'] / rate['one']:.2f}x"
+    assert "scaling" not in rows["one"]
+
+
+def test_make_throughput_against_a_folder_without_a_table_is_one_line(tmp_path):
+    done = _throughput(tmp_path / "x", "--against", str(tmp_path))
+    assert done.returncode == 2 and our_lines(done.stderr) == [
+        f"error: --against {tmp_path}: no throughput.csv there (a make throughput folder, "
+        "one GPU's, say)"], done.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_make_scaling_runs_every_design_on_the_same_batches(tmp_path):
+    """make scaling GPUS=2: one run per --parallel design, rank 0's table; the same seed
+    and batches, so every design's first losses agree (tests/test_parallel.py checks them
+    against one process's)."""
+    done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", "-m",
+                           "studies.scaling", "--out", str(tmp_path / "sc"), *RANK_ARGS,
+                           "--steps", "5"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("scaling.md, scaling.csv") == 1  # rank 0 alone
+    with (tmp_path / "sc" / "scaling.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["design"] for r in rows] == ["ddp", "zero", "tp", "tp2d"]
+    assert all(r["GPUs"] == "2" and float(r["samples/s"]) > 0 for r in rows), rows
+    # The cost model's bytes: tp's gathered features are far fewer than lin1's gradient.
+    sent = {r["design"]: float(r["sent GB per rank (model)"]) for r in rows}
+    assert sent["tp"] < sent["ddp"] and sent["zero"] > 0, sent
+    losses = {r: json.loads((tmp_path / "sc" / r / "summary.json").read_text())["losses"]
+              for r in ("ddp", "zero", "tp", "tp2d")}
+    for design in ("zero", "tp", "tp2d"):
+        assert losses[design] == pytest.approx(losses["ddp"], rel=1e-4), design
+
+
+def test_make_scaling_on_one_rank_is_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "studies.scaling", "--out",
+                           str(tmp_path / "sc"), *RANK_ARGS], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and our_lines(done.stderr) == [
+        "error: make scaling compares designs of several ranks: run it with GPUS=2 or "
+        "more"], done.stderr
+    assert not (tmp_path / "sc").exists()
 
 
 def test_a_user_error_on_a_rank_ends_the_job_with_one_line(tmp_path):
