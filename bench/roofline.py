@@ -161,7 +161,25 @@ def step_ms(args, update: str):
     if args.top:
         print(top_kernels(f"update_in_gemm {update}", fns.train_step, batch, args.top),
               flush=True)
+    if args.ops:
+        print(top_ops(f"update_in_gemm {update}", fns.train_step, batch, args.ops), flush=True)
     return statistics.median(s.elapsed_time(e) for s, e in pairs), model, batch[0], cfg
+
+
+def top_ops(label: str, step, batch, top: int) -> str:
+    """The ATen ops of 3 profiled steps by their own GPU time per step, with their input
+    shapes: which op launches a kernel that top_kernels names only by its template."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 record_shapes=True) as prof:
+        for _ in range(3):
+            step(*batch)
+        torch.cuda.synchronize()  # host-device sync: the profiled steps are done
+    rows = sorted(prof.key_averages(group_by_input_shape=True),
+                  key=lambda e: -e.self_device_time_total)[:top]
+    lines = [f"{label}: {e.self_device_time_total / 3e3:7.3f} ms/step {e.count // 3:3d}x "
+             f"{e.key[:40]} {str(e.input_shapes)[:110]}" for e in rows]
+    return "\n".join([f"### {label}: ATen ops by their own GPU time per step", *lines, ""])
 
 
 def table(rows: list[dict], peak_flops: float, peak_bw: float) -> str:
@@ -197,6 +215,8 @@ def main() -> None:
     ap.add_argument("--lin1-only", action="store_true", help="lin1's phases only (no step)")
     ap.add_argument("--top", type=int, default=0, help="each step's N largest kernels (a "
                     "profile of 3 steps)")
+    ap.add_argument("--ops", type=int, default=0, help="each step's N costliest ATen ops, "
+                    "with their input shapes")
     args = ap.parse_args()
     peak_flops, peak_bw = peaks()
     print(f"# The step's roofline, {torch.cuda.get_device_name()} (peaks {peak_flops / 1e12:.0f} "
