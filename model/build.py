@@ -54,7 +54,7 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
     runner = torch.compile(wrapped) if compile_model and model.compile_whole else wrapped
     if compile_model and not model.compile_whole:
         # the rest runs eager (--parallel tp, --update-in-gemm)
-        model.trunk = torch.compile(model.trunk)
+        model.flat_features = torch.compile(model.flat_features)
     if reuse:
         pin = device.type == "cuda"
         initial = [p.detach().to("cpu", copy=True).pin_memory() if pin else
