@@ -93,7 +93,7 @@ class Config:
     triton_second_block: bool = option(True, SPEEDUP_HELP["triton_second_block"])
     bf16_shadow: bool = option(True, SPEEDUP_HELP["bf16_shadow"])
     # Off by default: measured on the H100, the fused kernel took what the GEMM and the
-    # SGD took apart, and the head it leaves uncompiled cost 1.1 ms (results/step.md).
+    # SGD took apart, and the step a little more (results/step.md).
     update_in_gemm: str = option("off", SPEEDUP_HELP["update_in_gemm"],
                                  choices=("auto", "on", "off"))
     # Off by default: measured on the H100, the replay saved no GPU time (the step is

@@ -30,8 +30,8 @@
                      and the 2.1 GB bf16 gradient is never written. Needs bf16_shadow; one
                      rank (a gradient reduced across ranks must exist before the update).
                      Off by default: on the H100 the kernel took what the GEMM and the SGD
-                     took apart (9.85 against 9.86 ms), and the head, which it leaves out
-                     of torch.compile, cost 1.1 ms more (results/step.md).
+                     took apart (9.85 against 9.86 ms), and the step 0.14 ms more
+                     (results/step.md).
     cuda_graph       the whole step (forward, loss, backward, optimizer) captured once and
                      replayed: one launch a step instead of hundreds. Static-shape
                      strategies in train mode only (training/cuda_graph.py).
