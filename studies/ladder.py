@@ -112,13 +112,15 @@ def run_ladder(out: Path, train_args: list[str], plan_strategies, runs: dict, sk
         fields = {}  # the speed-ups of the rungs so far
         for number, rung in enumerate(("baseline", *SPEEDUPS)):
             if rung not in rungs:
-                if rung != "baseline" and not why_not_here(rung, base, loss, cuda):
+                if rung != "baseline" and not why_not_here(rung, run_config(base, **fields),
+                                                           loss, cuda):
                     fields.update(rung_fields(rung))  # the rungs below this one stay on
                 continue
             tag = f"[{name} {number}/{len(SPEEDUPS)}] {rung}"
             reason = unavailable_reason() if backend == "cuda" else None
             if reason is None and rung != "baseline":
-                reason = why_not_here(rung, base, loss, cuda)
+                # With the rungs below on: the update in the GEMM needs the shadow's.
+                reason = why_not_here(rung, run_config(base, **fields), loss, cuda)
             if reason:
                 print(f"{tag}: skipped ({reason})", flush=True)
                 skipped.append({"strategy": name, "rung": _rung_name(rung),

@@ -96,3 +96,29 @@ def test_ctrl_c_keeps_the_rungs_that_finished(tmp_path, monkeypatch):
     assert [r["rung"] for r in rows] == ["baseline"]
     assert (Path(rows[0]["run folder"]) / "summary.json").exists()
     assert not list(kept.glob(".*-claimed"))
+
+
+def test_a_rung_is_judged_with_the_rungs_below_it_on():
+    """The update-in-GEMM rung needs bf16_shadow, the rung below it: judged on the
+    baseline's config alone it was skipped on the H100 ('needs bf16 autocast ...')."""
+    from studies.common import base_config, run_config
+    base, _ = base_config(["--preset", "cpu", "--amp"], ladder.PER_RUN, ladder.REFUSAL,
+                          baseline=True)
+    assert "--bf16-shadow" in ladder.why_not_here("update_in_gemm", base, "padded", True)
+    below = run_config(base, **ladder.rung_fields("bf16_shadow"))
+    assert ladder.why_not_here("update_in_gemm", below, "padded", True) is None
+
+
+
+def test_the_ladder_runs_the_update_rung_after_the_shadows(tmp_path, monkeypatch):
+    """run_ladder asks each rung with the rungs below it on (here as on a GPU, the runs
+    themselves stubbed): the update-in-GEMM rung runs, with bf16_shadow on."""
+    made = []
+    monkeypatch.setattr(ladder.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ladder, "attempt", lambda cfg, tag: (made.append(cfg), (None, "stub"))[1])
+    runs, skipped = {}, []
+    ladder.run_ladder(tmp_path, ["--preset", "cpu", "--amp", *TINY[2:]], [("padded", "triton")],
+                      runs, skipped, rungs=("bf16_shadow", "update_in_gemm"))
+    assert [row["step GPU ms"] for row in skipped] == ["stub", "stub"], skipped
+    update = made[-1]
+    assert update.bf16_shadow and update.update_in_gemm == "on" and update.fused_sgd
