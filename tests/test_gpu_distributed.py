@@ -37,12 +37,13 @@ def test_two_gpus_train_as_one_on_the_global_batch(tmp_path, loss, backend):
     assert job["environment"]["device"] == torch.cuda.get_device_name(0)
 
 
-@pytest.mark.parametrize("parallel", ["zero", "tp"])
+@pytest.mark.parametrize("parallel", ["zero", "tp", "tp2d"])
 @pytest.mark.parametrize("loss,backend", [("padded", "triton"), ("kernel", "cuda"),
                                           ("conditional", "triton"), ("packed", "cuda")])
 def test_every_design_on_two_gpus_trains_as_one(tmp_path, parallel, loss, backend):
-    """--parallel zero and tp with NCCL, the bf16 shadow on each rank's rows of lin1 and
-    the compiled trunk: the losses of one GPU on the global batch, within bf16 rounding."""
+    """--parallel zero, tp and tp2d (on one host: tp on a 2-D mesh of one row) with NCCL,
+    the bf16 shadow on each rank's rows of lin1 and the compiled trunk: the losses of one
+    GPU on the global batch, within bf16 rounding."""
     common = ["--loss", loss, "--backend", backend, "--out-dir", str(tmp_path)]
     done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", "train.py",
                            *SMALL, *PER_RANK, *common, "--parallel", parallel, "--run-name",
@@ -52,3 +53,24 @@ def test_every_design_on_two_gpus_trains_as_one(tmp_path, parallel, loss, backen
     one = train.run(train.parse_config(SMALL + PER_RANK + common + ["--batch-size", "64"]))
     assert job["losses"] == pytest.approx(one["losses"], rel=1e-2)
     assert job["distributed"]["parallel"] == parallel
+
+
+def test_make_throughput_and_make_scaling_on_two_gpus_at_a_small_size(tmp_path):
+    """make throughput GPUS=2 against one GPU's table, and make scaling GPUS=2: both
+    tables written by rank 0, with a scaling and every design's row."""
+    small = [*SMALL, *PER_RANK, "--steps", "12", "--wait", "4", "--num-workers", "2"]
+
+    def command(module, *args, nproc=1):
+        launch = ["-m", "training.launch", "--nproc", str(nproc)] if nproc > 1 else []
+        done = subprocess.run([sys.executable, *launch, "-m", module, *args, *small],
+                              cwd=REPO, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+    command("studies.throughput", "--strategies", "padded", "--out", str(tmp_path / "one"))
+    command("studies.throughput", "--strategies", "padded", "--out", str(tmp_path / "two"),
+            "--against", str(tmp_path / "one"), nproc=2)
+    table = (tmp_path / "two" / "throughput.md").read_text()
+    assert "| scaling |" in table and "x |" in table, table
+    command("studies.scaling", "--out", str(tmp_path / "sc"), nproc=2)
+    scaling = (tmp_path / "sc" / "scaling.md").read_text()
+    assert all(f"| {design} | 2 |" in scaling for design in ("ddp", "zero", "tp", "tp2d"))
+
