@@ -53,6 +53,16 @@ def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
     return out
 
 
+def ranks_out(ranks, out: Path | None, kind: str, prefix: str) -> Path:
+    """fresh_out() for a study that every rank of a torchrun job runs (make compare,
+    throughput or scaling with GPUS=N): the ranks join their process group, rank 0 makes
+    the folder, and the others are told its name."""
+    if ranks.distributed:
+        import torch
+        ranks.start(torch.cuda.is_available())
+    return ranks.share(fresh_out(out, kind, prefix) if ranks.main else None)
+
+
 def discard_out(out: Path) -> None:
     """Gives back a study's folder that ends holding nothing: removed if the study made it
     (its claim first), else left as it was found."""

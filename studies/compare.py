@@ -39,6 +39,7 @@ from studies.common import (
     folder_name,
     fresh_out,
     keep_interrupted,
+    ranks_out,
     run_config,
 )
 from studies.compare_rows import (
@@ -189,12 +190,7 @@ def _main(argv) -> int:
         ranks = from_env()
         base, given = base_config(train_args, PER_RUN, REFUSAL)
         train.validate(base, ranks.world)  # the shared options, once before any run
-        if ranks.distributed:
-            import torch
-            ranks.start(torch.cuda.is_available())
-        # Rank 0 makes the folder; the others are told its name.
-        out = ranks.share(fresh_out(args.out, "comparison", "compare") if ranks.main
-                          else None)
+        out = ranks_out(ranks, args.out, "comparison", "compare")
         plan = [(s, m) for m in modes for s in plan_strategies]
         runs, skipped = [], []
         try:

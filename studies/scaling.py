@@ -24,7 +24,7 @@ from core.files import write_whole
 from core.names import describe, parse_variants
 from core.tables import csv_text, markdown_of_dicts
 from profiling.run_folder import display
-from studies.common import attempt, base_config, fresh_out, keep_interrupted, run_config
+from studies.common import attempt, base_config, keep_interrupted, ranks_out, run_config
 from studies.compare_rows import load_summary
 from studies.cost_model import Shape, sent_per_rank
 from training.parallel import PARALLEL, per_host
@@ -88,9 +88,7 @@ def _main(argv) -> int:
     for design in designs:  # each design's own refusals, before any run
         train.validate(run_config(base, loss=loss, backend=backend, parallel=design),
                        ranks.world)
-    import torch
-    ranks.start(torch.cuda.is_available())
-    out = ranks.share(fresh_out(args.out, "scaling", "scaling") if ranks.main else None)
+    out = ranks_out(ranks, args.out, "scaling", "scaling")  # rank 0 writes the table
     say = print if ranks.main else (lambda *a, **k: None)
     say(f"make scaling on {ranks.world} ranks: {len(designs)} designs of "
         f"{describe(loss, backend)}", flush=True)

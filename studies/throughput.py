@@ -46,9 +46,9 @@ from studies.common import (
     base_config,
     discard_out,
     folder_name,
-    fresh_out,
     keep_interrupted,
     outcome,
+    ranks_out,
     run_config,
 )
 from studies.compare_rows import load_summary
@@ -158,12 +158,7 @@ def _main(argv) -> int:
     check_epoch(base, given, ranks.world)
     padded = run_fields(base, given, "padded", args.ragged_seconds, ranks.world)
     train.validate(run_config(base, **padded), ranks.world)
-    if ranks.distributed:
-        import torch
-        ranks.start(torch.cuda.is_available())
-    # Rank 0 makes the folder and writes the table; the others are told its name.
-    out = ranks.share(fresh_out(args.out, "throughput", "throughput") if ranks.main
-                      else None)
+    out = ranks_out(ranks, args.out, "throughput", "throughput")  # rank 0 writes the table
     say = print if ranks.main else (lambda *a, **k: None)
     steps = padded.get("steps", base.steps)
     on = f" on {ranks.world} ranks" if ranks.distributed else ""
