@@ -27,8 +27,8 @@ from profiling.run_folder import display
 from studies.common import attempt, base_config, keep_interrupted, ranks_out, run_config
 from studies.compare_rows import load_summary
 from studies.cost_model import Shape, sent_per_rank
-from training.parallel import PARALLEL, per_host
-from training.ranks import from_env, stop
+from training.parallel import PARALLEL
+from training.ranks import from_env, per_host, stop
 
 PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir", "parallel")
 REFUSAL = "is set per run by make scaling; choose with --designs and --strategy"

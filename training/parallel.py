@@ -37,6 +37,7 @@ Nothing here imports torch at import time (train.py --help works without it).
 """
 
 from core.errors import UserError
+from training.ranks import per_host
 
 PARALLEL = ("ddp", "zero", "tp", "tp2d")
 HELP = ("several GPUs: ddp (lin1 replicated, its gradient all-reduced), zero (lin1's weight, "
@@ -71,12 +72,6 @@ def check(cfg, world: int) -> None:
         raise UserError(f"{flag} sums gradients over the ranks (the head's sharded gradients "
                         f"are sums already): use --comm-hook sum (the default), not "
                         f"{cfg.comm_hook}")
-
-
-def per_host() -> int:
-    """The ranks on this host (torchrun's LOCAL_WORLD_SIZE; the whole world without it)."""
-    import os
-    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
 
 
 def sharded(cfg, ranks) -> bool:

@@ -106,6 +106,11 @@ def from_env() -> Ranks:
     return Ranks(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def per_host() -> int:
+    """The ranks on this host (torchrun's LOCAL_WORLD_SIZE; the whole world without it)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
 def stop() -> None:
     """Leaves the process group after a job that ended well, once every rank is done with
     it (torch may not even be installed: train.py --help), and frees it: gloo's threads
