@@ -43,12 +43,12 @@ from kernels.triton_shadow_sgd import _bf16_rtne
 # Tiles: measured on the H100 by bench/roofline.py --configs (results/step.md); the
 # interpreter (CPU tests) takes small ones. SPLIT: the epilogue in that many column
 # strips of the tile, so that its master and momentum loads do not hold a whole tile's
-# registers beside the accumulator's. PREFETCH: the epilogue's loads issued before the main
-# loop (measured slower, 11.6-15.0 ms against 10.0: kept for --configs to try).
-GPU_CONFIG = dict(BLOCK_H=64, BLOCK_F=128, BLOCK_K=64, GROUP_H=8, SPLIT=2, PREFETCH=False,
-                  num_warps=4, num_stages=3)
-CPU_CONFIG = dict(BLOCK_H=16, BLOCK_F=16, BLOCK_K=16, GROUP_H=2, SPLIT=2, PREFETCH=False,
-                  num_warps=4, num_stages=1)
+# registers beside the accumulator's. (Issuing the epilogue's loads before the main loop
+# was measured slower, 11.6-15.0 ms against 10.0, and removed: results/step.md.)
+GPU_CONFIG = dict(BLOCK_H=64, BLOCK_F=128, BLOCK_K=64, GROUP_H=8, SPLIT=2, num_warps=4,
+                  num_stages=3)
+CPU_CONFIG = dict(BLOCK_H=16, BLOCK_F=16, BLOCK_K=16, GROUP_H=2, SPLIT=2, num_warps=4,
+                  num_stages=1)
 # What a launch computes: the whole step; for bench/roofline.py's decomposition only, the
 # GEMM alone (its bf16 result into weight) or the epilogue alone (on a zero gradient).
 WHOLE, GEMM_ONLY, EPILOGUE_ONLY = 0, 1, 2
@@ -58,8 +58,7 @@ WHOLE, GEMM_ONLY, EPILOGUE_ONLY = 0, 1, 2
 def _dw_update_kernel(dyt_ptr, x_ptr, master_ptr, buf_ptr, weight_ptr, H, F, K, lr,
                       momentum, FIRST: tl.constexpr, BLOCK_H: tl.constexpr,
                       BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_H: tl.constexpr,
-                      SPLIT: tl.constexpr, PREFETCH: tl.constexpr, PART: tl.constexpr,
-                      UPCAST: tl.constexpr):
+                      SPLIT: tl.constexpr, PART: tl.constexpr, UPCAST: tl.constexpr):
     # Grouped order: GROUP_H consecutive programs share a tile of F, so X's columns are
     # read from HBM once and then from L2.
     pid = tl.program_id(0)
@@ -77,11 +76,6 @@ def _dw_update_kernel(dyt_ptr, x_ptr, master_ptr, buf_ptr, weight_ptr, H, F, K, 
     cols = f0 + tl.arange(0, BLOCK_F)
     ks = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_H, BLOCK_F), dtype=tl.float32)
-    if PREFETCH:  # the epilogue's loads issued first: in flight during the main loop
-        at = rows[:, None] * F + cols[None, :]
-        inside = (rows[:, None] < H) & (cols[None, :] < F)
-        old_buf = tl.load(buf_ptr + at, mask=inside, other=0.0)
-        old_master = tl.load(master_ptr + at, mask=inside, other=0.0)
     if PART != 2:
         for k0 in range(0, K, BLOCK_K):
             k = k0 + ks
@@ -94,13 +88,7 @@ def _dw_update_kernel(dyt_ptr, x_ptr, master_ptr, buf_ptr, weight_ptr, H, F, K, 
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc)  # bf16 products are exact in fp32 either way
     g = _bf16_value(acc)  # the bf16 gradient the GEMM would have written, in fp32
-    if PREFETCH:
-        buf = g if FIRST else old_buf * momentum + g
-        master = old_master - lr * buf
-        tl.store(buf_ptr + at, buf, mask=inside)
-        tl.store(master_ptr + at, master, mask=inside)
-        tl.store(weight_ptr + at, _bf16_rtne(master), mask=inside)
-    elif SPLIT == 1:
+    if SPLIT == 1:
         _update_strip(g, master_ptr, buf_ptr, weight_ptr, H, F, h0, f0, lr, momentum,
                       FIRST, PART, BLOCK_H, BLOCK_F)
     else:  # two strips of BLOCK_F / 2 columns: g's halves, split in registers
