@@ -37,7 +37,7 @@ import triton.language as tl
 
 from core.checks import check_conv_block
 from core.errors import InputError
-from kernels.triton_op import INTERPRETED, define_op, launch
+from kernels.triton_op import INTERPRETED, define_op, empty_4d, launch
 
 CHANNELS = 4            # conv1's output channels: the kernels are written for this block
 BLOCK = 1024            # pooled pixels per program
@@ -175,9 +175,7 @@ def _tl_compute(weight):
 
 def _empty_out(images, out_dtype, channels_last):
     B, _, H, W = images.shape
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return torch.empty((B, CHANNELS, H // 2, W // 2), dtype=out_dtype, device=images.device,
-                       memory_format=fmt)
+    return empty_4d((B, CHANNELS, H // 2, W // 2), out_dtype, images.device, channels_last)
 
 
 def _grid(images):
