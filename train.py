@@ -91,6 +91,7 @@ class Config:
     channels_last: bool = option(True, SPEEDUP_HELP["channels_last"])
     triton_first_block: bool = option(True, SPEEDUP_HELP["triton_first_block"])
     triton_second_block: bool = option(True, SPEEDUP_HELP["triton_second_block"])
+    triton_pool: bool = option(True, SPEEDUP_HELP["triton_pool"])
     bf16_shadow: bool = option(True, SPEEDUP_HELP["bf16_shadow"])
     # Off by default: measured on the H100, the fused kernel took what the GEMM and the
     # SGD took apart, and the step a little more (results/step.md).

@@ -11,10 +11,12 @@ each sigmoid-scaled to the image, so x2 >= x1 and y2 >= y1 always.
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from kernels.deferred_linear import PendingGrad, deferred_linear
 from kernels.triton_first_block import first_block
+from kernels.triton_pool import pool_bias_relu
 from kernels.triton_second_block import second_block
 
 
@@ -22,7 +24,8 @@ class BoxNet(nn.Module):
     def __init__(self, image_size: int = 256, capacity: int = 256, hidden: int = 16384,
                  triton_first_block: bool = False, channels_last: bool = False,
                  block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False,
-                 triton_second_block: bool = False, update_in_gemm: bool = False):
+                 triton_second_block: bool = False, update_in_gemm: bool = False,
+                 triton_pool: bool = False):
         super().__init__()
         if image_size % 16:
             raise ValueError(f"image size {image_size} must be a multiple of 16 "
@@ -44,6 +47,9 @@ class BoxNet(nn.Module):
         # --triton-second-block: blocks[3:6] as Triton kernels (kernels/
         # triton_second_block.py), in its input's dtype, as autocast would run the conv.
         self.triton_second_block = triton_second_block
+        # --triton-pool: the later blocks' conv without its bias, then bias, max-pool and
+        # ReLU in one Triton kernel (kernels/triton_pool.py).
+        self.triton_pool = triton_pool
         self.channels_last = channels_last
         # False where a design of several GPUs must not be compiled whole: then only the
         # trunk is (training/parallel.py says why; model/build.py reads it).
@@ -92,9 +98,22 @@ class BoxNet(nn.Module):
             x = self.features[:3](images.float() * (1.0 / 255.0))
         if self.triton_second_block:
             conv = self.features[3]
-            x = self.features[6:](second_block(x, conv.weight, conv.bias))
+            x = second_block(x, conv.weight, conv.bias)
         else:
-            x = self.features[3:](x)
+            x = self.features[3:6](x)
+        return self.later_blocks(x)
+
+    def later_blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """The third and fourth blocks. With --triton-pool each conv runs without its
+        bias, which the pool kernel adds before it pools; the last block's output is
+        written contiguous, so that flat_features' flatten is a view."""
+        if not self.triton_pool:
+            return self.features[6:](x)
+        for k in (6, 9):
+            conv = self.features[k]
+            x = F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation,
+                         conv.groups)
+            x = pool_bias_relu(x, conv.bias, flat=k == 9)
         return x
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

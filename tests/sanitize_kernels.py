@@ -37,7 +37,8 @@ def main() -> int:
         failures += sum(checked(f"{backend:6} packed", case,
                                 lambda p, c, f=packed: f(p, targets_for("packed", c)))
                         for case in _cases())
-    failures += first_block_cases() + second_block_cases() + dw_update_cases()
+    failures += (first_block_cases() + second_block_cases() + pool_cases()
+                 + dw_update_cases())
     return 1 if failures else 0
 
 
@@ -110,6 +111,37 @@ def first_block_cases() -> int:
         failures += not ok
         print(f"first_block B={B} {H}x{W} {dtype} channels_last={channels_last}: rel err "
               f"{err:.1e} {'ok' if ok else 'WRONG'}")
+    return failures
+
+
+def pool_cases() -> int:
+    """The Triton bias + max-pool + ReLU (--triton-pool) over odd sizes, channels that are
+    not a multiple of its block, both layouts and the flat output, the model's conv4 shape
+    last (B=64 of its [256, 32, 32] conv outputs)."""
+    import torch.nn.functional as F
+
+    from kernels.triton_pool import pool_bias_relu
+    failures = 0
+    for B, C, H, W, dtype, channels_last, flat in ((1, 3, 2, 2, torch.float32, False, False),
+                                                   (3, 69, 10, 6, torch.bfloat16, True, False),
+                                                   (2, 64, 66, 34, torch.float16, True, True),
+                                                   (64, 256, 32, 32, torch.bfloat16, True,
+                                                    True)):
+        x = torch.randn(B, C, H, W, device="cuda").to(dtype)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        bias = torch.randn(C, device="cuda", requires_grad=True)
+        x.requires_grad_(True)
+        out = pool_bias_relu(x, bias, flat)
+        out.float().sum().backward()
+        torch.cuda.synchronize()  # host-device sync: the check reads the results
+        expected = torch.relu(F.max_pool2d(x.detach() + bias.detach().to(dtype)[:, None, None],
+                                           2))
+        ok = torch.equal(out, expected) and torch.isfinite(bias.grad).all().item() and \
+            torch.isfinite(x.grad).all().item()  # host-device syncs
+        failures += not ok
+        print(f"pool_bias_relu B={B} C={C} {H}x{W} {dtype} channels_last={channels_last} "
+              f"flat={flat}: {'equal' if ok else 'WRONG'}")
     return failures
 
 

@@ -20,6 +20,12 @@
                      output never leaves registers) and two backward (kernels/
                      triton_second_block.py): cuDNN's kernels for 4 input channels waste
                      most of their tiles. Off in the CPU preset, as the first block.
+    triton_pool      the third and fourth blocks' bias, max-pool and ReLU as one Triton
+                     kernel forward and one backward around cuDNN's conv, which runs
+                     without its bias (kernels/triton_pool.py): Inductor added the bias
+                     over the full-resolution output in a pass of its own and wrote the
+                     pool's gradient at a third of HBM's rate. Bit for bit the same
+                     forward. Off in the CPU preset, as the blocks.
     bf16_shadow      lin1's weight kept as a bf16 parameter with fp32 master weights that
                      one Triton kernel updates together with the momentum, reading the bf16
                      gradient (kernels/triton_shadow_sgd.py): two 1.07 B-element casts a
@@ -54,6 +60,8 @@ HELP = {
                           "forward and one backward",
     "triton_second_block": "the second conv -> max-pool -> ReLU block as Triton kernels "
                            "(one forward, two backward)",
+    "triton_pool": "the third and fourth blocks' bias, max-pool and ReLU as one Triton "
+                   "kernel forward and one backward around cuDNN's bias-free conv",
     "bf16_shadow": "lin1's weight as bf16 with fp32 master weights, updated by one Triton "
                    "kernel that reads the bf16 gradient (GPU, with --amp)",
     "update_in_gemm": "lin1's shadow SGD in the epilogue of its weight-gradient GEMM: auto "
@@ -193,6 +201,7 @@ def build(cfg, used: dict, device, reuse: bool, wrap=None, wrap_key=None):
                                 block_dtype=torch.bfloat16 if autocast_on else torch.float32,
                                 bf16_shadow=used["bf16_shadow"],
                                 triton_second_block=used["triton_second_block"],
+                                triton_pool=used["triton_pool"],
                                 update_in_gemm=used["update_in_gemm"],
                                 wrap=wrap, wrap_key=wrap_key)
     return model, runner, make_optimizer(model, cfg.lr, used)

@@ -1,0 +1,69 @@
+"""Probe: the conv trunk's GPU work kernel by kernel, as the train step runs it (issue 33).
+
+bench/roofline.py times the trunk's forward and backward as one phase; this says which
+kernels that time is made of: the trunk compiled as the step compiles it (its flatten
+included), forward and backward, 3 profiled calls, each kernel's GPU ms per call; then
+the same for the whole train step, so the trunk's share of it can be read off.
+
+Run on the device: python3 bench/trunk_kernels.py [--loss padded] [--top 40]
+"""
+
+import argparse
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+import train  # noqa: E402
+from bench.sharded_rank import cuda_ms, top_kernels  # noqa: E402
+from training import speedups  # noqa: E402
+
+
+def build(args):
+    """(cfg, model, train_step fns, one batch on the GPU) at the GPU preset."""
+    import losses
+    from data import SyntheticFaces
+    cfg = train.parse_config(["--loss", args.loss, *args.train_args])
+    used = speedups.resolve(cfg, True)["on"]
+    speedups.apply_backend_flags(used, True, many_runs=True)
+    strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
+    device = torch.device("cuda", 0)
+    model, runner, optimizer = speedups.build(cfg, used, device, False)
+    fns = train.make_step(cfg, strategy, runner, optimizer, device)
+    dataset = SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed)
+    images, targets = strategy.collate([dataset[i] for i in range(cfg.batch_size)])
+    batch = (images.to(device), strategy.to_device(targets, device))
+    return cfg, model, fns, batch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--loss", default="padded")
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("train_args", nargs="*", help="more train.py options, after --")
+    args = ap.parse_args()
+    cfg, model, fns, batch = build(args)
+    images = batch[0]
+    # The trunk as the step compiles it: flat_features is a method of its own.
+    trunk = torch.compile(model.flat_features)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        grad = torch.randn_like(trunk(images))
+
+    def fwd_bwd():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = trunk(images)
+        out.backward(grad)
+
+    print(f"# The trunk's kernels, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"{cfg.loss}, batch {cfg.batch_size}\n")
+    print(f"trunk forward + backward, compiled: {cuda_ms(fwd_bwd, reps=10):.3f} ms "
+          "(CUDA events, median of 10)\n")
+    print(top_kernels("trunk", lambda: fwd_bwd(), (), args.top))
+    for _ in range(5):
+        fns.train_step(*batch)
+    print(f"whole step: {cuda_ms(lambda: fns.train_step(*batch), reps=20):.3f} ms\n")
+    print(top_kernels("step", fns.train_step, batch, args.top))
+
+
+if __name__ == "__main__":
+    main()
