@@ -40,7 +40,11 @@ from core.errors import InputError
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, launch
 
 CHANNELS = 4            # conv1's output channels: the kernels are written for this block
-BLOCK = 1024            # pooled pixels per program
+BLOCK = 1024            # pooled pixels per program of the forward
+# The backward's programs each walk blocks of BWD_BLOCK pooled pixels, keeping 40 running
+# sums per lane (2 pixels a thread at 4 warps: 80 registers of sums).
+BWD_BLOCK = 256
+BWD_PROGRAMS = 1056     # 8 per H100 SM
 NUM_WARPS = 4
 PARTIALS = CHANNELS * 10  # per program: 9 weight sums and 1 bias sum per channel
 
@@ -124,41 +128,88 @@ def _pick(sel, p0, p1, p2, p3):
 
 
 @triton.jit
+def _channel_sums(w_ptr, bias_ptr, c: tl.constexpr, grad, mask, sgc, s0, s1, s2, s3, s4,
+                  s5, s6, s7, s8, s9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21,
+                  x22, x23, x30, x31, x32, x33, COMPUTE: tl.constexpr):
+    """Channel c's ten running sums (nine weight taps, the bias) plus this block's
+    elementwise terms, kept per lane: no reduction until the program's last block."""
+    v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
+                                 x20, x21, x22, x23, x30, x31, x32, x33)
+    # The first maximum in scan order, as max_pool2d: strictly greater replaces.
+    m = v00
+    sel = tl.zeros(v00.shape, dtype=tl.int32)
+    sel = tl.where(v01 > m, 1, sel)
+    m = tl.maximum(m, v01)
+    sel = tl.where(v10 > m, 2, sel)
+    m = tl.maximum(m, v10)
+    sel = tl.where(v11 > m, 3, sel)
+    m = tl.maximum(m, v11)
+    active = (m + tl.load(bias_ptr + c)) > 0.0
+    g = tl.load(grad + c * sgc, mask=mask, other=0).to(COMPUTE)
+    g = tl.where(active & mask, g, 0.0)
+    # Weight (ky, kx) saw pixel (dy*+ky, dx*+kx) of the 4x4 patch.
+    return (s0 + g * _pick(sel, x00, x01, x10, x11), s1 + g * _pick(sel, x01, x02, x11, x12),
+            s2 + g * _pick(sel, x02, x03, x12, x13), s3 + g * _pick(sel, x10, x11, x20, x21),
+            s4 + g * _pick(sel, x11, x12, x21, x22), s5 + g * _pick(sel, x12, x13, x22, x23),
+            s6 + g * _pick(sel, x20, x21, x30, x31), s7 + g * _pick(sel, x21, x22, x31, x32),
+            s8 + g * _pick(sel, x22, x23, x32, x33), s9 + g)
+
+
+@triton.jit
+def _store_sums(part, c: tl.constexpr, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9):
+    tl.store(part + c * 10 + 0, tl.sum(s0, axis=0))
+    tl.store(part + c * 10 + 1, tl.sum(s1, axis=0))
+    tl.store(part + c * 10 + 2, tl.sum(s2, axis=0))
+    tl.store(part + c * 10 + 3, tl.sum(s3, axis=0))
+    tl.store(part + c * 10 + 4, tl.sum(s4, axis=0))
+    tl.store(part + c * 10 + 5, tl.sum(s5, axis=0))
+    tl.store(part + c * 10 + 6, tl.sum(s6, axis=0))
+    tl.store(part + c * 10 + 7, tl.sum(s7, axis=0))
+    tl.store(part + c * 10 + 8, tl.sum(s8, axis=0))
+    tl.store(part + c * 10 + 9, tl.sum(s9, axis=0))
+
+
+@triton.jit
 def _first_block_bwd_kernel(img_ptr, w_ptr, bias_ptr, grad_ptr, part_ptr, H, W, W2,
-                            n_pooled, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
+                            n_pooled, n_blocks, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
                             COMPUTE: tl.constexpr):
-    b = tl.program_id(0)
-    pid = tl.program_id(1)
-    (offs, mask, i, j, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
-     x30, x31, x32, x33) = _patch(img_ptr, b, pid, H, W, W2, n_pooled, BLOCK_, COMPUTE)
-    grad = grad_ptr + b.to(tl.int64) * sgb + i * sgh + j * sgw
-    part = part_ptr + (b.to(tl.int64) * tl.num_programs(1) + pid) * 40
-    for c in tl.static_range(4):
-        v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
-                                     x20, x21, x22, x23, x30, x31, x32, x33)
-        # The first maximum in scan order, as max_pool2d: strictly greater replaces.
-        m = v00
-        sel = tl.zeros_like(offs)
-        sel = tl.where(v01 > m, 1, sel)
-        m = tl.maximum(m, v01)
-        sel = tl.where(v10 > m, 2, sel)
-        m = tl.maximum(m, v10)
-        sel = tl.where(v11 > m, 3, sel)
-        m = tl.maximum(m, v11)
-        active = (m + tl.load(bias_ptr + c)) > 0.0
-        g = tl.load(grad + c * sgc, mask=mask, other=0).to(COMPUTE)
-        g = tl.where(active & mask, g, 0.0)
-        # Weight (ky, kx) saw pixel (dy*+ky, dx*+kx) of the 4x4 patch.
-        tl.store(part + c * 10 + 0, tl.sum(g * _pick(sel, x00, x01, x10, x11), axis=0))
-        tl.store(part + c * 10 + 1, tl.sum(g * _pick(sel, x01, x02, x11, x12), axis=0))
-        tl.store(part + c * 10 + 2, tl.sum(g * _pick(sel, x02, x03, x12, x13), axis=0))
-        tl.store(part + c * 10 + 3, tl.sum(g * _pick(sel, x10, x11, x20, x21), axis=0))
-        tl.store(part + c * 10 + 4, tl.sum(g * _pick(sel, x11, x12, x21, x22), axis=0))
-        tl.store(part + c * 10 + 5, tl.sum(g * _pick(sel, x12, x13, x22, x23), axis=0))
-        tl.store(part + c * 10 + 6, tl.sum(g * _pick(sel, x20, x21, x30, x31), axis=0))
-        tl.store(part + c * 10 + 7, tl.sum(g * _pick(sel, x21, x22, x31, x32), axis=0))
-        tl.store(part + c * 10 + 8, tl.sum(g * _pick(sel, x22, x23, x32, x33), axis=0))
-        tl.store(part + c * 10 + 9, tl.sum(g, axis=0))
+    """Persistent: each program walks blocks pid, pid + programs, ... (over images and
+    the blocks of each), keeping its 40 sums per lane, and reduces them once at its end
+    (one reduction per block of 1024 took 40 block-wide reductions each)."""
+    pid = tl.program_id(0)
+    per_image = tl.cdiv(n_pooled, BLOCK_)
+    z = tl.zeros((BLOCK_,), dtype=COMPUTE)
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = z, z, z, z, z, z, z, z, z, z
+    b0, b1, b2, b3, b4, b5, b6, b7, b8, b9 = z, z, z, z, z, z, z, z, z, z
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = z, z, z, z, z, z, z, z, z, z
+    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9 = z, z, z, z, z, z, z, z, z, z
+    for blk in range(pid, n_blocks, tl.num_programs(0)):
+        b = blk // per_image
+        (offs, mask, i, j, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
+         x30, x31, x32, x33) = _patch(img_ptr, b, blk % per_image, H, W, W2, n_pooled,
+                                      BLOCK_, COMPUTE)
+        grad = grad_ptr + b.to(tl.int64) * sgb + i * sgh + j * sgw
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = _channel_sums(
+            w_ptr, bias_ptr, 0, grad, mask, sgc, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9,
+            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
+            COMPUTE)
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9 = _channel_sums(
+            w_ptr, bias_ptr, 1, grad, mask, sgc, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9,
+            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
+            COMPUTE)
+        c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = _channel_sums(
+            w_ptr, bias_ptr, 2, grad, mask, sgc, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9,
+            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
+            COMPUTE)
+        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9 = _channel_sums(
+            w_ptr, bias_ptr, 3, grad, mask, sgc, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9,
+            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
+            COMPUTE)
+    part = part_ptr + pid.to(tl.int64) * 40
+    _store_sums(part, 0, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
+    _store_sums(part, 1, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9)
+    _store_sums(part, 2, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9)
+    _store_sums(part, 3, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9)
 
 
 def _check(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
@@ -203,13 +254,14 @@ def first_block_backward(grad: torch.Tensor, images: torch.Tensor, weight: torch
     """(dL/dweight [4, 1, 3, 3], dL/dbias [4]) in the weight's dtype: one launch and one
     reduction."""
     images = images.contiguous()
-    grid = _grid(images)
-    parts = torch.empty((grid[0] * grid[1], PARTIALS), dtype=weight.dtype,
-                        device=images.device)
-    H, W = images.shape[2], images.shape[3]
-    launch(_first_block_bwd_kernel, grid, images, weight.contiguous(), bias.contiguous(),
-            grad, parts, H, W, W // 2, (H // 2) * (W // 2), *grad.stride(), BLOCK_=BLOCK,
-            COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
+    B, _, H, W = images.shape
+    n_pooled = (H // 2) * (W // 2)
+    n_blocks = B * triton.cdiv(n_pooled, BWD_BLOCK)
+    programs = min(n_blocks, BWD_PROGRAMS)
+    parts = torch.empty((programs, PARTIALS), dtype=weight.dtype, device=images.device)
+    launch(_first_block_bwd_kernel, (programs,), images, weight.contiguous(),
+            bias.contiguous(), grad, parts, H, W, W // 2, n_pooled, n_blocks, *grad.stride(),
+            BLOCK_=BWD_BLOCK, COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
     sums = parts.sum(0).view(CHANNELS, 10)
     return sums[:, :9].reshape(CHANNELS, 1, 3, 3).contiguous(), sums[:, 9].contiguous()
 

@@ -65,6 +65,9 @@ NUM_WARPS = 4
 WGRAD_PROGRAMS = 528    # 4 per H100 SM: enough to fill it, few partial sums to add
 XGRAD_BLOCK = 64        # pooled pixels (input quads) per program of the input gradient
 XGRAD_WARPS = 4
+XGRAD_PROGRAMS = 1056   # 8 per H100 SM, each walking blocks (the weights made once each)
+# One stage: pipelined (Triton's default of 3 stages), the persistent loop asked for 248 KB
+# of shared memory, where the H100 has 227 KB.
 # fp32 ("ieee": no tensor cores) and fp64 (no dot at all) unroll their products into
 # plain FMAs, whose compile time grows with the tile: at the bf16 blocks the fp32 kernels
 # took 40 s to compile and the fp64 ones over a minute each (triton.compile for sm_90,
@@ -251,6 +254,25 @@ def _neighbour_weights(w_ptr, di: tl.constexpr, dj: tl.constexpr, swo, swi, swh,
     return _operand(tl.load(ptrs, mask=ok, other=0), DOT, ROUND)
 
 
+@triton.jit
+def _neighbour_dot(acc, grad_ptr, sel_ptr, m_n, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+                   di: tl.constexpr, dj: tl.constexpr, DOT: tl.constexpr,
+                   ROUND: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """acc + G_n @ M_n for the pooled neighbour (i+di, j+dj) (0 off the image)."""
+    k = tl.arange(0, 64)
+    I = i + di  # noqa: E741 (the pooled row, as in the docstring's maths)
+    J = j + dj
+    ok = mask & (I >= 0) & (I < H2) & (J >= 0) & (J < W2)
+    I = tl.where(ok, I, 0)  # noqa: E741
+    J = tl.where(ok, J, 0)
+    g = tl.load(grad_ptr + (b * sgb + I * sgh + J * sgw)[:, None]
+                + (k % 16)[None, :] * sgc, mask=ok[:, None], other=0)
+    sel = tl.load(sel_ptr + (((b * H2 + I) * W2 + J) * 16)[:, None] + (k % 16)[None, :],
+                  mask=ok[:, None], other=4)
+    g_n = _operand(tl.where(sel == (k // 16)[None, :], g.to(ACC), 0.0), DOT, ROUND)
+    return acc + _mm(g_n, m_n, PRECISION)
+
+
 @triton.jit(do_not_specialize_on_alignment=_GENERIC)
 def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W2,
                                sgb, sgc, sgh, sgw, swo, swi, swh, sww, sxb, sxc, sxh, sxw,
@@ -260,33 +282,48 @@ def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W
     """dL/dx for the 2x2 input quads under BLOCK_ pooled pixels (flat over b, i, j): the
     quad of (i, j) gets gradient only from the conv positions of the pooled pixels
     (i-1..i+1, j-1..j+1), so nine [BLOCK_, 64] x [64, 16] dots, one per neighbour n, of
-    G_n (column (d, co): g of n at channel co where d* == d, else 0) with M_n."""
-    offs = tl.program_id(0) * BLOCK_ + tl.arange(0, BLOCK_)
-    mask = offs < n_pooled
-    b = (offs // (H2 * W2)).to(tl.int64)
-    i = (offs // W2) % H2
-    j = offs % W2
-    k = tl.arange(0, 64)
-    acc = tl.zeros((BLOCK_, 16), dtype=ACC)
-    for n in tl.static_range(9):
-        I = i + (n // 3 - 1)  # noqa: E741 (the pooled row, as in the docstring's maths)
-        J = j + (n % 3 - 1)
-        ok = mask & (I >= 0) & (I < H2) & (J >= 0) & (J < W2)
-        I = tl.where(ok, I, 0)  # noqa: E741
-        J = tl.where(ok, J, 0)
-        g = tl.load(grad_ptr + (b * sgb + I * sgh + J * sgw)[:, None]
-                    + (k % 16)[None, :] * sgc, mask=ok[:, None], other=0)
-        sel = tl.load(sel_ptr + (((b * H2 + I) * W2 + J) * 16)[:, None] + (k % 16)[None, :],
-                      mask=ok[:, None], other=4)
-        g_n = _operand(tl.where(sel == (k // 16)[None, :], g.to(ACC), 0.0), DOT, ROUND)
-        m_n = _neighbour_weights(w_ptr, n // 3 - 1, n % 3 - 1, swo, swi, swh, sww, DOT,
-                                 ROUND)
-        acc += _mm(g_n, m_n, PRECISION)
+    G_n (column (d, co): g of n at channel co where d* == d, else 0) with M_n.
+    Persistent: the nine M_n are made once per program, which then walks blocks pid,
+    pid + programs, ... (one program per block made them 9 x 1024 gathers per block)."""
+    m0 = _neighbour_weights(w_ptr, -1, -1, swo, swi, swh, sww, DOT, ROUND)
+    m1 = _neighbour_weights(w_ptr, -1, 0, swo, swi, swh, sww, DOT, ROUND)
+    m2 = _neighbour_weights(w_ptr, -1, 1, swo, swi, swh, sww, DOT, ROUND)
+    m3 = _neighbour_weights(w_ptr, 0, -1, swo, swi, swh, sww, DOT, ROUND)
+    m4 = _neighbour_weights(w_ptr, 0, 0, swo, swi, swh, sww, DOT, ROUND)
+    m5 = _neighbour_weights(w_ptr, 0, 1, swo, swi, swh, sww, DOT, ROUND)
+    m6 = _neighbour_weights(w_ptr, 1, -1, swo, swi, swh, sww, DOT, ROUND)
+    m7 = _neighbour_weights(w_ptr, 1, 0, swo, swi, swh, sww, DOT, ROUND)
+    m8 = _neighbour_weights(w_ptr, 1, 1, swo, swi, swh, sww, DOT, ROUND)
     col = tl.arange(0, 16)
-    r = 2 * i[:, None] + (col // 8)[None, :]
-    c = 2 * j[:, None] + ((col // 4) % 2)[None, :]
-    ptrs = dx_ptr + b[:, None] * sxb + (col % 4)[None, :] * sxc + r * sxh + c * sxw
-    tl.store(ptrs, acc.to(dx_ptr.dtype.element_ty), mask=mask[:, None])
+    for blk in range(tl.program_id(0), tl.cdiv(n_pooled, BLOCK_), tl.num_programs(0)):
+        offs = blk * BLOCK_ + tl.arange(0, BLOCK_)
+        mask = offs < n_pooled
+        b = (offs // (H2 * W2)).to(tl.int64)
+        i = (offs // W2) % H2
+        j = offs % W2
+        acc = tl.zeros((BLOCK_, 16), dtype=ACC)
+        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m0, b, i, j, mask, H2, W2, sgb,
+                             sgc, sgh, sgw, -1, -1, DOT, ROUND, ACC, PRECISION)
+        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m1, b, i, j, mask, H2, W2, sgb,
+                             sgc, sgh, sgw, -1, 0, DOT, ROUND, ACC, PRECISION)
+        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m2, b, i, j, mask, H2, W2, sgb,
+                             sgc, sgh, sgw, -1, 1, DOT, ROUND, ACC, PRECISION)
+        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m3, b, i, j, mask, H2, W2, sgb,
+                             sgc, sgh, sgw, 0, -1, DOT, ROUND, ACC, PRECISION)
+        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m4, b, i, j, mask, H2, W2, sgb,
+                             sgc, sgh, sgw, 0, 0, DOT, ROUND, ACC, PRECISION)
+        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m5, b, i, j, mask, H2, W2, sgb,
+                             sgc, sgh, sgw, 0, 1, DOT, ROUND, ACC, PRECISION)
+        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m6, b, i, j, mask, H2, W2, sgb,
+                             sgc, sgh, sgw, 1, -1, DOT, ROUND, ACC, PRECISION)
+        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m7, b, i, j, mask, H2, W2, sgb,
+                             sgc, sgh, sgw, 1, 0, DOT, ROUND, ACC, PRECISION)
+        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m8, b, i, j, mask, H2, W2, sgb,
+                             sgc, sgh, sgw, 1, 1, DOT, ROUND, ACC, PRECISION)
+        r = 2 * i[:, None] + (col // 8)[None, :]
+        c = 2 * j[:, None] + ((col // 4) % 2)[None, :]
+        ptrs = dx_ptr + b[:, None] * sxb + (col % 4)[None, :] * sxc + r * sxh + c * sxw
+        tl.store(ptrs, acc.to(dx_ptr.dtype.element_ty), mask=mask[:, None])
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
@@ -370,9 +407,11 @@ def second_block_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Ten
             n_pooled, H, W, H2, W2, *x.stride(), *weight.stride(), *grad.stride(),
             BLOCK_=block, num_warps=NUM_WARPS, **meta)
     d_x = empty_4d(x.shape, x.dtype, x.device, _nhwc(x))
-    launch(_second_block_xgrad_kernel, (triton.cdiv(n_pooled, xgrad_block),), grad, sel,
+    xgrad_programs = min(triton.cdiv(n_pooled, xgrad_block), XGRAD_PROGRAMS)
+    launch(_second_block_xgrad_kernel, (xgrad_programs,), grad, sel,
             weight, d_x, n_pooled, H2, W2, *grad.stride(), *weight.stride(),
-            *d_x.stride(), BLOCK_=xgrad_block, num_warps=XGRAD_WARPS, **meta)
+            *d_x.stride(), BLOCK_=xgrad_block, num_warps=XGRAD_WARPS,
+            num_stages=1, **meta)
     sums = parts.sum(0)
     d_w = _weight_grad(sums[:4 * C_OUT * 64], weight)
     return d_x, d_w, sums[4 * C_OUT * 64:].to(bias.dtype).contiguous()

@@ -97,3 +97,15 @@ def test_bad_inputs_are_one_clear_error(change, message):
     images, weight, bias = _inputs(1, 6, 6, "cpu")
     with pytest.raises(InputError, match=re.escape(message)):
         first_block(*change(images, weight, bias))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_programs_that_walk_several_blocks_give_the_same_gradients(device, monkeypatch):
+    """The backward is persistent: with fewer programs than blocks each program walks
+    several (across images, and a partial last block of each), summing per lane."""
+    import kernels.triton_first_block as fb
+    monkeypatch.setattr(fb, "BWD_PROGRAMS", 3)
+    monkeypatch.setattr(fb, "BWD_BLOCK", 64)
+    if device == "cuda":
+        torch._dynamo.reset()
+    _check_against_reference(*_inputs(3, 18, 34, device), torch.bfloat16, True, 1e-2)

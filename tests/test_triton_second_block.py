@@ -104,3 +104,16 @@ def test_bad_inputs_are_one_clear_error(change, message):
     x, weight, bias = second_block_inputs(1, 6, 6, "cpu")
     with pytest.raises(InputError, match=re.escape(message)):
         second_block(*change(x, weight, bias))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_programs_that_walk_several_blocks_give_the_same_gradients(device, monkeypatch):
+    """The weight- and input-gradient kernels are persistent: with fewer programs than
+    blocks each program walks several, its weights made once."""
+    import kernels.triton_second_block as sb
+    monkeypatch.setattr(sb, "XGRAD_PROGRAMS", 3)
+    monkeypatch.setattr(sb, "WGRAD_PROGRAMS", 2)
+    if device == "cuda":
+        torch._dynamo.reset()
+    _check_against_reference(*second_block_inputs(2, 18, 34, device, torch.bfloat16, True),
+                             1e-2)
