@@ -38,6 +38,7 @@ import triton.language as tl
 from core.checks import check_conv_block
 from core.errors import InputError
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, launch
+from kernels.triton_window import first_max
 
 CHANNELS = 4            # conv1's output channels: the kernels are written for this block
 BLOCK = 1024            # pooled pixels per program of the forward
@@ -135,15 +136,7 @@ def _channel_sums(w_ptr, bias_ptr, c: tl.constexpr, grad, mask, sgc, s0, s1, s2,
     elementwise terms, kept per lane: no reduction until the program's last block."""
     v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
                                  x20, x21, x22, x23, x30, x31, x32, x33)
-    # The first maximum in scan order, as max_pool2d: strictly greater replaces.
-    m = v00
-    sel = tl.zeros(v00.shape, dtype=tl.int32)
-    sel = tl.where(v01 > m, 1, sel)
-    m = tl.maximum(m, v01)
-    sel = tl.where(v10 > m, 2, sel)
-    m = tl.maximum(m, v10)
-    sel = tl.where(v11 > m, 3, sel)
-    m = tl.maximum(m, v11)
+    sel, m = first_max(v00, v01, v10, v11)
     active = (m + tl.load(bias_ptr + c)) > 0.0
     g = tl.load(grad + c * sgc, mask=mask, other=0).to(COMPUTE)
     g = tl.where(active & mask, g, 0.0)

@@ -56,6 +56,7 @@ import triton.language as tl
 from core.checks import check_conv_block
 from core.errors import InputError
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, launch
+from kernels.triton_window import first_max
 
 C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
 # Launch shapes for bf16 and fp16 (bench/second_block_probe.py times the alternatives on
@@ -170,16 +171,7 @@ def _second_block_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, n_pooled, H, W, H2, 
 def _argmax_window(v0, v1, v2, v3):
     """d* per pooled pixel and channel (the first maximum in max_pool2d's scan order; 4
     where the ReLU is dead: no gradient passes)."""
-    # The first block's backward holds the same rule inline; one shared helper is a mend
-    # for a session that can rerun both blocks on the GPU (this one's device time was spent).
-    m = v0
-    sel = tl.zeros(v0.shape, dtype=tl.int32)
-    sel = tl.where(v1 > m, 1, sel)
-    m = tl.maximum(m, v1)
-    sel = tl.where(v2 > m, 2, sel)
-    m = tl.maximum(m, v2)
-    sel = tl.where(v3 > m, 3, sel)
-    m = tl.maximum(m, v3)
+    sel, m = first_max(v0, v1, v2, v3)
     return tl.where(m > 0.0, sel, 4)
 
 

@@ -33,7 +33,8 @@ def test_a_tiny_ladder_writes_every_rung_and_says_which_could_not_run(tmp_path, 
                                 for n in ("cudnn_benchmark", "bf16_shadow", "update_in_gemm",
                                           "cuda_graph")}
         assert all(v == "skipped: needs a CUDA GPU" for v in skipped.values())
-        assert len(ran) == 10  # baseline, fused_sgd, channels_last, both Triton blocks
+        # baseline, fused_sgd, channels_last, both Triton blocks, the Triton pool
+        assert len(ran) == 12
     for r in ran:
         assert (out / Path(r["run folder"]).name / "summary.json").exists(), r["run folder"]
     # Each rung's run holds every speed-up of the rungs before it.
@@ -61,7 +62,7 @@ def test_a_ladder_is_never_overwritten(tmp_path, capsys):
 def test_on_a_cpu_the_triton_block_rungs_run_only_at_sizes_that_take_seconds():
     import train
     preset = train.parse_config(["--preset", "cpu", "--baseline"])
-    for block in ("triton_first_block", "triton_second_block"):
+    for block in ("triton_first_block", "triton_second_block", "triton_pool"):
         reason = ladder.why_not_here(block, preset, "padded", cuda=False)
         assert reason.startswith("Triton's interpreter would take ~105 s a step here")
         assert ladder.why_not_here(block, preset, "padded", cuda=True) is None
