@@ -24,8 +24,9 @@
                      kernel forward and one backward around cuDNN's conv, which runs
                      without its bias (kernels/triton_pool.py): Inductor added the bias
                      over the full-resolution output in a pass of its own and wrote the
-                     pool's gradient at a third of HBM's rate. Bit for bit the same
-                     forward. Off in the CPU preset, as the blocks.
+                     pool's gradient at a third of HBM's rate. The compiled step's
+                     forward at the GPU preset, bit for bit. Off in the CPU preset, as the
+                     blocks.
     bf16_shadow      lin1's weight kept as a bf16 parameter with fp32 master weights that
                      one Triton kernel updates together with the momentum, reading the bf16
                      gradient (kernels/triton_shadow_sgd.py): two 1.07 B-element casts a
