@@ -37,6 +37,12 @@ def launch(kernel, grid, *args, **meta) -> None:
         wrap_triton(kernel)[grid](*args, **meta)
 
 
+def is_nhwc(x: torch.Tensor) -> bool:
+    """Whether x is laid out channels_last (and not also plainly contiguous, as a tensor of
+    one channel or one pixel is): the layout a kernel's outputs and gradients keep."""
+    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
 def empty_4d(shape, dtype, device, channels_last: bool) -> torch.Tensor:
     """An uninitialised [B, C, H, W] tensor, NHWC where channels_last, made with explicit
     strides: torch.compile turns torch.empty(..., memory_format=torch.channels_last) in a

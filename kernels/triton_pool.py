@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
-from kernels.triton_op import INTERPRETED, define_op, empty_4d, launch
+from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
 
 # Pooled pixels x channels per program; the channels are x's contiguous dimension under
 # channels_last, so each row of a window position is one coalesced load.
@@ -148,9 +148,7 @@ def _empty_out(x: torch.Tensor, flat: bool) -> torch.Tensor:
     """y [B, C, H/2, W/2] in x's dtype: contiguous where flat (the trunk's last block, whose
     flatten is then a view), else in x's memory format."""
     B, C, H, W = x.shape
-    nhwc = (not flat and x.is_contiguous(memory_format=torch.channels_last)
-            and not x.is_contiguous())
-    return empty_4d((B, C, H // 2, W // 2), x.dtype, x.device, nhwc)
+    return empty_4d((B, C, H // 2, W // 2), x.dtype, x.device, not flat and is_nhwc(x))
 
 
 def _empty_grad(grad: torch.Tensor, H: int, W: int, channels_last: bool) -> torch.Tensor:
@@ -198,8 +196,7 @@ def _setup_context(ctx, inputs, output):
     x, bias, _ = inputs
     ctx.save_for_backward(output[1])  # the code: x itself is not kept alive
     ctx.shape = (x.shape[2], x.shape[3])
-    ctx.channels_last = x.is_contiguous(memory_format=torch.channels_last) and not \
-        x.is_contiguous()
+    ctx.channels_last = is_nhwc(x)
     ctx.dtypes = (x.dtype, bias.dtype)
 
 

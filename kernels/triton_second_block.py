@@ -55,7 +55,7 @@ import triton.language as tl
 
 from core.checks import check_conv_block
 from core.errors import InputError
-from kernels.triton_op import INTERPRETED, define_op, empty_4d, launch
+from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
 from kernels.triton_window import first_max
 
 C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
@@ -365,11 +365,7 @@ def second_block_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -
 def _empty_out(x):
     """y [B, 16, H/2, W/2] in x's dtype, channels_last when x is (the model's NHWC run)."""
     B, H2, W2 = _pooled_shape(x)
-    return empty_4d((B, C_OUT, H2, W2), x.dtype, x.device, _nhwc(x))
-
-
-def _nhwc(x) -> bool:
-    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return empty_4d((B, C_OUT, H2, W2), x.dtype, x.device, is_nhwc(x))
 
 
 def _weight_grad(sums: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -398,7 +394,7 @@ def second_block_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     launch(_second_block_wgrad_kernel, (programs,), x, weight, bias, grad, sel, parts,
             n_pooled, H, W, H2, W2, *x.stride(), *weight.stride(), *grad.stride(),
             BLOCK_=block, num_warps=NUM_WARPS, **meta)
-    d_x = empty_4d(x.shape, x.dtype, x.device, _nhwc(x))
+    d_x = empty_4d(x.shape, x.dtype, x.device, is_nhwc(x))
     xgrad_programs = min(triton.cdiv(n_pooled, xgrad_block), XGRAD_PROGRAMS)
     launch(_second_block_xgrad_kernel, (xgrad_programs,), grad, sel,
             weight, d_x, n_pooled, H2, W2, *grad.stride(), *weight.stride(),
