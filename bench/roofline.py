@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 import train  # noqa: E402
-from bench.sharded_rank import cuda_ms, top_kernels  # noqa: E402
+from bench.sharded_rank import cuda_ms, one_batch, top_kernels  # noqa: E402
 from kernels.triton_dw_update import (  # noqa: E402
     EPILOGUE_ONLY,
     GEMM_ONLY,
@@ -139,12 +139,11 @@ def small_sgd_phase(model) -> dict:
                 bytes=n * 20, ms=cuda_ms(opt.step))
 
 
-def step_ms(args, update: str):
-    """(median step ms, model, images) of the whole train step, CUDA events."""
+def preset_step(train_args: list[str]):
+    """(cfg, model, train-step functions, one batch on the GPU): train.py's step with
+    train_args (the GPU preset), built as train.py builds it, compiled afresh."""
     import losses
-    from data import SyntheticFaces
-    cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend,
-                              "--update-in-gemm", update])
+    cfg = train.parse_config(train_args)
     used = speedups.resolve(cfg, True)["on"]
     speedups.apply_backend_flags(used, True, many_runs=True)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
@@ -152,9 +151,13 @@ def step_ms(args, update: str):
     torch._dynamo.reset()
     model, runner, optimizer = speedups.build(cfg, used, device, False)
     fns = train.make_step(cfg, strategy, runner, optimizer, device)
-    dataset = SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed)
-    images, targets = strategy.collate([dataset[i] for i in range(cfg.batch_size)])
-    batch = (images.to(device), strategy.to_device(targets, device))
+    return cfg, model, fns, one_batch(cfg, strategy, device)
+
+
+def step_ms(args, update: str):
+    """(median step ms, model, images) of the whole train step, CUDA events."""
+    _, model, fns, batch = preset_step(["--loss", args.loss, "--backend", args.backend,
+                                        "--update-in-gemm", update])
     for _ in range(8):
         fns.train_step(*batch)
     pairs = []

@@ -14,26 +14,8 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
-import train  # noqa: E402
+from bench.roofline import preset_step  # noqa: E402
 from bench.sharded_rank import cuda_ms, top_kernels  # noqa: E402
-from training import speedups  # noqa: E402
-
-
-def build(args):
-    """(cfg, model, train_step fns, one batch on the GPU) at the GPU preset."""
-    import losses
-    from data import SyntheticFaces
-    cfg = train.parse_config(["--loss", args.loss, *args.train_args])
-    used = speedups.resolve(cfg, True)["on"]
-    speedups.apply_backend_flags(used, True, many_runs=True)
-    strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
-    device = torch.device("cuda", 0)
-    model, runner, optimizer = speedups.build(cfg, used, device, False)
-    fns = train.make_step(cfg, strategy, runner, optimizer, device)
-    dataset = SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed)
-    images, targets = strategy.collate([dataset[i] for i in range(cfg.batch_size)])
-    batch = (images.to(device), strategy.to_device(targets, device))
-    return cfg, model, fns, batch
 
 
 def main() -> None:
@@ -42,7 +24,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("train_args", nargs="*", help="more train.py options, after --")
     args = ap.parse_args()
-    cfg, model, fns, batch = build(args)
+    cfg, model, fns, batch = preset_step(["--loss", args.loss, *args.train_args])
     images = batch[0]
     # The trunk as the step compiles it: flat_features is a method of its own.
     trunk = torch.compile(model.flat_features)
