@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.deferred_linear import PendingGrad, deferred_linear
+from kernels.triton_conv_pool import conv_pool_bias_relu
 from kernels.triton_first_block import first_block
 from kernels.triton_pool import pool_bias_relu
 from kernels.triton_second_block import second_block
@@ -25,7 +26,7 @@ class BoxNet(nn.Module):
                  triton_first_block: bool = False, channels_last: bool = False,
                  block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False,
                  triton_second_block: bool = False, update_in_gemm: bool = False,
-                 triton_pool: bool = False):
+                 triton_pool: bool = False, triton_conv_pool: bool = False):
         super().__init__()
         if image_size % 16:
             raise ValueError(f"image size {image_size} must be a multiple of 16 "
@@ -50,6 +51,9 @@ class BoxNet(nn.Module):
         # --triton-pool: the later blocks' conv without its bias, then bias, max-pool and
         # ReLU in one Triton kernel (kernels/triton_pool.py).
         self.triton_pool = triton_pool
+        # --triton-conv-pool: the third block's forward (conv, bias, max-pool, ReLU) as one
+        # Triton kernel (kernels/triton_conv_pool.py).
+        self.triton_conv_pool = triton_conv_pool
         self.channels_last = channels_last
         # False where a design of several GPUs must not be compiled whole: then only the
         # trunk is (training/parallel.py says why; model/build.py reads it).
@@ -106,15 +110,25 @@ class BoxNet(nn.Module):
     def later_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """The third and fourth blocks. With --triton-pool each conv runs without its
         bias, which the pool kernel adds before it pools; the last block's output is
-        written contiguous, so that flat_features' flatten is a view."""
-        if not self.triton_pool:
-            return self.features[6:](x)
-        for k in (6, 9):
-            conv = self.features[k]
-            x = F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation,
-                         conv.groups)
-            x = pool_bias_relu(x, conv.bias, flat=k == 9)
-        return x
+        written contiguous, so that flat_features' flatten is a view. With
+        --triton-conv-pool the third block's forward is one Triton kernel."""
+        if self.triton_conv_pool:
+            conv = self.features[6]
+            x = conv_pool_bias_relu(x, conv.weight, conv.bias)
+        elif self.triton_pool:
+            x = self._pooled_block(6, x, flat=False)
+        else:
+            x = self.features[6:9](x)
+        if self.triton_pool:
+            return self._pooled_block(9, x, flat=True)
+        return self.features[9:](x)
+
+    def _pooled_block(self, k: int, x: torch.Tensor, flat: bool) -> torch.Tensor:
+        """features[k]'s conv without its bias, then the Triton bias + pool + ReLU."""
+        conv = self.features[k]
+        x = F.conv2d(x, conv.weight, None, conv.stride, conv.padding, conv.dilation,
+                     conv.groups)
+        return pool_bias_relu(x, conv.bias, flat=flat)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """lin1, ReLU, lin2 on the flattened features."""

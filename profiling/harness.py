@@ -128,7 +128,8 @@ def _memory_worth_profiling(cfg) -> bool:
     block of unknown size...' (issue 31)."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     return not (interpreted and (cfg.loss in FUSED or cfg.triton_first_block
-                                 or cfg.triton_second_block or cfg.triton_pool))
+                                 or cfg.triton_second_block or cfg.triton_pool
+                                 or cfg.triton_conv_pool))
 
 
 # Runs of up to this many steps print a line every step; longer ones fewer

@@ -38,7 +38,7 @@ def main() -> int:
                                 lambda p, c, f=packed: f(p, targets_for("packed", c)))
                         for case in _cases())
     failures += (first_block_cases() + second_block_cases() + pool_cases()
-                 + dw_update_cases())
+                 + conv_pool_cases() + dw_update_cases())
     return 1 if failures else 0
 
 
@@ -142,6 +142,36 @@ def pool_cases() -> int:
         failures += not ok
         print(f"pool_bias_relu B={B} C={C} {H}x{W} {dtype} channels_last={channels_last} "
               f"flat={flat}: {'equal' if ok else 'WRONG'}")
+    return failures
+
+
+def conv_pool_cases() -> int:
+    """The third block's Triton forward (--triton-conv-pool) and its backward over odd
+    sizes, both layouts, fp32 and fp16, a persistent loop of several blocks per program,
+    the model's size last (B=64 of its [16, 64, 64] inputs): values against the unfused
+    graph (cuDNN's conv, the pool kernel) within a rounding."""
+    from kernels.triton_conv_pool import conv_pool_bias_relu, unfused
+    failures = 0
+    for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
+                                          (3, 10, 6, torch.float16, True),
+                                          (5, 34, 66, torch.bfloat16, True),
+                                          (64, 64, 64, torch.bfloat16, True)):
+        x = torch.randn(B, 16, H, W, device="cuda").to(dtype)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        weight = (torch.randn(64, 16, 3, 3, device="cuda") * 0.2).requires_grad_(True)
+        bias = torch.randn(64, device="cuda", requires_grad=True)
+        x.requires_grad_(True)
+        out = conv_pool_bias_relu(x, weight, bias)
+        out.float().sum().backward()
+        torch.cuda.synchronize()  # host-device sync: the check reads the results
+        expected = unfused(x.detach(), weight.detach(), bias.detach()).float()
+        err = ((out.float() - expected).norm() / expected.norm()).item()  # host-device sync
+        ok = err < 1e-3 and all(torch.isfinite(t.grad).all().item()  # host-device syncs
+                                for t in (x, weight, bias))
+        failures += not ok
+        print(f"conv_pool_bias_relu B={B} {H}x{W} {dtype} channels_last={channels_last}: "
+              f"{'equal within a rounding' if ok else 'WRONG'} (rel {err:.1e})")
     return failures
 
 

@@ -29,7 +29,8 @@ def test_baseline_turns_every_speedup_off_and_a_given_one_stays_on():
     assert default.fused_sgd and default.channels_last
     assert not default.cudnn_benchmark  # GPU only: the CPU preset leaves it off
     # Slow in Triton's interpreter: off in the CPU preset, on in the GPU preset.
-    for block in ("triton_first_block", "triton_second_block", "triton_pool"):
+    for block in ("triton_first_block", "triton_second_block", "triton_pool",
+                  "triton_conv_pool"):
         assert not getattr(default, block) and getattr(train.Config(), block)
     assert default.cuda_graph == "off"  # measured: no gain on the GPU (results/step.md)
 
@@ -42,7 +43,8 @@ def _grads_after_one_step(seed: int, **switches):
                            triton_first_block=used["triton_first_block"],
                            channels_last=used["channels_last"],
                            triton_second_block=used["triton_second_block"],
-                           triton_pool=used["triton_pool"])
+                           triton_pool=used["triton_pool"],
+                           triton_conv_pool=used["triton_conv_pool"])
     strategy = losses.get("padded", capacity=16)
     dataset = SyntheticFaces(100, 32, seed)
     images, targets = strategy.collate([dataset[i] for i in range(5)])
@@ -54,7 +56,8 @@ def _grads_after_one_step(seed: int, **switches):
 
 
 @pytest.mark.parametrize("switch", ["fused_sgd", "channels_last", "triton_first_block",
-                                    "triton_second_block", "triton_pool"])
+                                    "triton_second_block", "triton_pool",
+                                    "triton_conv_pool"])
 def test_each_cpu_speedup_gives_the_baselines_loss_gradients_and_update(switch):
     seed = torch.randint(0, 2**31, ()).item()
     loss0, grads0, after0 = _grads_after_one_step(seed)
@@ -76,12 +79,13 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
     fast = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--cuda-graph",
                                                 "auto", "--triton-first-block",
                                                 "--triton-second-block", "--triton-pool",
-                                                "--run-name", "fast"]))
+                                                "--triton-conv-pool", "--run-name", "fast"]))
     assert fast["losses"] == pytest.approx(base["losses"], rel=1e-4)
     written = json.loads((tmp_path / "fast" / "summary.json").read_text())["speedups"]
     assert written["on"] == {"cudnn_benchmark": False, "fused_sgd": True, "channels_last": True,
                              "triton_first_block": True, "triton_second_block": True,
-                             "triton_pool": True, "bf16_shadow": False, "update_in_gemm": False,
+                             "triton_pool": True, "triton_conv_pool": True,
+                             "bf16_shadow": False, "update_in_gemm": False,
                              "cuda_graph": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()

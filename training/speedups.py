@@ -27,6 +27,12 @@
                      pool's gradient at a third of HBM's rate. The compiled step's
                      forward at the GPU preset, bit for bit. Off in the CPU preset, as the
                      blocks.
+    triton_conv_pool the third block's forward (conv 16->64, bias, max-pool, ReLU, the
+                     pool's code) as one persistent Triton kernel of tensor-core dots
+                     (kernels/triton_conv_pool.py): cuDNN's conv wrote its 537 MB
+                     full-resolution output at ~1.1 TB/s for the pool to read back. The
+                     backward is --triton-pool's and cuDNN's, as before. Off in the CPU
+                     preset, as the blocks.
     bf16_shadow      lin1's weight kept as a bf16 parameter with fp32 master weights that
                      one Triton kernel updates together with the momentum, reading the bf16
                      gradient (kernels/triton_shadow_sgd.py): two 1.07 B-element casts a
@@ -63,6 +69,8 @@ HELP = {
                            "(one forward, two backward)",
     "triton_pool": "the third and fourth blocks' bias, max-pool and ReLU as one Triton "
                    "kernel forward and one backward around cuDNN's bias-free conv",
+    "triton_conv_pool": "the third block's conv, bias, max-pool and ReLU forward as one "
+                        "Triton kernel (its backward: the pool's and cuDNN's)",
     "bf16_shadow": "lin1's weight as bf16 with fp32 master weights, updated by one Triton "
                    "kernel that reads the bf16 gradient (GPU, with --amp)",
     "update_in_gemm": "lin1's shadow SGD in the epilogue of its weight-gradient GEMM: auto "
@@ -203,6 +211,7 @@ def build(cfg, used: dict, device, reuse: bool, wrap=None, wrap_key=None):
                                 bf16_shadow=used["bf16_shadow"],
                                 triton_second_block=used["triton_second_block"],
                                 triton_pool=used["triton_pool"],
+                                triton_conv_pool=used["triton_conv_pool"],
                                 update_in_gemm=used["update_in_gemm"],
                                 wrap=wrap, wrap_key=wrap_key)
     return model, runner, make_optimizer(model, cfg.lr, used)

@@ -1,0 +1,253 @@
+"""BoxNet's third block's forward in Triton: Conv2d(16->64, 3x3, padding 1) -> + bias ->
+MaxPool2d(2) -> ReLU in one kernel, writing the pool's int8 code (`--triton-conv-pool`).
+
+Why: with --triton-pool the block ran cuDNN's conv (0.60 ms on the H100 at batch 1024: a
+256x64 tile for 64 output channels over K = 144, moving its 134 MB input and 537 MB
+output at ~1.1 TB/s), then the pool kernel, which reads those 537 MB back (0.33 ms).
+Here the full-resolution conv output never leaves registers. The backward is the pool's
+(kernels/triton_pool.py: the full-resolution gradient from the code) and cuDNN's input
+and weight gradients, as before: only the forward changes.
+
+Naming ladder: _conv_pool_fwd_kernel -> the custom op boxnet::conv_pool_bias_relu ->
+autograd (backward: boxnet::pool_bias_relu_backward, aten.convolution_backward) ->
+conv_pool_bias_relu().
+
+Layout of the work: a pooled pixel (b, i, j) reads input rows 2i-1 .. 2i+2 (pr = 0..3),
+columns 2j-1 .. 2j+2 (px = 0..3). Row pr of that patch is one [BLOCK_P, 4*CI] tile R_pr
+(column px*CI + ci; under channels_last its 4*CI numbers are contiguous in memory). The
+conv value at window position (dy, dx) is
+
+    v_(dy,dx) = sum_{ky=0..2} R_(dy+ky) @ W_(dx,ky),
+    W_(dx,ky)[px*CI + ci, co] = w[co, ci, ky, px-dx]   (0 where px-dx is off the kernel),
+
+twelve tensor-core dots of K = 4*CI a block, from six weight tiles (K = 64 where the taps
+need 48: a quarter of the products are with zeros, for K a power of two).
+
+Maths: what --triton-pool computes from cuDNN's conv, with the conv's sum rounded once to
+x's dtype as cuDNN writes it (the sum's order differs from cuDNN's, so a value can differ
+by one rounding and, at a near tie, the pool may choose another window position):
+    c_d  = round(sum over ci, ky, kx of x * round(w))     (fp32 sums of x's-dtype products)
+    v_d  = round(c_d + round(bias))                      d = (0,0), (0,1), (1,0), (1,1)
+    d*   = the first maximum of v_d (strictly greater wins; a NaN wins)
+    y    = relu(v_d*),  code = d*, or 4 where y is 0.
+fp32 inputs use IEEE fp32 products (no TF32), as cuDNN's conv does in the unfused fp32
+graph with TF32 off.
+
+Byte ledger at B=1024 (x [1024, 16, 64, 64], y [1024, 64, 32, 32]), bf16: reads x 134 MB
+(each row twice, by the pooled rows above and below it: L2 keeps the second), writes y
+134 MB and the code 67 MB: ~0.34 GB, ~0.11 ms at 3 TB/s. Compute: 12 x 64 x 64 MACs a
+pooled pixel, 101 GFLOP of tensor-core work (77 without the zero taps), ~0.13 ms at
+800 TFLOP/s.
+"""
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from core.errors import InputError
+from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
+from kernels.triton_pool import DEAD, _round, pool_bias_relu_backward
+
+C_IN, C_OUT = 16, 64    # conv3's channels: the kernel is written for this block
+# Launch shape, timed on the H100 at the model's size (results/step.md): blocks of 64
+# pooled pixels (the dots' M) by all 64 channels, 4 warps, 264 persistent programs (2 per
+# SM), the loop not pipelined: 0.48 ms, against 0.83 with one program per block, 0.54-0.62
+# with blocks of 128 or 256, and 0.73 with two stages.
+BLOCK_P, NUM_WARPS = 64, 4
+PROGRAMS = 264
+STAGES = 1
+
+
+@triton.jit
+def _patch_row(x_ptr, b, i, j, mask, pr: tl.constexpr, H, W, sxb, sxc, sxh, sxw,
+               CI: tl.constexpr, DOT: tl.constexpr):
+    """R_pr [BLOCK_P, 4*CI]: x[b, ci, 2i-1+pr, 2j-1+px] at column px*CI + ci, 0 outside
+    the image, held in DOT (x's dtype on a GPU; fp32 under the interpreter, whose dot
+    takes no bf16 or fp16)."""
+    k = tl.arange(0, 4 * CI)
+    r = 2 * i - 1 + pr
+    c = 2 * j[:, None] - 1 + (k // CI)[None, :]
+    inside = (mask & (r >= 0) & (r < H))[:, None] & (c >= 0) & (c < W)
+    ptrs = x_ptr + (b * sxb + r * sxh)[:, None] + c * sxw + (k % CI)[None, :] * sxc
+    return tl.load(ptrs, mask=inside, other=0).to(DOT)
+
+
+@triton.jit
+def _tap_weights(w_ptr, dx: tl.constexpr, ky: tl.constexpr, swo, swi, swh, sww,
+                 CI: tl.constexpr, CO: tl.constexpr, DOT: tl.constexpr,
+                 ROUND: tl.constexpr):
+    """W_(dx,ky) [4*CI, CO]: row px*CI + ci holds w[co, ci, ky, px-dx] rounded to ROUND
+    (x's dtype, as autocast casts the weight; by _round, which the interpreter gets
+    right), 0 off the kernel."""
+    k = tl.arange(0, 4 * CI)
+    co = tl.arange(0, CO)
+    kx = k // CI - dx
+    ok = (kx >= 0) & (kx < 3)
+    ptrs = w_ptr + co[None, :] * swo + ((k % CI) * swi + ky * swh + kx * sww)[:, None]
+    w = tl.load(ptrs, mask=ok[:, None], other=0).to(tl.float32)
+    return _round(w, ROUND).to(DOT)  # exact: DOT holds ROUND's values
+
+
+@triton.jit
+def _window_value(ra, rb, rc, wa, wb, wc, bias, ROUND: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """v_d: the three row dots summed in fp32, rounded as the conv's output, plus the
+    bias, rounded again."""
+    acc = tl.dot(ra, wa, input_precision=PRECISION)
+    acc = tl.dot(rb, wb, acc, input_precision=PRECISION)
+    acc = tl.dot(rc, wc, acc, input_precision=PRECISION)
+    return _round(_round(acc, ROUND) + bias[None, :], ROUND)
+
+
+@triton.jit
+def _take(v, best, code, d: tl.constexpr):
+    """The pool's scan: a later position wins only if strictly greater, or NaN."""
+    take = (v > best) | (v != v)
+    return tl.where(take, v, best), tl.where(take, d, code)
+
+
+@triton.jit
+def _conv_pool_block(x_ptr, y_ptr, code_ptr, blk, n_pooled, H, W, H2, W2, sxb, sxc, sxh,
+                     sxw, syb, syc, syh, syw, w00, w01, w02, w10, w11, w12, bias,
+                     CI: tl.constexpr, CO: tl.constexpr, BLOCK: tl.constexpr,
+                     DOT: tl.constexpr, ROUND: tl.constexpr, PRECISION: tl.constexpr):
+    """y and the code of BLOCK pooled pixels (flat over b, i, j) from block blk."""
+    p = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = p < n_pooled
+    b = (p // (H2 * W2)).to(tl.int64)
+    i = (p // W2) % H2
+    j = p % W2
+    co = tl.arange(0, CO)
+    r0 = _patch_row(x_ptr, b, i, j, mask, 0, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r1 = _patch_row(x_ptr, b, i, j, mask, 1, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r2 = _patch_row(x_ptr, b, i, j, mask, 2, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r3 = _patch_row(x_ptr, b, i, j, mask, 3, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    best = _window_value(r0, r1, r2, w00, w01, w02, bias, ROUND, PRECISION)
+    code = tl.zeros((BLOCK, CO), dtype=tl.int32)
+    best, code = _take(_window_value(r0, r1, r2, w10, w11, w12, bias, ROUND, PRECISION),
+                       best, code, 1)
+    best, code = _take(_window_value(r1, r2, r3, w00, w01, w02, bias, ROUND, PRECISION),
+                       best, code, 2)
+    best, code = _take(_window_value(r1, r2, r3, w10, w11, w12, bias, ROUND, PRECISION),
+                       best, code, 3)
+    y = tl.where(best != best, best, tl.maximum(best, 0.0))  # relu keeps a NaN
+    code = tl.where(best > 0.0, code, DEAD)
+    tl.store(y_ptr + (b * syb + i * syh + j * syw)[:, None] + co[None, :] * syc,
+             y.to(y_ptr.dtype.element_ty), mask=mask[:, None])
+    tl.store(code_ptr + p.to(tl.int64)[:, None] * CO + co[None, :], code.to(tl.int8),
+             mask=mask[:, None])
+
+
+@triton.jit
+def _conv_pool_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, code_ptr, n_pooled, H, W, H2, W2,
+                          sxb, sxc, sxh, sxw, swo, swi, swh, sww, syb, syc, syh, syw,
+                          CI: tl.constexpr, CO: tl.constexpr, BLOCK: tl.constexpr,
+                          DOT: tl.constexpr, ROUND: tl.constexpr,
+                          PRECISION: tl.constexpr, STAGES: tl.constexpr):
+    """Persistent: the six weight tiles and the bias are made once per program, which
+    then walks blocks pid, pid + programs, ..."""
+    w00 = _tap_weights(w_ptr, 0, 0, swo, swi, swh, sww, CI, CO, DOT, ROUND)
+    w01 = _tap_weights(w_ptr, 0, 1, swo, swi, swh, sww, CI, CO, DOT, ROUND)
+    w02 = _tap_weights(w_ptr, 0, 2, swo, swi, swh, sww, CI, CO, DOT, ROUND)
+    w10 = _tap_weights(w_ptr, 1, 0, swo, swi, swh, sww, CI, CO, DOT, ROUND)
+    w11 = _tap_weights(w_ptr, 1, 1, swo, swi, swh, sww, CI, CO, DOT, ROUND)
+    w12 = _tap_weights(w_ptr, 1, 2, swo, swi, swh, sww, CI, CO, DOT, ROUND)
+    bias = _round(tl.load(bias_ptr + tl.arange(0, CO)).to(tl.float32), ROUND)
+    for blk in tl.range(tl.program_id(0), tl.cdiv(n_pooled, BLOCK), tl.num_programs(0),
+                        num_stages=STAGES):
+        _conv_pool_block(x_ptr, y_ptr, code_ptr, blk, n_pooled, H, W, H2, W2, sxb, sxc,
+                         sxh, sxw, syb, syc, syh, syw, w00, w01, w02, w10, w11, w12, bias,
+                         CI, CO, BLOCK, DOT, ROUND, PRECISION)
+
+
+_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
+       torch.float16: tl.float16}
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
+    if x.dim() != 4 or x.shape[1] != C_IN or x.dtype not in _TL:
+        raise InputError(f"conv_pool_bias_relu takes fp32, bf16 or fp16 x [B, {C_IN}, H, W], "
+                         f"got {x.dtype} {tuple(x.shape)}")
+    if x.shape[2] % 2 or x.shape[3] % 2:
+        raise InputError(f"conv_pool_bias_relu pools 2x2: H and W must be even, got "
+                         f"{tuple(x.shape[2:])}")
+    if tuple(weight.shape) != (C_OUT, C_IN, 3, 3) or not weight.is_floating_point():
+        raise InputError(f"conv_pool_bias_relu's weight must be [{C_OUT}, {C_IN}, 3, 3] "
+                         f"floating point, got {weight.dtype} {tuple(weight.shape)}")
+    if tuple(bias.shape) != (C_OUT,) or not bias.is_floating_point():
+        raise InputError(f"conv_pool_bias_relu's bias must be [{C_OUT}] floating point, got "
+                         f"{bias.dtype} {tuple(bias.shape)}")
+    if not x.device == weight.device == bias.device:
+        raise InputError("conv_pool_bias_relu's tensors must be on one device")
+
+
+def _meta(x: torch.Tensor) -> dict:
+    dot = tl.float32 if INTERPRETED else _TL[x.dtype]
+    return dict(DOT=dot, ROUND=_TL[x.dtype], PRECISION="ieee")
+
+
+def _outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """y [B, 64, H/2, W/2] in x's dtype and memory format, and the code [B*H/2*W/2, 64]."""
+    B, _, H, W = x.shape
+    y = empty_4d((B, C_OUT, H // 2, W // 2), x.dtype, x.device, is_nhwc(x))
+    code = torch.empty((B * (H // 2) * (W // 2), C_OUT), dtype=torch.int8, device=x.device)
+    return y, code
+
+
+@define_op("boxnet::conv_pool_bias_relu", mutates_args=())
+def conv_pool_bias_relu_op(x: torch.Tensor, weight: torch.Tensor,
+                           bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(relu(maxpool2(conv3x3(x) + bias)) [B, 64, H/2, W/2], the pool's int8 code
+    [B*H/2*W/2, 64], as kernels/triton_pool.py writes it): one launch."""
+    _check(x, weight, bias)
+    B, _, H, W = x.shape
+    y, code = _outputs(x)
+    n_pooled = code.shape[0]
+    programs = min(triton.cdiv(n_pooled, BLOCK_P), PROGRAMS)
+    launch(_conv_pool_fwd_kernel, (programs,), x, weight, bias, y, code, n_pooled, H, W,
+           H // 2, W // 2, *x.stride(), *weight.stride(), *y.stride(), CI=C_IN, CO=C_OUT,
+           BLOCK=BLOCK_P, STAGES=STAGES, num_warps=NUM_WARPS, **_meta(x))
+    return y, code
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.bias_dtype = bias.dtype
+
+
+def _backward(ctx, grad_y, grad_code):
+    """The pool's backward (the full-resolution gradient from the code, the bias's sum),
+    then cuDNN's input and weight gradients of the conv in x's dtype, as the unfused
+    graph runs them under autocast."""
+    x, weight, code = ctx.saved_tensors
+    g_full, d_bias = pool_bias_relu_backward(grad_y, code, x.shape[2], x.shape[3],
+                                             is_nhwc(x))
+    d_x, d_w, _ = torch.ops.aten.convolution_backward(
+        g_full, x, weight.to(x.dtype), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+        [ctx.needs_input_grad[0], True, False])
+    return d_x, d_w.to(weight.dtype), d_bias.to(x.dtype).to(ctx.bias_dtype)
+
+
+conv_pool_bias_relu_op.register_autograd(_backward, setup_context=_setup_context)
+
+if INTERPRETED:
+    @conv_pool_bias_relu_op.register_fake
+    def _(x, weight, bias):
+        _check(x, weight, bias)
+        return _outputs(x)
+
+
+def conv_pool_bias_relu(x: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor) -> torch.Tensor:
+    """relu(maxpool2(conv3x3(x) + bias)) as BoxNet's third block runs it
+    (--triton-conv-pool)."""
+    return conv_pool_bias_relu_op(x, weight, bias)[0]
+
+
+def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The same block as --triton-pool runs it: cuDNN's conv without its bias in x's dtype
+    (autocast's cast of the weight), then the pool kernel."""
+    from kernels.triton_pool import pool_bias_relu
+    return pool_bias_relu(F.conv2d(x, weight.to(x.dtype), None, padding=1), bias)
