@@ -31,7 +31,7 @@ by one rounding and, at a near tie, the pool may choose another window position)
     d*   = the first maximum of v_d (strictly greater wins; a NaN wins)
     y    = relu(v_d*),  code = d*, or 4 where y is 0.
 fp32 inputs use IEEE fp32 products (no TF32), as cuDNN's conv does in the unfused fp32
-graph with TF32 off.
+graph with TF32 off; the backward is cuDNN's, in TF32 or not as torch.backends.cudnn says.
 
 Byte ledger at B=1024 (x [1024, 16, 64, 64], y [1024, 64, 32, 32]), bf16: reads x 134 MB
 (each row twice, by the pooled rows above and below it: L2 keeps the second), writes y
