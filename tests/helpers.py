@@ -170,3 +170,32 @@ def interrupt_at_run(monkeypatch, study, n: int, message: str = "") -> list:
 
     monkeypatch.setattr(study, "attempt", attempt)
     return calls
+
+
+def compiled_trunks_agree(switch: str) -> None:
+    """The trunk as the step compiles it (bf16 autocast, NHWC, the Triton blocks, at the
+    GPU preset's image size, batch 8) with and without the model switch `switch`: the
+    same output and parameter gradients within bf16 rounding (norm-relative 1e-2)."""
+    import torch
+
+    from model.boxnet import BoxNet
+    from tests.reference import rel_err
+    seed = torch.randint(0, 2**31, ()).item()
+    images = torch.randint(0, 256, (8, 1, 256, 256), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(seed)).cuda()
+    outs = []
+    for on in (False, True):
+        torch.manual_seed(seed)
+        switches = dict(triton_first_block=True, channels_last=True,
+                        block_dtype=torch.bfloat16, triton_second_block=True,
+                        triton_pool=True)
+        with torch.device("cuda"):
+            model = BoxNet(256, 16, 64, **{**switches, switch: on})
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = torch.compile(model.flat_features)(images)
+        out.float().square().sum().backward()
+        outs.append((out, [p.grad for p in model.features.parameters()]))
+    (out0, grads0), (out1, grads1) = outs
+    assert rel_err(out1, out0) < 1e-2
+    for g1, g0 in zip(grads1, grads0, strict=True):
+        assert ((g1 - g0).norm() / g0.norm()).item() < 1e-2

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from core.errors import InputError
 from kernels.triton_pool import BLOCK_C, pool_bias_relu, pool_bias_relu_op
+from tests.helpers import compiled_trunks_agree
 from tests.reference import rel_err
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -136,22 +137,4 @@ def test_the_compiled_trunk_is_the_same_with_the_pool_kernel():
     two trunks' outputs were equal bit for bit on the H100; at this batch cuDNN may add
     the bias in its conv, rounding once where Inductor rounds twice: 1 bf16 ulp apart in
     places on the H100.)"""
-    from model.boxnet import BoxNet
-    seed = torch.randint(0, 2**31, ()).item()
-    images = torch.randint(0, 256, (8, 1, 256, 256), dtype=torch.uint8,
-                           generator=torch.Generator().manual_seed(seed)).cuda()
-    outs = []
-    for pool in (False, True):
-        torch.manual_seed(seed)
-        with torch.device("cuda"):
-            model = BoxNet(256, 16, 64, triton_first_block=True, channels_last=True,
-                           block_dtype=torch.bfloat16, triton_second_block=True,
-                           triton_pool=pool)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = torch.compile(model.flat_features)(images)
-        out.float().square().sum().backward()
-        outs.append((out, [p.grad for p in model.features.parameters()]))
-    (out0, grads0), (out1, grads1) = outs
-    assert rel_err(out1, out0) < 1e-2
-    for g1, g0 in zip(grads1, grads0, strict=True):
-        assert ((g1 - g0).norm() / g0.norm()).item() < 1e-2
+    compiled_trunks_agree("triton_pool")
