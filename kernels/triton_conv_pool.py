@@ -37,7 +37,9 @@ Byte ledger at B=1024 (x [1024, 16, 64, 64], y [1024, 64, 32, 32]), bf16: reads 
 (each row twice, by the pooled rows above and below it: L2 keeps the second), writes y
 134 MB and the code 67 MB: ~0.34 GB, ~0.11 ms at 3 TB/s. Compute: 12 x 64 x 64 MACs a
 pooled pixel, 101 GFLOP of tensor-core work (77 without the zero taps), ~0.13 ms at
-800 TFLOP/s.
+800 TFLOP/s. Measured: 0.49 ms in the step (results/step.md), so neither bound is reached;
+ncu on an earlier, one-program-per-block version found it register-bound (255 a thread,
+12.5 % occupancy).
 """
 
 import torch
@@ -52,8 +54,8 @@ from kernels.triton_pool import DEAD, _round, pool_bias_relu_backward
 C_IN, C_OUT = 16, 64    # conv3's channels: the kernel is written for this block
 # Launch shape, timed on the H100 at the model's size (results/step.md): blocks of 64
 # pooled pixels (the dots' M) by all 64 channels, 4 warps, 264 persistent programs (2 per
-# SM), the loop not pipelined: 0.48 ms, against 0.83 with one program per block, 0.54-0.62
-# with blocks of 128 or 256, and 0.73 with two stages.
+# SM), the loop not pipelined: 0.48 ms, against 0.68-0.83 with one program per block,
+# 0.54-0.60 with persistent blocks of 128 or 256, and 0.56-2.2 with two stages.
 BLOCK_P, NUM_WARPS = 64, 4
 PROGRAMS = 264
 STAGES = 1
