@@ -49,7 +49,7 @@ import triton.language as tl
 
 from core.errors import InputError
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
-from kernels.triton_pool import DEAD, _round, pool_bias_relu_backward
+from kernels.triton_pool import _TL, DEAD, _round, pool_bias_relu_backward
 
 C_IN, C_OUT = 16, 64    # conv3's channels: the kernel is written for this block
 # Launch shape, timed on the H100 at the model's size (results/step.md): blocks of 64
@@ -161,10 +161,6 @@ def _conv_pool_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, code_ptr, n_pooled, H, 
         _conv_pool_block(x_ptr, y_ptr, code_ptr, blk, n_pooled, H, W, H2, W2, sxb, sxc,
                          sxh, sxw, syb, syc, syh, syw, w00, w01, w02, w10, w11, w12, bias,
                          CI, CO, BLOCK, DOT, ROUND, PRECISION)
-
-
-_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
-       torch.float16: tl.float16}
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:

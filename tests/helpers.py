@@ -183,12 +183,11 @@ def compiled_trunks_agree(switch: str) -> None:
     seed = torch.randint(0, 2**31, ()).item()
     images = torch.randint(0, 256, (8, 1, 256, 256), dtype=torch.uint8,
                            generator=torch.Generator().manual_seed(seed)).cuda()
+    switches = dict(triton_first_block=True, channels_last=True, block_dtype=torch.bfloat16,
+                    triton_second_block=True, triton_pool=True)
     outs = []
     for on in (False, True):
         torch.manual_seed(seed)
-        switches = dict(triton_first_block=True, channels_last=True,
-                        block_dtype=torch.bfloat16, triton_second_block=True,
-                        triton_pool=True)
         with torch.device("cuda"):
             model = BoxNet(256, 16, 64, **{**switches, switch: on})
         with torch.autocast("cuda", dtype=torch.bfloat16):

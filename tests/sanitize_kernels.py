@@ -147,9 +147,9 @@ def pool_cases() -> int:
 
 def conv_pool_cases() -> int:
     """The third block's Triton forward (--triton-conv-pool) and its backward over odd
-    sizes, both layouts, fp32 and fp16, a persistent loop of several blocks per program,
-    the model's size last (B=64 of its [16, 64, 64] inputs): values against the unfused
-    graph (cuDNN's conv, the pool kernel) within a rounding."""
+    sizes, both layouts, fp32, fp16 and bf16, the model's size last (B=64 of its
+    [16, 64, 64] inputs: 1,024 blocks over 264 programs, ~4 a program): values against
+    the unfused graph (cuDNN's conv, the pool kernel) within a rounding."""
     from kernels.triton_conv_pool import conv_pool_bias_relu, unfused
     failures = 0
     for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
