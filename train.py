@@ -93,6 +93,7 @@ class Config:
     triton_second_block: bool = option(True, SPEEDUP_HELP["triton_second_block"])
     triton_pool: bool = option(True, SPEEDUP_HELP["triton_pool"])
     triton_conv_pool: bool = option(True, SPEEDUP_HELP["triton_conv_pool"])
+    triton_conv_pool_bwd: bool = option(True, SPEEDUP_HELP["triton_conv_pool_bwd"])
     bf16_shadow: bool = option(True, SPEEDUP_HELP["bf16_shadow"])
     # Off by default: measured on the H100, the fused kernel took what the GEMM and the
     # SGD took apart, and the step a little more (results/step.md).

@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
+from kernels.triton_conv_pool_bwd import conv_pool_backward
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
 from kernels.triton_pool import _TL, DEAD, _round, pool_bias_relu_backward
 
@@ -194,10 +195,12 @@ def _outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @define_op("boxnet::conv_pool_bias_relu", mutates_args=())
-def conv_pool_bias_relu_op(x: torch.Tensor, weight: torch.Tensor,
-                           bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def conv_pool_bias_relu_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                           triton_backward: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(relu(maxpool2(conv3x3(x) + bias)) [B, 64, H/2, W/2], the pool's int8 code
-    [B*H/2*W/2, 64], as kernels/triton_pool.py writes it): one launch."""
+    [B*H/2*W/2, 64], as kernels/triton_pool.py writes it): one launch. triton_backward
+    picks the backward (--triton-conv-pool-bwd): kernels/triton_conv_pool_bwd.py's, or
+    the pool's kernel and cuDNN's."""
     _check(x, weight, bias)
     B, _, H, W = x.shape
     y, code = _outputs(x)
@@ -210,38 +213,46 @@ def conv_pool_bias_relu_op(x: torch.Tensor, weight: torch.Tensor,
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, bias = inputs
+    x, weight, bias, triton_backward = inputs
     ctx.save_for_backward(x, weight, output[1])
     ctx.bias_dtype = bias.dtype
+    ctx.triton_backward = triton_backward
 
 
 def _backward(ctx, grad_y, grad_code):
-    """The pool's backward (the full-resolution gradient from the code, the bias's sum),
-    then cuDNN's input and weight gradients of the conv in x's dtype, as the unfused
-    graph runs them under autocast."""
+    """Either kernels/triton_conv_pool_bwd.py's kernels, or the pool's backward (the
+    full-resolution gradient from the code, the bias's sum), then cuDNN's input and
+    weight gradients of the conv in x's dtype, as the unfused graph runs them under
+    autocast. Both round dL/dw and dL/dbias to x's dtype, then to the parameters'."""
     x, weight, code = ctx.saved_tensors
+    if ctx.triton_backward:
+        d_x, d_w, d_bias = conv_pool_backward(grad_y.to(x.dtype), code, x, weight,
+                                              ctx.needs_input_grad[0])
+        return (d_x if ctx.needs_input_grad[0] else None,
+                d_w.to(x.dtype).to(weight.dtype), d_bias.to(x.dtype).to(ctx.bias_dtype),
+                None)
     g_full, d_bias = pool_bias_relu_backward(grad_y, code, x.shape[2], x.shape[3],
                                              is_nhwc(x))
     d_x, d_w, _ = torch.ops.aten.convolution_backward(
         g_full, x, weight.to(x.dtype), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
         [ctx.needs_input_grad[0], True, False])
-    return d_x, d_w.to(weight.dtype), d_bias.to(x.dtype).to(ctx.bias_dtype)
+    return d_x, d_w.to(weight.dtype), d_bias.to(x.dtype).to(ctx.bias_dtype), None
 
 
 conv_pool_bias_relu_op.register_autograd(_backward, setup_context=_setup_context)
 
 if INTERPRETED:
     @conv_pool_bias_relu_op.register_fake
-    def _(x, weight, bias):
+    def _(x, weight, bias, triton_backward=False):
         _check(x, weight, bias)
         return _outputs(x)
 
 
-def conv_pool_bias_relu(x: torch.Tensor, weight: torch.Tensor,
-                        bias: torch.Tensor) -> torch.Tensor:
+def conv_pool_bias_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                        triton_backward: bool = False) -> torch.Tensor:
     """relu(maxpool2(conv3x3(x) + bias)) as BoxNet's third block runs it
-    (--triton-conv-pool)."""
-    return conv_pool_bias_relu_op(x, weight, bias)[0]
+    (--triton-conv-pool; --triton-conv-pool-bwd: triton_backward)."""
+    return conv_pool_bias_relu_op(x, weight, bias, triton_backward)[0]
 
 
 def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,8 @@ class BoxNet(nn.Module):
                  triton_first_block: bool = False, channels_last: bool = False,
                  block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False,
                  triton_second_block: bool = False, update_in_gemm: bool = False,
-                 triton_pool: bool = False, triton_conv_pool: bool = False):
+                 triton_pool: bool = False, triton_conv_pool: bool = False,
+                 triton_conv_pool_bwd: bool = False):
         super().__init__()
         if image_size % 16:
             raise ValueError(f"image size {image_size} must be a multiple of 16 "
@@ -54,6 +55,9 @@ class BoxNet(nn.Module):
         # --triton-conv-pool: the third block's forward (conv, bias, max-pool, ReLU) as one
         # Triton kernel (kernels/triton_conv_pool.py).
         self.triton_conv_pool = triton_conv_pool
+        # --triton-conv-pool-bwd: that block's backward as Triton kernels too (kernels/
+        # triton_conv_pool_bwd.py), from the forward's pooled gradient and code.
+        self.triton_conv_pool_bwd = triton_conv_pool_bwd
         self.channels_last = channels_last
         # False where a design of several GPUs must not be compiled whole: then only the
         # trunk is (training/parallel.py says why; model/build.py reads it).
@@ -111,10 +115,11 @@ class BoxNet(nn.Module):
         """The third and fourth blocks. With --triton-pool each conv runs without its
         bias, which the pool kernel adds before it pools; the last block's output is
         written contiguous, so that flat_features' flatten is a view. With
-        --triton-conv-pool the third block's forward is one Triton kernel."""
+        --triton-conv-pool the third block's forward is one Triton kernel (and with
+        --triton-conv-pool-bwd its backward two)."""
         if self.triton_conv_pool:
             conv = self.features[6]
-            x = conv_pool_bias_relu(x, conv.weight, conv.bias)
+            x = conv_pool_bias_relu(x, conv.weight, conv.bias, self.triton_conv_pool_bwd)
         elif self.triton_pool:
             x = self._pooled_block(6, x, flat=False)
         else:

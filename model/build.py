@@ -24,8 +24,8 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
                 triton_first_block: bool = False, channels_last: bool = False,
                 block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False,
                 triton_second_block: bool = False, update_in_gemm: bool = False,
-                triton_pool: bool = False, triton_conv_pool: bool = False, wrap=None,
-                wrap_key=None):
+                triton_pool: bool = False, triton_conv_pool: bool = False,
+                triton_conv_pool_bwd: bool = False, wrap=None, wrap_key=None):
     """(model, runner) initialised from seed; runner is torch.compile(wrap(model)) or
     wrap(model), where wrap (DDP on several ranks, training/ddp.py; wrap_key says how it
     wraps) is applied before compiling, so that the compiler sees DDP's buckets.
@@ -33,7 +33,7 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
     runs, not its parameters: the same seed gives the same initial weights with either."""
     key = (image_size, capacity, hidden, compile_model, seed, str(device), triton_first_block,
            channels_last, block_dtype, bf16_shadow, triton_second_block, update_in_gemm,
-           triton_pool, triton_conv_pool, wrap_key)
+           triton_pool, triton_conv_pool, triton_conv_pool_bwd, wrap_key)
     if device.type == "cuda":
         # What earlier runs of this process (make compare) left is freed and uncached
         # first: each run's peak memory is its own.
@@ -51,7 +51,7 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
     with device:
         model = BoxNet(image_size, capacity, hidden, triton_first_block, channels_last,
                        block_dtype, bf16_shadow, triton_second_block, update_in_gemm,
-                       triton_pool, triton_conv_pool)
+                       triton_pool, triton_conv_pool, triton_conv_pool_bwd)
     wrapped = wrap(model) if wrap else model
     runner = torch.compile(wrapped) if compile_model and model.compile_whole else wrapped
     if compile_model and not model.compile_whole:

@@ -172,10 +172,11 @@ def interrupt_at_run(monkeypatch, study, n: int, message: str = "") -> list:
     return calls
 
 
-def compiled_trunks_agree(switch: str) -> None:
-    """The trunk as the step compiles it (bf16 autocast, NHWC, the Triton blocks, at the
-    GPU preset's image size, batch 8) with and without the model switch `switch`: the
-    same output and parameter gradients within bf16 rounding (norm-relative 1e-2)."""
+def compiled_trunks_agree(switch: str, **fixed) -> None:
+    """The trunk as the step compiles it (bf16 autocast, NHWC, the Triton blocks and the
+    model switches `fixed`, at the GPU preset's image size, batch 8) with and without the
+    model switch `switch`: the same output and parameter gradients within bf16 rounding
+    (norm-relative 1e-2)."""
     import torch
 
     from model.boxnet import BoxNet
@@ -184,7 +185,7 @@ def compiled_trunks_agree(switch: str) -> None:
     images = torch.randint(0, 256, (8, 1, 256, 256), dtype=torch.uint8,
                            generator=torch.Generator().manual_seed(seed)).cuda()
     switches = dict(triton_first_block=True, channels_last=True, block_dtype=torch.bfloat16,
-                    triton_second_block=True, triton_pool=True)
+                    triton_second_block=True, triton_pool=True, **fixed)
     outs = []
     for on in (False, True):
         torch.manual_seed(seed)

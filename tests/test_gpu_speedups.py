@@ -92,10 +92,11 @@ def test_a_graph_replay_never_syncs_and_matches_the_eager_step():
 @pytest.mark.parametrize("switch", ["--fused-sgd", "--channels-last",
                                     "--triton-first-block", "--triton-second-block",
                                     "--triton-pool", "--triton-conv-pool",
+                                    "--triton-conv-pool --triton-conv-pool-bwd",
                                     "--bf16-shadow"])
 def test_each_speedup_keeps_the_baselines_losses_on_the_gpu(tmp_path, switch):
     base = _losses(tmp_path, "--baseline", "--active", "4")
-    fast = _losses(tmp_path, "--baseline", switch, "--active", "4")
+    fast = _losses(tmp_path, "--baseline", *switch.split(), "--active", "4")
     # bf16 autocast: other convolution algorithms round differently.
     assert fast["losses"] == pytest.approx(base["losses"], rel=1e-2)
 

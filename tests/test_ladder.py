@@ -34,8 +34,8 @@ def test_a_tiny_ladder_writes_every_rung_and_says_which_could_not_run(tmp_path, 
                                           "cuda_graph")}
         assert all(v == "skipped: needs a CUDA GPU" for v in skipped.values())
         # baseline, fused_sgd, channels_last, both Triton blocks, the Triton pool, the
-        # third block's Triton forward
-        assert len(ran) == 14
+        # third block's Triton forward and backward
+        assert len(ran) == 16
     for r in ran:
         assert (out / Path(r["run folder"]).name / "summary.json").exists(), r["run folder"]
     # Each rung's run holds every speed-up of the rungs before it.
@@ -64,7 +64,7 @@ def test_on_a_cpu_the_triton_block_rungs_run_only_at_sizes_that_take_seconds():
     import train
     preset = train.parse_config(["--preset", "cpu", "--baseline"])
     for block in ("triton_first_block", "triton_second_block", "triton_pool",
-                  "triton_conv_pool"):
+                  "triton_conv_pool", "triton_conv_pool_bwd"):
         reason = ladder.why_not_here(block, preset, "padded", cuda=False)
         assert reason.startswith("Triton's interpreter would take ~105 s a step here")
         assert ladder.why_not_here(block, preset, "padded", cuda=True) is None

@@ -30,7 +30,7 @@ def test_baseline_turns_every_speedup_off_and_a_given_one_stays_on():
     assert not default.cudnn_benchmark  # GPU only: the CPU preset leaves it off
     # Slow in Triton's interpreter: off in the CPU preset, on in the GPU preset.
     for block in ("triton_first_block", "triton_second_block", "triton_pool",
-                  "triton_conv_pool"):
+                  "triton_conv_pool", "triton_conv_pool_bwd"):
         assert not getattr(default, block) and getattr(train.Config(), block)
     assert default.cuda_graph == "off"  # measured: no gain on the GPU (results/step.md)
 
@@ -44,7 +44,8 @@ def _grads_after_one_step(seed: int, **switches):
                            channels_last=used["channels_last"],
                            triton_second_block=used["triton_second_block"],
                            triton_pool=used["triton_pool"],
-                           triton_conv_pool=used["triton_conv_pool"])
+                           triton_conv_pool=used["triton_conv_pool"],
+                           triton_conv_pool_bwd=used["triton_conv_pool_bwd"])
     strategy = losses.get("padded", capacity=16)
     dataset = SyntheticFaces(100, 32, seed)
     images, targets = strategy.collate([dataset[i] for i in range(5)])
@@ -57,11 +58,13 @@ def _grads_after_one_step(seed: int, **switches):
 
 @pytest.mark.parametrize("switch", ["fused_sgd", "channels_last", "triton_first_block",
                                     "triton_second_block", "triton_pool",
-                                    "triton_conv_pool"])
+                                    "triton_conv_pool",
+                                    "triton_conv_pool+triton_conv_pool_bwd"])
 def test_each_cpu_speedup_gives_the_baselines_loss_gradients_and_update(switch):
     seed = torch.randint(0, 2**31, ()).item()
     loss0, grads0, after0 = _grads_after_one_step(seed)
-    loss1, grads1, after1 = _grads_after_one_step(seed, **{switch: True})
+    loss1, grads1, after1 = _grads_after_one_step(seed,
+                                                  **dict.fromkeys(switch.split("+"), True))
     torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6)
     for g1, g0 in zip(grads1, grads0, strict=True):
         assert g1.shape == g0.shape
@@ -79,14 +82,15 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
     fast = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--cuda-graph",
                                                 "auto", "--triton-first-block",
                                                 "--triton-second-block", "--triton-pool",
-                                                "--triton-conv-pool", "--run-name", "fast"]))
+                                                "--triton-conv-pool", "--triton-conv-pool-bwd",
+                                                "--run-name", "fast"]))
     assert fast["losses"] == pytest.approx(base["losses"], rel=1e-4)
     written = json.loads((tmp_path / "fast" / "summary.json").read_text())["speedups"]
     assert written["on"] == {"cudnn_benchmark": False, "fused_sgd": True, "channels_last": True,
                              "triton_first_block": True, "triton_second_block": True,
                              "triton_pool": True, "triton_conv_pool": True,
-                             "bf16_shadow": False, "update_in_gemm": False,
-                             "cuda_graph": False}
+                             "triton_conv_pool_bwd": True, "bf16_shadow": False,
+                             "update_in_gemm": False, "cuda_graph": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()
     assert json.loads((tmp_path / "base" / "summary.json").read_text())["speedups"]["on"] == \
@@ -128,6 +132,14 @@ def test_auto_says_why_there_is_no_graph():
     assert "--wait 2 or more" in speedups.resolve(cfg, cuda=True)["cuda_graph_off_because"]
     cfg = train.parse_config(["--preset", "cpu", "--wait", "2", "--cuda-graph", "auto"])
     assert speedups.resolve(cfg, cuda=True)["on"]["cuda_graph"] is True
+
+
+def test_the_third_blocks_triton_backward_is_off_without_its_forward():
+    """It reads the fused forward's code: with the forward off it cannot run, and the run
+    says it did not."""
+    on = speedups.resolve(train.Config(triton_conv_pool=False), cuda=True)["on"]
+    assert on["triton_conv_pool_bwd"] is False and on["triton_pool"] is True
+    assert speedups.resolve(train.Config(), cuda=True)["on"]["triton_conv_pool_bwd"] is True
 
 
 def test_one_process_keeps_one_cudnn_choice_when_it_measures_many_runs(monkeypatch):

@@ -33,6 +33,11 @@
                      full-resolution output at ~1.1 TB/s for the pool to read back. The
                      backward is --triton-pool's and cuDNN's, as before. Off in the CPU
                      preset, as the blocks.
+    triton_conv_pool_bwd  that block's backward from its pooled gradient and the forward's
+                     code in two Triton kernels (kernels/triton_conv_pool_bwd.py): the
+                     pool's backward wrote the 537 MB full-resolution gradient, which
+                     cuDNN's input and weight gradients read back. Only with
+                     triton_conv_pool (whose code it reads): off where that is off.
     bf16_shadow      lin1's weight kept as a bf16 parameter with fp32 master weights that
                      one Triton kernel updates together with the momentum, reading the bf16
                      gradient (kernels/triton_shadow_sgd.py): two 1.07 B-element casts a
@@ -71,6 +76,8 @@ HELP = {
                    "kernel forward and one backward around cuDNN's bias-free conv",
     "triton_conv_pool": "the third block's conv, bias, max-pool and ReLU forward as one "
                         "Triton kernel (its backward: the pool's and cuDNN's)",
+    "triton_conv_pool_bwd": "with --triton-conv-pool, that block's backward as two Triton "
+                            "kernels from the pooled gradient and the pool's code",
     "bf16_shadow": "lin1's weight as bf16 with fp32 master weights, updated by one Triton "
                    "kernel that reads the bf16 gradient (GPU, with --amp)",
     "update_in_gemm": "lin1's shadow SGD in the epilogue of its weight-gradient GEMM: auto "
@@ -161,6 +168,8 @@ def resolve(cfg, cuda: bool) -> dict:
     used = {name: bool(getattr(cfg, name)) for name in SPEEDUPS if name not in CHOICE_SPEEDUPS}
     if cfg.mode == "forward":
         used["fused_sgd"] = False  # no optimizer step runs in forward mode
+    # The backward kernels read the fused forward's code: nothing to do without it.
+    used["triton_conv_pool_bwd"] = used["triton_conv_pool_bwd"] and used["triton_conv_pool"]
     reasons = {}
     for name in CHOICE_SPEEDUPS:
         reason = "turned off" if getattr(cfg, name) == "off" else REFUSALS[name](cfg, cuda)
@@ -212,6 +221,7 @@ def build(cfg, used: dict, device, reuse: bool, wrap=None, wrap_key=None):
                                 triton_second_block=used["triton_second_block"],
                                 triton_pool=used["triton_pool"],
                                 triton_conv_pool=used["triton_conv_pool"],
+                                triton_conv_pool_bwd=used["triton_conv_pool_bwd"],
                                 update_in_gemm=used["update_in_gemm"],
                                 wrap=wrap, wrap_key=wrap_key)
     return model, runner, make_optimizer(model, cfg.lr, used)
