@@ -6,7 +6,8 @@ Why: with --triton-pool the block ran cuDNN's conv (0.60 ms on the H100 at batch
 output at ~1.1 TB/s), then the pool kernel, which reads those 537 MB back (0.33 ms).
 Here the full-resolution conv output never leaves registers. The backward is the pool's
 (kernels/triton_pool.py: the full-resolution gradient from the code) and cuDNN's input
-and weight gradients, as before: only the forward changes.
+and weight gradients, as before, or with triton_backward (--triton-conv-pool-bwd)
+kernels/triton_conv_pool_bwd.py's two kernels, from the code and the pooled gradient.
 
 Naming ladder: _conv_pool_fwd_kernel -> the custom op boxnet::conv_pool_bias_relu ->
 autograd (backward: boxnet::pool_bias_relu_backward, aten.convolution_backward) ->

@@ -18,14 +18,17 @@ for window position d = (dy, dx), and gfull the full-resolution gradient (G_d at
 position (2i+dy, 2j+dx)):
 
   input gradient, per input quad (2i..2i+1, 2j..2j+1) = pooled pixel (i, j): the quad's
-  row a reads gfull at rows 2i-1+u (u = 0..3) through kernel row ky = a - u + 2. Row u of
-  gfull over columns 2j-1+v (v = 0..3) is one [BLOCK, 4*CO] tile F_u (column v*CO + co),
-  gathered from the pooled neighbours that cover it, masked by their code. Then
+  row a reads gfull at rows 2i-1+u (u = 0..3) through kernel row ky = a - u + 2, and its
+  column e reads gfull at columns 2j-1+v (v = 0..3) through kx = e - v + 2. The segment
+  F_(u,v) [BLOCK, CO] of gfull at (2i-1+u, 2j-1+v) is one pooled neighbour's gradient
+  (rows u = 0, 1, 2, 3 lie in pooled rows i-1, i, i, i+1 at dy = 1, 0, 1, 0; columns
+  alike), masked by its code. Then
 
-      dx row a [BLOCK, 2*CI] = sum over u = a..a+2 of F_u @ V_(a-u+2),
-      V_ky[v*CO + co, e*CI + ci] = w[co, ci, ky, e - v + 2]   (0 off the kernel)
+      dx row a [BLOCK, 2*CI] = sum over u = a..a+2, v = 0..3 of F_(u,v) @ V_(a-u+2),v,
+      V_ky,v[co, e*CI + ci] = w[co, ci, ky, e - v + 2]   (0 off the kernel)
 
-  six tensor-core dots of K = 4*CO, N = 2*CI a block, from three weight tiles;
+  24 tensor-core dots of K = CO, N = 2*CI a block (nine neighbour loads, sixteen
+  segments), from twelve weight tiles made once per program;
 
   weight gradient, per pooled pixel: with R^dx_pr [BLOCK, 4*CI] the input row 2i-1+pr over
   columns 2j-1+dx+px (column px*CI + ci: the forward's patch row moved dx to the right),
@@ -43,13 +46,17 @@ dtype, then cast to the parameter's (autocast's cast backward). The sums run in 
 order than cuDNN's, so a value can differ by one rounding.
 
 Byte ledger at B=1024 (x [1024, 16, 64, 64], g [1024, 64, 32, 32]), bf16:
-  input grad:  reads g 134 MB and the code 67 MB (four row gathers a block; the pooled row
-               read twice and the neighbours' rows hit L1/L2), writes dL/dx 134 MB;
+  input grad:  reads g 134 MB and the code 67 MB (nine neighbour loads a block; each
+               pooled pixel is read by nine blocks, mostly from L1/L2), writes dL/dx
+               134 MB;
   weight grad: reads x 134 MB (eight row gathers a block, each row ~4 times, mostly from
                L1/L2), g 134 MB and the code 67 MB, writes 264 rows of 12,352 fp32 partial
                sums (13 MB), added by one reduction.
-About 0.67 GB, ~0.22 ms at 3 TB/s, against ~2.1 GB for the unfused backward. Compute: 6 x
-256 x 32 and 12 x 64 x 64 MACs a pooled pixel, 103 GFLOP each (77 without the zero taps).
+About 0.67 GB, ~0.22 ms at 3 TB/s, against ~2.1 GB for the unfused backward. Compute:
+24 x 64 x 32 and 12 x 64 x 64 MACs a pooled pixel, 103 GFLOP each (77 without the zero
+taps), ~0.13 ms each at 800 TFLOP/s. Measured in the step: 0.67 and 0.42 ms
+(results/step.md), against 1.51 ms for the kernels they replace; neither bound is
+reached: both hold 247-253 registers a thread (ptxas), two programs an SM.
 """
 
 import torch
@@ -61,7 +68,10 @@ from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
 from kernels.triton_pool import _TL, DEAD, _round
 
 C_IN, C_OUT = 16, 64    # conv3's channels, as kernels/triton_conv_pool.py
-# Launch shapes (bench/trunk_kernels.py times the step with them; results/step.md).
+# Launch shapes, timed on the H100 at the model's size (bench/conv_pool_bwd_probe.py
+# --shapes; results/step.md): blocks of 64 pooled pixels, 4 warps, 264 programs: 1.10 ms
+# for both kernels, against 1.13-1.72 with 132-1056 programs, 1.39-3.2 with blocks of 32
+# or 128 and 1.8-4.8 with 8 warps.
 XGRAD_BLOCK, XGRAD_WARPS = 64, 4
 WGRAD_BLOCK, WGRAD_WARPS = 64, 4
 PROGRAMS = 264          # persistent: 2 per H100 SM, each making its weight tiles once
