@@ -149,8 +149,9 @@ def conv_pool_cases() -> int:
     """The third block's Triton forward (--triton-conv-pool) and both its backwards (the
     pool's kernel and cuDNN's; --triton-conv-pool-bwd's two kernels) over odd sizes, both
     layouts, fp32, fp16 and bf16, the model's size last (B=64 of its [16, 64, 64] inputs:
-    1,024 blocks over 264 programs, ~4 a program): values and gradients against the
-    unfused graph's (cuDNN's conv, the pool kernel) within a rounding."""
+    1,024 blocks over 264 programs, ~4 a program): values against the unfused graph
+    (cuDNN's conv, the pool kernel), and the two backwards' gradients against each other,
+    within a rounding."""
     from kernels.triton_conv_pool import conv_pool_bias_relu, unfused
     failures = 0
     for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
