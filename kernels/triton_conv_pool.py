@@ -52,6 +52,7 @@ from core.errors import InputError
 from kernels.triton_conv_pool_bwd import conv_pool_backward
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
 from kernels.triton_pool import _TL, DEAD, _round, pool_bias_relu_backward
+from kernels.triton_window import patch_row, pooled_pixels
 
 C_IN, C_OUT = 16, 64    # conv3's channels: the kernel is written for this block
 # Launch shape, timed on the H100 at the model's size (results/step.md): blocks of 64
@@ -61,20 +62,6 @@ C_IN, C_OUT = 16, 64    # conv3's channels: the kernel is written for this block
 BLOCK_P, NUM_WARPS = 64, 4
 PROGRAMS = 264
 STAGES = 1
-
-
-@triton.jit
-def _patch_row(x_ptr, b, i, j, mask, pr: tl.constexpr, H, W, sxb, sxc, sxh, sxw,
-               CI: tl.constexpr, DOT: tl.constexpr):
-    """R_pr [BLOCK_P, 4*CI]: x[b, ci, 2i-1+pr, 2j-1+px] at column px*CI + ci, 0 outside
-    the image, held in DOT (x's dtype on a GPU; fp32 under the interpreter, whose dot
-    takes no bf16 or fp16)."""
-    k = tl.arange(0, 4 * CI)
-    r = 2 * i - 1 + pr
-    c = 2 * j[:, None] - 1 + (k // CI)[None, :]
-    inside = (mask & (r >= 0) & (r < H))[:, None] & (c >= 0) & (c < W)
-    ptrs = x_ptr + (b * sxb + r * sxh)[:, None] + c * sxw + (k % CI)[None, :] * sxc
-    return tl.load(ptrs, mask=inside, other=0).to(DOT)
 
 
 @triton.jit
@@ -117,16 +104,12 @@ def _conv_pool_block(x_ptr, y_ptr, code_ptr, blk, n_pooled, H, W, H2, W2, sxb, s
                      CI: tl.constexpr, CO: tl.constexpr, BLOCK: tl.constexpr,
                      DOT: tl.constexpr, ROUND: tl.constexpr, PRECISION: tl.constexpr):
     """y and the code of BLOCK pooled pixels (flat over b, i, j) from block blk."""
-    p = blk * BLOCK + tl.arange(0, BLOCK)
-    mask = p < n_pooled
-    b = (p // (H2 * W2)).to(tl.int64)
-    i = (p // W2) % H2
-    j = p % W2
+    p, b, i, j, mask = pooled_pixels(blk, n_pooled, H2, W2, BLOCK)
     co = tl.arange(0, CO)
-    r0 = _patch_row(x_ptr, b, i, j, mask, 0, H, W, sxb, sxc, sxh, sxw, CI, DOT)
-    r1 = _patch_row(x_ptr, b, i, j, mask, 1, H, W, sxb, sxc, sxh, sxw, CI, DOT)
-    r2 = _patch_row(x_ptr, b, i, j, mask, 2, H, W, sxb, sxc, sxh, sxw, CI, DOT)
-    r3 = _patch_row(x_ptr, b, i, j, mask, 3, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r0 = patch_row(x_ptr, b, i, j, mask, 0, 0, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r1 = patch_row(x_ptr, b, i, j, mask, 1, 0, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r2 = patch_row(x_ptr, b, i, j, mask, 2, 0, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r3 = patch_row(x_ptr, b, i, j, mask, 3, 0, H, W, sxb, sxc, sxh, sxw, CI, DOT)
     best = _window_value(r0, r1, r2, w00, w01, w02, bias, ROUND, PRECISION)
     code = tl.zeros((BLOCK, CO), dtype=tl.int32)
     best, code = _take(_window_value(r0, r1, r2, w10, w11, w12, bias, ROUND, PRECISION),

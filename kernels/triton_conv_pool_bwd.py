@@ -66,6 +66,7 @@ import triton.language as tl
 from core.errors import InputError
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
 from kernels.triton_pool import _TL, DEAD, _round
+from kernels.triton_window import patch_row, pooled_pixels
 
 C_IN, C_OUT = 16, 64    # conv3's channels, as kernels/triton_conv_pool.py
 # Launch shapes, timed on the H100 at the model's size (bench/conv_pool_bwd_probe.py
@@ -83,14 +84,6 @@ STAGES = 1
 # bf16 step never runs it.
 FP32_BLOCK = 16
 PARTIALS = 3 * C_OUT * 4 * C_IN + C_OUT  # per program: A_0, A_1, A_2, then dL/dbias
-
-
-@triton.jit
-def _coords(blk, n_pooled, H2, W2, BLOCK: tl.constexpr):
-    """Block blk's pooled pixels: flat index, b (int64), i, j and the mask."""
-    p = blk * BLOCK + tl.arange(0, BLOCK)
-    mask = p < n_pooled
-    return p, (p // (H2 * W2)).to(tl.int64), (p // W2) % H2, p % W2, mask
 
 
 @triton.jit
@@ -174,7 +167,7 @@ def _conv_pool_xgrad_kernel(g_ptr, code_ptr, w_ptr, dx_ptr, n_pooled, H2, W2,
     w23 = _xgrad_weights(w_ptr, 2, 3, swo, swi, swh, sww, CI, CO, DOT, ROUND)
     for blk in tl.range(tl.program_id(0), tl.cdiv(n_pooled, BLOCK), tl.num_programs(0),
                         num_stages=STAGES):
-        p, b, i, j, mask = _coords(blk, n_pooled, H2, W2, BLOCK)
+        p, b, i, j, mask = pooled_pixels(blk, n_pooled, H2, W2, BLOCK)
         top = tl.zeros((BLOCK, 2 * CI), dtype=tl.float32)
         bottom = tl.zeros((BLOCK, 2 * CI), dtype=tl.float32)
         # (u, v), d = 2 dy + dx, the weights (top, bottom); the flags say which are used.
@@ -233,19 +226,6 @@ def _conv_pool_xgrad_kernel(g_ptr, code_ptr, w_ptr, dx_ptr, n_pooled, H2, W2,
 
 
 @triton.jit
-def _input_row(x_ptr, b, i, j, mask, pr: tl.constexpr, dx: tl.constexpr, H, W, sxb, sxc,
-               sxh, sxw, CI: tl.constexpr, DOT: tl.constexpr):
-    """R^dx_pr [BLOCK, 4*CI]: x[b, ci, 2i-1+pr, 2j-1+dx+px] at column px*CI + ci, 0
-    outside the image."""
-    k = tl.arange(0, 4 * CI)
-    r = 2 * i - 1 + pr
-    c = 2 * j[:, None] - 1 + dx + (k // CI)[None, :]
-    inside = (mask & (r >= 0) & (r < H))[:, None] & (c >= 0) & (c < W)
-    ptrs = x_ptr + (b * sxb + r * sxh)[:, None] + c * sxw + (k % CI)[None, :] * sxc
-    return tl.load(ptrs, mask=inside, other=0).to(DOT)
-
-
-@triton.jit
 def _masked_t(g, code, d: tl.constexpr, DOT: tl.constexpr):
     """G_d^T [CO, BLOCK]."""
     return tl.trans(tl.where(code == d, g, 0).to(DOT))
@@ -258,15 +238,15 @@ def _wgrad_column(acc0, acc1, acc2, x_ptr, g, code, b, i, j, mask, dx: tl.conste
     """The six dots of window column dx: A_ky += G_(dy,dx)^T @ R^dx_(dy+ky)."""
     g0 = _masked_t(g, code, dx, DOT)        # d = (0, dx)
     g1 = _masked_t(g, code, 2 + dx, DOT)    # d = (1, dx)
-    r = _input_row(x_ptr, b, i, j, mask, 0, dx, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r = patch_row(x_ptr, b, i, j, mask, 0, dx, H, W, sxb, sxc, sxh, sxw, CI, DOT)
     acc0 = tl.dot(g0, r, acc0, input_precision=PRECISION)
-    r = _input_row(x_ptr, b, i, j, mask, 1, dx, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r = patch_row(x_ptr, b, i, j, mask, 1, dx, H, W, sxb, sxc, sxh, sxw, CI, DOT)
     acc1 = tl.dot(g0, r, acc1, input_precision=PRECISION)
     acc0 = tl.dot(g1, r, acc0, input_precision=PRECISION)
-    r = _input_row(x_ptr, b, i, j, mask, 2, dx, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r = patch_row(x_ptr, b, i, j, mask, 2, dx, H, W, sxb, sxc, sxh, sxw, CI, DOT)
     acc2 = tl.dot(g0, r, acc2, input_precision=PRECISION)
     acc1 = tl.dot(g1, r, acc1, input_precision=PRECISION)
-    r = _input_row(x_ptr, b, i, j, mask, 3, dx, H, W, sxb, sxc, sxh, sxw, CI, DOT)
+    r = patch_row(x_ptr, b, i, j, mask, 3, dx, H, W, sxb, sxc, sxh, sxw, CI, DOT)
     acc2 = tl.dot(g1, r, acc2, input_precision=PRECISION)
     return acc0, acc1, acc2
 
@@ -287,7 +267,7 @@ def _conv_pool_wgrad_kernel(x_ptr, g_ptr, code_ptr, part_ptr, n_pooled, H, W, H2
     acc_bias = tl.zeros((CO,), dtype=tl.float32)
     for blk in tl.range(pid, tl.cdiv(n_pooled, BLOCK), tl.num_programs(0),
                         num_stages=STAGES):
-        p, b, i, j, mask = _coords(blk, n_pooled, H2, W2, BLOCK)
+        p, b, i, j, mask = pooled_pixels(blk, n_pooled, H2, W2, BLOCK)
         code = tl.load(code_ptr + p.to(tl.int64)[:, None] * CO + co[None, :],
                        mask=mask[:, None], other=DEAD)
         g = tl.load(g_ptr + (b * sgb + i * sgh + j * sgw)[:, None] + co[None, :] * sgc,
