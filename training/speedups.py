@@ -31,8 +31,8 @@
                      pool's code) as one persistent Triton kernel of tensor-core dots
                      (kernels/triton_conv_pool.py): cuDNN's conv wrote its 537 MB
                      full-resolution output at ~1.1 TB/s for the pool to read back. The
-                     backward is --triton-pool's and cuDNN's, as before. Off in the CPU
-                     preset, as the blocks.
+                     backward is --triton-pool's and cuDNN's, as before, unless
+                     triton_conv_pool_bwd. Off in the CPU preset, as the blocks.
     triton_conv_pool_bwd  that block's backward from its pooled gradient and the forward's
                      code in two Triton kernels (kernels/triton_conv_pool_bwd.py): the
                      pool's backward wrote the 537 MB full-resolution gradient, which
@@ -75,7 +75,8 @@ HELP = {
     "triton_pool": "the third and fourth blocks' bias, max-pool and ReLU as one Triton "
                    "kernel forward and one backward around cuDNN's bias-free conv",
     "triton_conv_pool": "the third block's conv, bias, max-pool and ReLU forward as one "
-                        "Triton kernel (its backward: the pool's and cuDNN's)",
+                        "Triton kernel (its backward: --triton-conv-pool-bwd's, or the "
+                        "pool's and cuDNN's)",
     "triton_conv_pool_bwd": "with --triton-conv-pool, that block's backward as two Triton "
                             "kernels from the pooled gradient and the pool's code",
     "bf16_shadow": "lin1's weight as bf16 with fp32 master weights, updated by one Triton "
