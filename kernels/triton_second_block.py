@@ -26,8 +26,9 @@ max_pool2d's kernel) and g = dL/dy * [y > 0] (threshold_backward):
     dL/dx[b, ci, r, c] = sum_{ky, kx, co} gfull[b, co, r-ky+1, c-kx+1] * w[co, ci, ky, kx]
 with gfull the gradient at full resolution: g at the window position d*, 0 elsewhere.
 The input quad (2i..2i+1, 2j..2j+1) reads gfull only at the conv positions of the pooled
-pixels (i-1..i+1, j-1..j+1), so the input gradient is computed per quad: nine dots, one
-per neighbour, instead of nine gathers per input pixel (that version took 1.75 ms).
+pixels (i-1..i+1, j-1..j+1), so the input gradient is computed per quad: sixteen dots,
+one per conv position of the 4x4 around it, instead of nine gathers per input pixel
+(that version took 1.75 ms).
 The weight-gradient kernel recomputes the four dots (tensor-core work is cheap) and writes
 d* (4 for a dead ReLU) as int8, which the input-gradient kernel reads for each of its
 nine neighbours; nothing is saved by the forward, so a forward without autograd writes
@@ -45,8 +46,9 @@ Byte ledger at B=1024, 128x128 input, bf16:
   input grad:     reads dL/dy 134 MB and d* 67 MB (each nine times, mostly from L1/L2),
                   writes dL/dx 134 MB.
 About 0.3 GB, ~0.1 ms at ~3 TB/s per pass. Compute: 4 x 64 x 16 MACs per pooled pixel for
-each four-dot pass and 9 x 64 x 16 for the input gradient, 8.6 (x2) + 77 GFLOP of
-tensor-core work, most of it on zeros of the padding and the masks.
+each four-dot pass and 16 x 16 x 16 for the input gradient, 34 GFLOP each (x2 for the
+weight gradient's) of tensor-core work, much of it on zeros of the padding and the
+masks.
 """
 
 import torch
@@ -56,7 +58,7 @@ import triton.language as tl
 from core.checks import check_conv_block
 from core.errors import InputError
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
-from kernels.triton_window import first_max
+from kernels.triton_window import first_max, pooled_pixels
 
 C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
 # Launch shapes for bf16 and fp16 (bench/second_block_probe.py times the alternatives on
@@ -229,40 +231,44 @@ def _second_block_wgrad_kernel(x_ptr, w_ptr, bias_ptr, grad_ptr, sel_ptr, part_p
 
 
 @triton.jit
-def _neighbour_weights(w_ptr, di: tl.constexpr, dj: tl.constexpr, swo, swi, swh, sww,
-                       DOT: tl.constexpr, ROUND: tl.constexpr):
-    """M_n [64, 16] for the pooled neighbour (i+di, j+dj): row (d, co), column (a, e, ci)
-    holds w[co, ci, ky, kx] with (ky, kx) = (a - 2di - dy + 1, e - 2dj - dx + 1), the tap
-    that joins input pixel (2i+a, 2j+e) to that neighbour's conv position d = (dy, dx);
-    0 where that tap is off the 3x3 kernel."""
-    k = tl.arange(0, 64)
+def _tap_weights(w_ptr, u: tl.constexpr, v: tl.constexpr, swo, swi, swh, sww,
+                 DOT: tl.constexpr, ROUND: tl.constexpr):
+    """T_uv [16, 16] for the conv position (2i-1+u, 2j-1+v) of quad (i, j): row co, column
+    (a, e, ci) holds w[co, ci, a-u+2, e-v+2], the tap that joins input pixel (2i+a, 2j+e)
+    to that position; 0 where the tap is off the 3x3 kernel."""
+    co = tl.arange(0, 16)
     col = tl.arange(0, 16)
-    d = k // 16
-    ky = (col // 8)[None, :] - 2 * di - (d // 2)[:, None] + 1
-    kx = ((col // 4) % 2)[None, :] - 2 * dj - (d % 2)[:, None] + 1
+    ky = col // 8 - u + 2
+    kx = (col // 4) % 2 - v + 2
     ok = (ky >= 0) & (ky < 3) & (kx >= 0) & (kx < 3)
-    ptrs = (w_ptr + (k % 16)[:, None] * swo + (col % 4)[None, :] * swi + ky * swh
-            + kx * sww)
-    return _operand(tl.load(ptrs, mask=ok, other=0), DOT, ROUND)
+    ptrs = w_ptr + co[:, None] * swo + ((col % 4) * swi + ky * swh + kx * sww)[None, :]
+    return _operand(tl.load(ptrs, mask=ok[None, :], other=0), DOT, ROUND)
 
 
 @triton.jit
-def _neighbour_dot(acc, grad_ptr, sel_ptr, m_n, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-                   di: tl.constexpr, dj: tl.constexpr, DOT: tl.constexpr,
-                   ROUND: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
-    """acc + G_n @ M_n for the pooled neighbour (i+di, j+dj) (0 off the image)."""
-    k = tl.arange(0, 64)
+def _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+               di: tl.constexpr, dj: tl.constexpr, ACC: tl.constexpr):
+    """(g, d*) [BLOCK, 16] of the pooled neighbour (i+di, j+dj): its gradient and window
+    choice per channel (0 and 4, no choice, off the image)."""
+    co = tl.arange(0, 16)
     I = i + di  # noqa: E741 (the pooled row, as in the docstring's maths)
     J = j + dj
     ok = mask & (I >= 0) & (I < H2) & (J >= 0) & (J < W2)
     I = tl.where(ok, I, 0)  # noqa: E741
     J = tl.where(ok, J, 0)
-    g = tl.load(grad_ptr + (b * sgb + I * sgh + J * sgw)[:, None]
-                + (k % 16)[None, :] * sgc, mask=ok[:, None], other=0)
-    sel = tl.load(sel_ptr + (((b * H2 + I) * W2 + J) * 16)[:, None] + (k % 16)[None, :],
+    g = tl.load(grad_ptr + (b * sgb + I * sgh + J * sgw)[:, None] + co[None, :] * sgc,
+                mask=ok[:, None], other=0)
+    sel = tl.load(sel_ptr + (((b * H2 + I) * W2 + J) * 16)[:, None] + co[None, :],
                   mask=ok[:, None], other=4)
-    g_n = _operand(tl.where(sel == (k // 16)[None, :], g.to(ACC), 0.0), DOT, ROUND)
-    return acc + _mm(g_n, m_n, PRECISION)
+    return g.to(ACC), sel
+
+
+@triton.jit
+def _tap_dot(acc, g, sel, d: tl.constexpr, t_uv, DOT: tl.constexpr, ROUND: tl.constexpr,
+             PRECISION: tl.constexpr):
+    """acc + G @ T_uv, G the neighbour's gradient at the channels whose window chose
+    position d (the conv position of T_uv), 0 at the others."""
+    return acc + _mm(_operand(tl.where(sel == d, g, 0.0), DOT, ROUND), t_uv, PRECISION)
 
 
 @triton.jit(do_not_specialize_on_alignment=_GENERIC)
@@ -271,47 +277,74 @@ def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W
                                BLOCK_: tl.constexpr, DOT: tl.constexpr,
                                ROUND: tl.constexpr, ACC: tl.constexpr,
                                PRECISION: tl.constexpr):
-    """dL/dx for the 2x2 input quads under BLOCK_ pooled pixels (flat over b, i, j): the
-    quad of (i, j) gets gradient only from the conv positions of the pooled pixels
-    (i-1..i+1, j-1..j+1), so nine [BLOCK_, 64] x [64, 16] dots, one per neighbour n, of
-    G_n (column (d, co): g of n at channel co where d* == d, else 0) with M_n.
-    Persistent: the nine M_n are made once per program, which then walks blocks pid,
-    pid + programs, ... (one program per block made them 9 x 1024 gathers per block)."""
-    m0 = _neighbour_weights(w_ptr, -1, -1, swo, swi, swh, sww, DOT, ROUND)
-    m1 = _neighbour_weights(w_ptr, -1, 0, swo, swi, swh, sww, DOT, ROUND)
-    m2 = _neighbour_weights(w_ptr, -1, 1, swo, swi, swh, sww, DOT, ROUND)
-    m3 = _neighbour_weights(w_ptr, 0, -1, swo, swi, swh, sww, DOT, ROUND)
-    m4 = _neighbour_weights(w_ptr, 0, 0, swo, swi, swh, sww, DOT, ROUND)
-    m5 = _neighbour_weights(w_ptr, 0, 1, swo, swi, swh, sww, DOT, ROUND)
-    m6 = _neighbour_weights(w_ptr, 1, -1, swo, swi, swh, sww, DOT, ROUND)
-    m7 = _neighbour_weights(w_ptr, 1, 0, swo, swi, swh, sww, DOT, ROUND)
-    m8 = _neighbour_weights(w_ptr, 1, 1, swo, swi, swh, sww, DOT, ROUND)
+    """dL/dx for the 2x2 input quads under BLOCK_ pooled pixels (flat over b, i, j). The
+    quad of (i, j) gets gradient from the 4x4 conv positions (2i-1+u, 2j-1+v), u, v in
+    0..3, which belong to the pooled pixels (i-1..i+1, j-1..j+1): position u is
+    neighbour row di = -1, 0, 0, 1 at window row dy = 1, 0, 1, 0 (v likewise for the
+    column). So each of the nine neighbours is loaded once as [BLOCK_, 16] (gradient and
+    d*), and each conv position is one [BLOCK_, 16] x [16, 16] dot: sixteen dots of K = 16,
+    no structural zeros. (The previous version made each neighbour a [BLOCK_, 64] operand,
+    four window positions side by side, from [BLOCK_, 64] gathers that loaded every number
+    four times: 1.31 ms at the model's size.)
+    Persistent: the sixteen T_uv are made once per program, which then walks blocks pid,
+    pid + programs, ..."""
+    t00 = _tap_weights(w_ptr, 0, 0, swo, swi, swh, sww, DOT, ROUND)
+    t01 = _tap_weights(w_ptr, 0, 1, swo, swi, swh, sww, DOT, ROUND)
+    t02 = _tap_weights(w_ptr, 0, 2, swo, swi, swh, sww, DOT, ROUND)
+    t03 = _tap_weights(w_ptr, 0, 3, swo, swi, swh, sww, DOT, ROUND)
+    t10 = _tap_weights(w_ptr, 1, 0, swo, swi, swh, sww, DOT, ROUND)
+    t11 = _tap_weights(w_ptr, 1, 1, swo, swi, swh, sww, DOT, ROUND)
+    t12 = _tap_weights(w_ptr, 1, 2, swo, swi, swh, sww, DOT, ROUND)
+    t13 = _tap_weights(w_ptr, 1, 3, swo, swi, swh, sww, DOT, ROUND)
+    t20 = _tap_weights(w_ptr, 2, 0, swo, swi, swh, sww, DOT, ROUND)
+    t21 = _tap_weights(w_ptr, 2, 1, swo, swi, swh, sww, DOT, ROUND)
+    t22 = _tap_weights(w_ptr, 2, 2, swo, swi, swh, sww, DOT, ROUND)
+    t23 = _tap_weights(w_ptr, 2, 3, swo, swi, swh, sww, DOT, ROUND)
+    t30 = _tap_weights(w_ptr, 3, 0, swo, swi, swh, sww, DOT, ROUND)
+    t31 = _tap_weights(w_ptr, 3, 1, swo, swi, swh, sww, DOT, ROUND)
+    t32 = _tap_weights(w_ptr, 3, 2, swo, swi, swh, sww, DOT, ROUND)
+    t33 = _tap_weights(w_ptr, 3, 3, swo, swi, swh, sww, DOT, ROUND)
     col = tl.arange(0, 16)
     for blk in range(tl.program_id(0), tl.cdiv(n_pooled, BLOCK_), tl.num_programs(0)):
-        offs = blk * BLOCK_ + tl.arange(0, BLOCK_)
-        mask = offs < n_pooled
-        b = (offs // (H2 * W2)).to(tl.int64)
-        i = (offs // W2) % H2
-        j = offs % W2
+        offs, b, i, j, mask = pooled_pixels(blk, n_pooled, H2, W2, BLOCK_)
         acc = tl.zeros((BLOCK_, 16), dtype=ACC)
-        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m0, b, i, j, mask, H2, W2, sgb,
-                             sgc, sgh, sgw, -1, -1, DOT, ROUND, ACC, PRECISION)
-        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m1, b, i, j, mask, H2, W2, sgb,
-                             sgc, sgh, sgw, -1, 0, DOT, ROUND, ACC, PRECISION)
-        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m2, b, i, j, mask, H2, W2, sgb,
-                             sgc, sgh, sgw, -1, 1, DOT, ROUND, ACC, PRECISION)
-        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m3, b, i, j, mask, H2, W2, sgb,
-                             sgc, sgh, sgw, 0, -1, DOT, ROUND, ACC, PRECISION)
-        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m4, b, i, j, mask, H2, W2, sgb,
-                             sgc, sgh, sgw, 0, 0, DOT, ROUND, ACC, PRECISION)
-        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m5, b, i, j, mask, H2, W2, sgb,
-                             sgc, sgh, sgw, 0, 1, DOT, ROUND, ACC, PRECISION)
-        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m6, b, i, j, mask, H2, W2, sgb,
-                             sgc, sgh, sgw, 1, -1, DOT, ROUND, ACC, PRECISION)
-        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m7, b, i, j, mask, H2, W2, sgb,
-                             sgc, sgh, sgw, 1, 0, DOT, ROUND, ACC, PRECISION)
-        acc = _neighbour_dot(acc, grad_ptr, sel_ptr, m8, b, i, j, mask, H2, W2, sgb,
-                             sgc, sgh, sgw, 1, 1, DOT, ROUND, ACC, PRECISION)
+        # Row above (u = 0: its window row dy = 1): d = 2*dy + dx.
+        g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+                          -1, -1, ACC)
+        acc = _tap_dot(acc, g, s, 3, t00, DOT, ROUND, PRECISION)
+        g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+                          -1, 0, ACC)
+        acc = _tap_dot(acc, g, s, 2, t01, DOT, ROUND, PRECISION)
+        acc = _tap_dot(acc, g, s, 3, t02, DOT, ROUND, PRECISION)
+        g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+                          -1, 1, ACC)
+        acc = _tap_dot(acc, g, s, 2, t03, DOT, ROUND, PRECISION)
+        # The quad's own row (u = 1, 2: dy = 0, 1).
+        g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+                          0, -1, ACC)
+        acc = _tap_dot(acc, g, s, 1, t10, DOT, ROUND, PRECISION)
+        acc = _tap_dot(acc, g, s, 3, t20, DOT, ROUND, PRECISION)
+        g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+                          0, 0, ACC)
+        acc = _tap_dot(acc, g, s, 0, t11, DOT, ROUND, PRECISION)
+        acc = _tap_dot(acc, g, s, 1, t12, DOT, ROUND, PRECISION)
+        acc = _tap_dot(acc, g, s, 2, t21, DOT, ROUND, PRECISION)
+        acc = _tap_dot(acc, g, s, 3, t22, DOT, ROUND, PRECISION)
+        g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+                          0, 1, ACC)
+        acc = _tap_dot(acc, g, s, 0, t13, DOT, ROUND, PRECISION)
+        acc = _tap_dot(acc, g, s, 2, t23, DOT, ROUND, PRECISION)
+        # Row below (u = 3: dy = 0).
+        g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+                          1, -1, ACC)
+        acc = _tap_dot(acc, g, s, 1, t30, DOT, ROUND, PRECISION)
+        g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+                          1, 0, ACC)
+        acc = _tap_dot(acc, g, s, 0, t31, DOT, ROUND, PRECISION)
+        acc = _tap_dot(acc, g, s, 1, t32, DOT, ROUND, PRECISION)
+        g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
+                          1, 1, ACC)
+        acc = _tap_dot(acc, g, s, 0, t33, DOT, ROUND, PRECISION)
         r = 2 * i[:, None] + (col // 8)[None, :]
         c = 2 * j[:, None] + ((col // 4) % 2)[None, :]
         ptrs = dx_ptr + b[:, None] * sxb + (col % 4)[None, :] * sxc + r * sxh + c * sxw
