@@ -44,10 +44,20 @@ def is_nhwc(x: torch.Tensor) -> bool:
 
 
 def empty_4d(shape, dtype, device, channels_last: bool) -> torch.Tensor:
-    """An uninitialised [B, C, H, W] tensor, NHWC where channels_last, made with explicit
-    strides: torch.compile turns torch.empty(..., memory_format=torch.channels_last) in a
-    triton_op into a kernel that writes the whole tensor (0.04 ms for 134 MB on the H100,
-    0.16 ms for 537 MB: bench/trunk_kernels.py), empty_strided into an allocation."""
+    """An uninitialised [B, C, H, W] tensor, NHWC where channels_last: torch.empty of
+    [B, H, W, C] seen through a permute.
+
+    Why not empty_strided or memory_format: compiled, a triton_op's output must be a fresh
+    buffer the kernel can write in place, or Inductor copies the buffer before the
+    kernel. AOTAutograd's common-subexpression pass merges identical aten.empty_strided
+    calls (it spares only aten.empty: torch/_functorch/compile_utils.py, fx_graph_cse),
+    so a block's output and the same-shaped input gradient of the next block's backward
+    became one buffer, saved for the backward; Inductor could then reinplace neither
+    kernel and cloned the uninitialised buffer before each (triton_poi_fused_0 and _3,
+    0.087 ms per 134 MB tensor, four a step at the GPU preset on the H100:
+    bench/trunk_kernels.py, results/step.md). torch.empty(..., memory_format=
+    torch.channels_last) became a kernel that wrote the whole tensor."""
     B, C, H, W = shape
-    strides = (H * W * C, 1, W * C, C) if channels_last else (C * H * W, H * W, W, 1)
-    return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+    if channels_last:
+        return torch.empty((B, H, W, C), dtype=dtype, device=device).permute(0, 3, 1, 2)
+    return torch.empty(shape, dtype=dtype, device=device)
