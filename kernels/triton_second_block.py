@@ -29,10 +29,10 @@ The input quad (2i..2i+1, 2j..2j+1) reads gfull only at the conv positions of th
 pixels (i-1..i+1, j-1..j+1), so the input gradient is computed per quad: sixteen dots,
 one per conv position of the 4x4 around it, instead of nine gathers per input pixel
 (that version took 1.75 ms).
-The weight-gradient kernel recomputes the four dots (tensor-core work is cheap) and writes
-d* (4 for a dead ReLU) as int8, which the input-gradient kernel reads for each of its
-nine neighbours; nothing is saved by the forward, so a forward without autograd writes
-only y.
+The forward writes d* (4 for a dead ReLU) as int8 beside y, as the third block's forward
+writes its code; the weight-gradient kernel reads it (until this round it recomputed the
+four dots and the max: 0.93 ms at the model's size), and the input-gradient kernel reads
+it for each of its nine neighbours.
 
 Dtypes. The dots take x's dtype with the weight cast to it, as autocast's conv does (bf16
 in the model), accumulating in fp32 (fp64 for fp64, for gradcheck; fp32 inputs use IEEE
@@ -40,15 +40,15 @@ fp32, not TF32). y and dL/dx are stored in x's dtype; dL/dw and dL/dbias in the 
 
 Byte ledger at B=1024, 128x128 input, bf16:
   forward:        reads x 134 MB (the patches overlap; the rest hits L1/L2), writes y
-                  134 MB;
-  weight grad:    reads x 134 MB and dL/dy 134 MB, writes d* 67 MB and 4112 fp32 partial
+                  134 MB and d* 67 MB;
+  weight grad:    reads x 134 MB, dL/dy 134 MB and d* 67 MB, writes 4112 fp32 partial
                   sums per program (8.7 MB at 528 programs), summed by one reduction;
   input grad:     reads dL/dy 134 MB and d* 67 MB (each nine times, mostly from L1/L2),
                   writes dL/dx 134 MB.
 About 0.3 GB, ~0.1 ms at ~3 TB/s per pass. Compute: 4 x 64 x 16 MACs per pooled pixel for
-each four-dot pass and 16 x 16 x 16 for the input gradient, 34 GFLOP each (x2 for the
-weight gradient's) of tensor-core work, much of it on zeros of the padding and the
-masks.
+each four-dot pass (the forward's and the weight gradient's) and 16 x 16 x 16 for the
+input gradient, 34 GFLOP each of tensor-core work, much of it on zeros of the padding
+and the masks.
 """
 
 import torch
@@ -99,7 +99,7 @@ def _mm(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, sxw, DOT: tl.constexpr,
+def _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, SXW, DOT: tl.constexpr,
            ROUND: tl.constexpr):
     """P: the [BLOCK, 64] input patches of pooled pixels offs (flat over b, i, j), column
     (py*4 + px)*4 + ci holding x[b, ci, 2i-1+py, 2j-1+px] (0 outside the image)."""
@@ -110,7 +110,7 @@ def _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, sxw, DOT: tl.constexp
     r = 2 * i[:, None] - 1 + (k // 16)[None, :]
     c = 2 * j[:, None] - 1 + ((k // 4) % 4)[None, :]
     inside = mask[:, None] & (r >= 0) & (r < H) & (c >= 0) & (c < W)
-    ptrs = x_ptr + b.to(tl.int64)[:, None] * sxb + (k % 4)[None, :] * sxc + r * sxh + c * sxw
+    ptrs = x_ptr + b.to(tl.int64)[:, None] * sxb + (k % 4)[None, :] * sxc + r * sxh + c * SXW
     return _operand(tl.load(ptrs, mask=inside, other=0), DOT, ROUND)
 
 
@@ -137,30 +137,41 @@ def _windows(patch, w0, w1, w2, w3, bias, PRECISION: tl.constexpr):
     return v0, v1, v2, v3
 
 
-# Sizes and the batch, row and column strides are not specialised on their divisibility
-# by 16 (no load here could use it: the gathers' addresses are computed), so each dtype
-# and layout compiles once, not once per image size (the GPU tests took minutes of
-# compiling). Channel strides keep Triton's specialisation: 1 under channels_last.
-_GENERIC = ["n_pooled", "H", "W", "H2", "W2", "sxb", "sxh", "sxw", "syb", "syh", "syw",
+# Sizes and the batch and row strides are not specialised on their divisibility by 16, so
+# each dtype and layout compiles once, not once per image size (the GPU tests took
+# minutes of compiling); torch.compile's launches specialise them anyway. Channel strides
+# keep Triton's specialisation: 1 under channels_last. x's (and dL/dx's) column stride is
+# a constexpr, SXW: 4 under channels_last (the 4 channels), 1 otherwise. Triton
+# specialises an int only when it is 1 or divisible by 16, so with SXW a plain argument
+# it could not see that a patch row's pixels are adjacent and loaded x two bytes at a
+# time; as a constexpr the loads (and dL/dx's stores) are vectors: at the model's size,
+# compiled, on the H100, forward 0.53 -> 0.29 ms, weight gradient 0.86 -> 0.44 ms,
+# input gradient 0.68 -> 0.62 ms (results/step.md).
+_GENERIC = ["n_pooled", "H", "W", "H2", "W2", "sxb", "sxh", "syb", "syh", "syw",
             "sgb", "sgh", "sgw"]
 
 
 @triton.jit(do_not_specialize_on_alignment=_GENERIC)
-def _second_block_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, n_pooled, H, W, H2, W2,
-                             sxb, sxc, sxh, sxw, swo, swi, swh, sww, syb, syc, syh, syw,
+def _second_block_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, sel_ptr, n_pooled, H, W, H2, W2,
+                             sxb, sxc, sxh, SXW: tl.constexpr, swo, swi, swh, sww, syb, syc,
+                             syh, syw,
                              BLOCK_: tl.constexpr, DOT: tl.constexpr, ROUND: tl.constexpr,
                              ACC: tl.constexpr, PRECISION: tl.constexpr):
     offs = tl.program_id(0) * BLOCK_ + tl.arange(0, BLOCK_)
     mask = offs < n_pooled
     co = tl.arange(0, 16)
-    patch = _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, sxw, DOT, ROUND)
+    patch = _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, SXW, DOT, ROUND)
     bias = tl.load(bias_ptr + co).to(ACC)
     w0 = _window_weights(w_ptr, 0, 0, swo, swi, swh, sww, DOT, ROUND)
     w1 = _window_weights(w_ptr, 0, 1, swo, swi, swh, sww, DOT, ROUND)
     w2 = _window_weights(w_ptr, 1, 0, swo, swi, swh, sww, DOT, ROUND)
     w3 = _window_weights(w_ptr, 1, 1, swo, swi, swh, sww, DOT, ROUND)
     v0, v1, v2, v3 = _windows(patch, w0, w1, w2, w3, bias, PRECISION)
-    y = tl.maximum(tl.maximum(tl.maximum(v0, v1), tl.maximum(v2, v3)), 0.0)
+    sel, m = first_max(v0, v1, v2, v3)
+    y = tl.maximum(m, 0.0)
+    # d* for the backward: 4 where the ReLU is dead (no gradient passes).
+    tl.store(sel_ptr + offs.to(tl.int64)[:, None] * 16 + co[None, :],
+             tl.where(m > 0.0, sel, 4).to(tl.int8), mask=mask[:, None])
     b = offs // (H2 * W2)
     i = (offs // W2) % H2
     j = offs % W2
@@ -169,60 +180,39 @@ def _second_block_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, n_pooled, H, W, H2, 
     tl.store(ptrs, y.to(y_ptr.dtype.element_ty), mask=mask[:, None])
 
 
-@triton.jit
-def _argmax_window(v0, v1, v2, v3):
-    """d* per pooled pixel and channel (the first maximum in max_pool2d's scan order; 4
-    where the ReLU is dead: no gradient passes)."""
-    sel, m = first_max(v0, v1, v2, v3)
-    return tl.where(m > 0.0, sel, 4)
-
-
 @triton.jit(do_not_specialize_on_alignment=_GENERIC)
-def _second_block_wgrad_kernel(x_ptr, w_ptr, bias_ptr, grad_ptr, sel_ptr, part_ptr,
-                               n_pooled, H, W, H2, W2, sxb, sxc, sxh, sxw, swo, swi, swh,
-                               sww, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
+def _second_block_wgrad_kernel(x_ptr, grad_ptr, sel_ptr, part_ptr, n_pooled, H, W, H2, W2,
+                               sxb, sxc, sxh, SXW: tl.constexpr, sgb, sgc, sgh, sgw,
+                               BLOCK_: tl.constexpr,
                                DOT: tl.constexpr, ROUND: tl.constexpr, ACC: tl.constexpr,
                                PRECISION: tl.constexpr):
     """Persistent: each program walks blocks pid, pid + programs, ... and writes one row
-    of partial sums: dL/dW_d [4, 16, 64] and dL/dbias [16]."""
+    of partial sums: dL/dW_d [4, 16, 64] and dL/dbias [16]. d* is the forward's. Each
+    dL/dW_d is summed as P^T @ G_d ([64, BLOCK_] x [BLOCK_, 16]: M = 64 fills a Hopper
+    warpgroup's MMA, where G_d^T @ P has M = 16)."""
     pid = tl.program_id(0)
     co = tl.arange(0, 16)
-    w0 = _window_weights(w_ptr, 0, 0, swo, swi, swh, sww, DOT, ROUND)
-    w1 = _window_weights(w_ptr, 0, 1, swo, swi, swh, sww, DOT, ROUND)
-    w2 = _window_weights(w_ptr, 1, 0, swo, swi, swh, sww, DOT, ROUND)
-    w3 = _window_weights(w_ptr, 1, 1, swo, swi, swh, sww, DOT, ROUND)
-    bias = tl.load(bias_ptr + co).to(ACC)
-    acc0 = tl.zeros((16, 64), dtype=ACC)
-    acc1 = tl.zeros((16, 64), dtype=ACC)
-    acc2 = tl.zeros((16, 64), dtype=ACC)
-    acc3 = tl.zeros((16, 64), dtype=ACC)
+    acc0 = tl.zeros((64, 16), dtype=ACC)
+    acc1 = tl.zeros((64, 16), dtype=ACC)
+    acc2 = tl.zeros((64, 16), dtype=ACC)
+    acc3 = tl.zeros((64, 16), dtype=ACC)
     acc_bias = tl.zeros((16,), dtype=ACC)
     for blk in range(pid, tl.cdiv(n_pooled, BLOCK_), tl.num_programs(0)):
-        offs = blk * BLOCK_ + tl.arange(0, BLOCK_)
-        mask = offs < n_pooled
-        patch = _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, sxw, DOT, ROUND)
-        v0, v1, v2, v3 = _windows(patch, w0, w1, w2, w3, bias, PRECISION)
-        sel = _argmax_window(v0, v1, v2, v3)
-        tl.store(sel_ptr + offs.to(tl.int64)[:, None] * 16 + co[None, :], sel.to(tl.int8),
-                 mask=mask[:, None])
-        b = offs // (H2 * W2)
-        i = (offs // W2) % H2
-        j = offs % W2
-        gptrs = (grad_ptr + (b.to(tl.int64) * sgb + i * sgh + j * sgw)[:, None]
-                 + co[None, :] * sgc)
+        offs, b, i, j, mask = pooled_pixels(blk, n_pooled, H2, W2, BLOCK_)
+        patch_t = tl.trans(_patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, SXW, DOT,
+                                  ROUND))
+        sel = tl.load(sel_ptr + offs.to(tl.int64)[:, None] * 16 + co[None, :],
+                      mask=mask[:, None], other=4)
+        gptrs = grad_ptr + (b * sgb + i * sgh + j * sgw)[:, None] + co[None, :] * sgc
         g = tl.load(gptrs, mask=mask[:, None], other=0).to(ACC)
         g = tl.where(sel < 4, g, 0.0)
         acc_bias += tl.sum(g, axis=0)
-        acc0 += _mm(tl.trans(_operand(tl.where(sel == 0, g, 0.0), DOT, ROUND)), patch,
-                      PRECISION)
-        acc1 += _mm(tl.trans(_operand(tl.where(sel == 1, g, 0.0), DOT, ROUND)), patch,
-                      PRECISION)
-        acc2 += _mm(tl.trans(_operand(tl.where(sel == 2, g, 0.0), DOT, ROUND)), patch,
-                      PRECISION)
-        acc3 += _mm(tl.trans(_operand(tl.where(sel == 3, g, 0.0), DOT, ROUND)), patch,
-                      PRECISION)
+        acc0 += _mm(patch_t, _operand(tl.where(sel == 0, g, 0.0), DOT, ROUND), PRECISION)
+        acc1 += _mm(patch_t, _operand(tl.where(sel == 1, g, 0.0), DOT, ROUND), PRECISION)
+        acc2 += _mm(patch_t, _operand(tl.where(sel == 2, g, 0.0), DOT, ROUND), PRECISION)
+        acc3 += _mm(patch_t, _operand(tl.where(sel == 3, g, 0.0), DOT, ROUND), PRECISION)
     part = part_ptr + pid.to(tl.int64) * (4 * 16 * 64 + 16)
-    tile = co[:, None] * 64 + tl.arange(0, 64)[None, :]
+    tile = co[None, :] * 64 + tl.arange(0, 64)[:, None]  # stored [co, (py, px, ci)]
     tl.store(part + tile, acc0)
     tl.store(part + 1024 + tile, acc1)
     tl.store(part + 2048 + tile, acc2)
@@ -273,7 +263,8 @@ def _tap_dot(acc, g, sel, d: tl.constexpr, t_uv, DOT: tl.constexpr, ROUND: tl.co
 
 @triton.jit(do_not_specialize_on_alignment=_GENERIC)
 def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W2,
-                               sgb, sgc, sgh, sgw, swo, swi, swh, sww, sxb, sxc, sxh, sxw,
+                               sgb, sgc, sgh, sgw, swo, swi, swh, sww, sxb, sxc, sxh,
+                               SXW: tl.constexpr,
                                BLOCK_: tl.constexpr, DOT: tl.constexpr,
                                ROUND: tl.constexpr, ACC: tl.constexpr,
                                PRECISION: tl.constexpr):
@@ -347,7 +338,7 @@ def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W
         acc = _tap_dot(acc, g, s, 0, t33, DOT, ROUND, PRECISION)
         r = 2 * i[:, None] + (col // 8)[None, :]
         c = 2 * j[:, None] + ((col // 4) % 2)[None, :]
-        ptrs = dx_ptr + b[:, None] * sxb + (col % 4)[None, :] * sxc + r * sxh + c * sxw
+        ptrs = dx_ptr + b[:, None] * sxb + (col % 4)[None, :] * sxc + r * sxh + c * SXW
         tl.store(ptrs, acc.to(dx_ptr.dtype.element_ty), mask=mask[:, None])
 
 
@@ -381,24 +372,27 @@ def _pooled_shape(x):
 
 
 @define_op("boxnet::second_block", mutates_args=())
-def second_block_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """relu(maxpool2(conv3x3(x) + bias)) [B, 16, H/2, W/2] in x's dtype and memory format:
-    one launch."""
+def second_block_op(x: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(relu(maxpool2(conv3x3(x) + bias)) [B, 16, H/2, W/2] in x's dtype and memory
+    format, d* [B*H/2*W/2, 16] int8 for the backward): one launch."""
     _check(x, weight, bias)
+    y, sel = _outputs(x)
     B, H2, W2 = _pooled_shape(x)
-    y = _empty_out(x)
     n_pooled = B * H2 * W2
     block, _ = _blocks(x)
     launch(_second_block_fwd_kernel, (triton.cdiv(n_pooled, block),), x, weight, bias, y,
-            n_pooled, x.shape[2], x.shape[3], H2, W2, *x.stride(), *weight.stride(),
+            sel, n_pooled, x.shape[2], x.shape[3], H2, W2, *x.stride(), *weight.stride(),
             *y.stride(), BLOCK_=block, num_warps=NUM_WARPS, **_meta(x))
-    return y
+    return y, sel
 
 
-def _empty_out(x):
-    """y [B, 16, H/2, W/2] in x's dtype, channels_last when x is (the model's NHWC run)."""
+def _outputs(x):
+    """y [B, 16, H/2, W/2] in x's dtype, channels_last when x is (the model's NHWC run),
+    and d* [B*H/2*W/2, 16] int8."""
     B, H2, W2 = _pooled_shape(x)
-    return empty_4d((B, C_OUT, H2, W2), x.dtype, x.device, is_nhwc(x))
+    y = empty_4d((B, C_OUT, H2, W2), x.dtype, x.device, is_nhwc(x))
+    return y, torch.empty((B * H2 * W2, C_OUT), dtype=torch.int8, device=x.device)
 
 
 def _weight_grad(sums: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -410,11 +404,12 @@ def _weight_grad(sums: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @define_op("boxnet::second_block_backward", mutates_args=())
-def second_block_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                          bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
-                                                       torch.Tensor]:
-    """(dL/dx in x's dtype and format, dL/dweight [16, 4, 3, 3], dL/dbias [16]): two
-    launches and one reduction."""
+def second_block_backward(grad: torch.Tensor, sel: torch.Tensor, x: torch.Tensor,
+                          weight: torch.Tensor, bias: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dL/dx in x's dtype and format, dL/dweight [16, 4, 3, 3], dL/dbias [16] in bias's
+    dtype) from the pooled gradient and the forward's d*: two launches and one
+    reduction."""
     B, H2, W2 = _pooled_shape(x)
     H, W = x.shape[2], x.shape[3]
     n_pooled = B * H2 * W2
@@ -422,11 +417,9 @@ def second_block_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Ten
     programs = min(triton.cdiv(n_pooled, block), WGRAD_PROGRAMS)
     acc_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     parts = torch.empty((programs, PARTIALS), dtype=acc_dtype, device=x.device)
-    sel = torch.empty((n_pooled, C_OUT), dtype=torch.int8, device=x.device)
     meta = _meta(x)
-    launch(_second_block_wgrad_kernel, (programs,), x, weight, bias, grad, sel, parts,
-            n_pooled, H, W, H2, W2, *x.stride(), *weight.stride(), *grad.stride(),
-            BLOCK_=block, num_warps=NUM_WARPS, **meta)
+    launch(_second_block_wgrad_kernel, (programs,), x, grad, sel, parts, n_pooled, H, W,
+            H2, W2, *x.stride(), *grad.stride(), BLOCK_=block, num_warps=NUM_WARPS, **meta)
     d_x = empty_4d(x.shape, x.dtype, x.device, is_nhwc(x))
     xgrad_programs = min(triton.cdiv(n_pooled, xgrad_block), XGRAD_PROGRAMS)
     launch(_second_block_xgrad_kernel, (xgrad_programs,), grad, sel,
@@ -439,12 +432,13 @@ def second_block_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Ten
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight, bias, output[1])
 
 
-def _backward(ctx, grad):
-    x, weight, bias = ctx.saved_tensors
-    return second_block_backward(grad, x, weight, bias)
+def _backward(ctx, grad, grad_sel):
+    x, weight, bias, sel = ctx.saved_tensors
+    return second_block_backward(grad, sel, x, weight, bias)
 
 
 second_block_op.register_autograd(_backward, setup_context=_setup_context)
@@ -453,13 +447,13 @@ if INTERPRETED:
     @second_block_op.register_fake
     def _(x, weight, bias):
         _check(x, weight, bias)
-        return _empty_out(x)
+        return _outputs(x)
 
     @second_block_backward.register_fake
-    def _(grad, x, weight, bias):
+    def _(grad, sel, x, weight, bias):
         return torch.empty_like(x), weight.new_empty(weight.shape), bias.new_empty(bias.shape)
 
 
 def second_block(x, weight, bias):
     """The block as BoxNet runs it (model/boxnet.py, --triton-second-block)."""
-    return second_block_op(x, weight, bias)
+    return second_block_op(x, weight, bias)[0]
