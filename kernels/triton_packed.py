@@ -71,7 +71,15 @@ def _box_places(index_ptr, si_row, si_box, B, M, boxes, live):
     return image, slot, bad, live & ~bad
 
 
-@triton.jit
+# N (and what follows from it: the forward's programs P, the index's row stride) changes
+# with every batch. Triton specialises an int on being 1 or a multiple of 16, so each
+# kernel compiled again the first time a batch's N fell in the other class: a 604 ms step
+# in the middle of make throughput's packed epoch at edba41e (H100), 2.9 % of the epoch's
+# time. Not specialised, each kernel compiles once.
+_VARIES_WITH_N = ["N", "P", "si_row"]
+
+
+@triton.jit(do_not_specialize=_VARIES_WITH_N)
 def _packed_fwd_kernel(pred_ptr, boxes_ptr, index_ptr, partial_ptr, N, B, M,
                        spb, spm, spc, sbn, sbc, si_row, si_box,
                        EPS_: tl.constexpr, BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
@@ -88,7 +96,7 @@ def _packed_fwd_kernel(pred_ptr, boxes_ptr, index_ptr, partial_ptr, N, B, M,
              tl.sum(tl.where(bad, 1.0, 0.0), axis=0).to(COMPUTE))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VARIES_WITH_N)
 def _packed_finalize_kernel(partial_ptr, offsets_ptr, loss_ptr, denom_ptr, P, N, B, M,
                             BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
     """loss = sum(partials) / denom, denom = max(N, 1), or NaN when a box was out of range
@@ -114,7 +122,7 @@ def _packed_finalize_kernel(partial_ptr, offsets_ptr, loss_ptr, denom_ptr, P, N,
     tl.store(denom_ptr, denom)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_VARIES_WITH_N)
 def _packed_bwd_kernel(grad_loss_ptr, denom_ptr, pred_ptr, boxes_ptr, offsets_ptr, grad_ptr,
                        N, M, spb, spm, spc, sbn, sbc,
                        EPS_: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,

@@ -8,10 +8,11 @@ whatever the capacity M, and the forward reads only the valid boxes; the backwar
 writes the dense [B, M, 4] gradient (zero where no box is), as conditional's does.
 
 N changes with every batch. What that costs:
-- Triton compiles each kernel once for every N: N is a runtime argument, and Triton only
-  specialises an integer on being 1 or a multiple of 16, so at most three variants.
-  torch.compile with dynamic shapes runs it over batches of different N with the eager
-  values (tests/test_packed.py); how many compiles that takes was not counted.
+- Triton compiles each kernel once: N is a runtime argument, kept out of Triton's
+  specialisation (on being 1 or a multiple of 16), whose second variant took 604 ms of
+  one step of an epoch (kernels/triton_packed.py). torch.compile with dynamic shapes runs
+  it over batches of different N with the eager values (tests/test_packed.py); how many
+  compiles that takes was not counted.
 - The allocator sees a new small size each step (the targets, the forward's partials);
   its cached blocks absorb those (a few KB), unlike the padded layout's 1-17 MB.
 - A CUDA graph freezes shapes, so it cannot replay the step: training/speedups.py refuses
