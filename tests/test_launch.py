@@ -139,6 +139,7 @@ def test_thread_names_survives_threads_that_end_under_it():
         stop.set()
         churner.join()
 
+
 LEAVE_THE_GROUP = THREAD_NAMES + """
 import os, sys
 import torch
