@@ -10,7 +10,8 @@
     RunInterrupted          Ctrl-C or SIGTERM ended a run (a KeyboardInterrupt): exit 130
     NonFiniteLoss           the loss became NaN or inf (a RuntimeError; the run fails on it)
 
-Anything else is a bug and keeps its traceback. Nothing here imports torch.
+Anything else is a bug and keeps its traceback. Nothing here imports torch, nor anything of
+the project's own (core/commands.py turns a command's errors into its exit).
 """
 
 import errno
@@ -124,38 +125,6 @@ def write_failure(exc: OSError) -> str:
     full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
     where = f" {exc.filename}" if exc.filename else ""
     return f"could not write{where}: {exc.strerror}{full}"
-
-
-def command(body):
-    """A command's main(argv=None) -> exit code: its body, whose ProjectErrors become
-    their line and code (report_errors); the folders it took are given back when it ends."""
-    def main(argv=None) -> int:
-        from core.files import release_claims
-        try:
-            return report_errors(body, argv)
-        finally:
-            release_claims()
-    main.__doc__ = body.__doc__
-    return main
-
-
-def run_command(main, unwritten: str, stop_signals: bool = True) -> None:
-    """Runs a command's main() and exits with its code; Ctrl-C or SIGTERM (as a
-    KeyboardInterrupt, once: core.signals.stop_once, unless stop_signals is False for a
-    command that handles them itself) is one line saying what was not written, and exit
-    130 (the run in progress has already marked its own folder)."""
-    from core.output import survive_closed_stdout
-    survive_closed_stdout()  # `| head` ends no run (core/output.py)
-    if stop_signals:
-        from core.signals import stop_once
-        stop_once()
-    try:
-        code = main()
-    except KeyboardInterrupt as exc:
-        print_error(str(exc) if isinstance(exc, StudyInterrupted)
-                    else f"{str(exc) or 'interrupted'}; {unwritten}")
-        code = exit_code(exc)
-    sys.exit(code)
 
 
 def print_error(line: str) -> None:

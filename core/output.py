@@ -1,10 +1,10 @@
 """stdout that a closed pipe cannot break: `make throughput | head -6` closes the pipe
 after six lines, and the next print raised BrokenPipeError in the middle of a run, which
-then ended as failed, as if by a bug, with two tracebacks (issue 31). A reader that goes
+then ended as failed, as if by a bug, with two tracebacks. A reader that goes
 away is the user's choice, like Ctrl-C; here it is a quieter one: the lines after it go
 nowhere and the runs go on to their end, their folders whole.
 
-    survive_closed_stdout()   every command calls it first (core.errors.run_command,
+    survive_closed_stdout()   every command calls it first (core.commands.run_command,
                               train.main)
 """
 

@@ -25,7 +25,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import UserError, command, run_command
+from core.commands import command, run_command
+from core.errors import UserError
 
 BF16, FP32 = 2, 4
 # tp2d: tp inside each host, data-parallel across hosts (--parallel tp2d; on one host it is
@@ -46,7 +47,7 @@ CONTENTION = (3.78 - 1.45) / 8.73
 
 # Scaling measured over an epoch on several GPUs: (design, GPUs, factor, where). The
 # ddp point is the one CONTENTION was fitted to, so it does not test the model.
-MEASURED = [("ddp", 2, 1.73, "2 H200s, sustained; issue 32")]
+MEASURED = [("ddp", 2, 1.73, "2 H200s, sustained (results/several-gpus.md)")]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import train
-from core.errors import UserError, command, run_command
+from core.commands import command, run_command
+from core.errors import UserError
 from core.files import write_whole
 from core.names import describe, parse_variants
 from core.tables import csv_text, markdown_of_dicts

@@ -27,11 +27,12 @@ from pathlib import Path
 
 import torch
 
-from core.errors import StudyInterrupted, UserError, command, one_line, run_command
+from core.commands import command, run_command
+from core.errors import StudyInterrupted, UserError, one_line
 from core.files import write_whole
 from core.names import describe, parse_variants, variants
 from core.tables import csv_text
-from kernels.cuda_giou import unavailable_reason
+from kernels.giou.cuda_extension import unavailable_reason
 from profiling.run_folder import display
 from studies.charts import sweep_chart
 from studies.common import fresh_out, keep_interrupted

@@ -33,11 +33,12 @@ import time
 from pathlib import Path
 
 import train
-from core.errors import UserError, command, run_command
+from core.commands import command, run_command
+from core.errors import UserError
 from core.files import write_whole
 from core.names import RAGGED, describe, parse_variants, variants
 from core.tables import csv_text, markdown_of_dicts
-from kernels.cuda_giou import unavailable_reason
+from kernels.giou.cuda_extension import unavailable_reason
 from profiling.run_folder import display
 from studies.charts import step_times_chart, throughput_chart
 from studies.common import (

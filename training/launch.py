@@ -24,7 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from core.errors import UserError, report_errors, run_command
+from core.commands import run_command
+from core.errors import UserError, report_errors
 from training.ranks import ERRORS_ENV
 
 USAGE = ("usage: python3 -m training.launch --nproc N [--nnodes H --rdzv HOST:PORT] SCRIPT "

@@ -8,7 +8,8 @@ Arguments go to TensorBoard unchanged; it binds to localhost unless told otherwi
 import sys
 from pathlib import Path
 
-from core.errors import UserError, command
+from core.commands import command
+from core.errors import UserError
 from viewer import tb_profiler_compat
 
 
@@ -28,7 +29,7 @@ def _children_go_with_the_server() -> None:
     ignores Ctrl-C and SIGTERM and is SIGKILLed when the server dies (Linux's
     PR_SET_PDEATHSIG). A Ctrl-C to the terminal's group reached them all: the Manager died
     first, each loader printed its traceback of the lost connection (44 for 48 runs), and
-    some ran on for a minute after the prompt came back (issue 31). Now the server alone
+    some ran on for a minute after the prompt came back. Now the server alone
     takes the signal and its children end with it, silently. (TensorBoard's data server is
     exec'd with --die-after-stdin: it ends with the server too.)"""
     if not sys.platform.startswith("linux"):

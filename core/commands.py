@@ -1,0 +1,42 @@
+"""A command's main() and its exit: its errors as one line and an exit code, the output
+folders it took given back, Ctrl-C and SIGTERM as one line saying what was not written.
+
+    main = command(_main)                                     # main(argv) -> exit code
+    run_command(main, "the ladder was not written")           # in `if __name__ == ...`
+"""
+
+import sys
+
+from core.errors import StudyInterrupted, exit_code, print_error, report_errors
+from core.files import release_claims
+from core.output import survive_closed_stdout
+from core.signals import stop_once
+
+
+def command(body):
+    """A command's main(argv=None) -> exit code: its body, whose ProjectErrors become
+    their line and code (report_errors); the folders it took are given back when it ends."""
+    def main(argv=None) -> int:
+        try:
+            return report_errors(body, argv)
+        finally:
+            release_claims()
+    main.__doc__ = body.__doc__
+    return main
+
+
+def run_command(main, unwritten: str, stop_signals: bool = True) -> None:
+    """Runs a command's main() and exits with its code; Ctrl-C or SIGTERM (as a
+    KeyboardInterrupt, once: core.signals.stop_once, unless stop_signals is False for a
+    command that handles them itself) is one line saying what was not written, and exit
+    130 (the run in progress has already marked its own folder)."""
+    survive_closed_stdout()  # `| head` ends no run (core/output.py)
+    if stop_signals:
+        stop_once()
+    try:
+        code = main()
+    except KeyboardInterrupt as exc:
+        print_error(str(exc) if isinstance(exc, StudyInterrupted)
+                    else f"{str(exc) or 'interrupted'}; {unwritten}")
+        code = exit_code(exc)
+    sys.exit(code)
