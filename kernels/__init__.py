@@ -1,122 +1,30 @@
-"""Fused GIoU kernels, each a torch custom op with autograd and a fake implementation.
+"""The fused kernels, by purpose; each a torch custom op with autograd and a fake
+implementation, so that torch.compile traces through it.
 
-    loss = giou_loss(pred, boxes, counts, backend="triton" | "cuda", conditional=False)
-    loss = bind_packed_loss(backend)(pred, boxes, index, offsets)     # the packed layout
+    giou/     the case study's loss: GIoU over the padded layout (the `kernel` and
+              `conditional` strategies) and the packed one, in Triton and in CUDA C++
+    trunk/    the conv trunk's blocks in Triton (the step's speed-ups in training/speedups/
+              swap them into the model)
+    lin1/     lin1's update: the bf16 weight's SGD with fp32 master weights, and that
+              update inside the weight-gradient GEMM
+    triton_op.py   how a Triton kernel becomes a custom op, on a GPU and in the interpreter
+    rounding.py    rounding inside a kernel as the GPU rounds, in the interpreter too
 
-
-Naming ladder (per backend): _giou_fwd_kernel / _giou_bwd_kernel -> launchers inside the
-custom op (giou::triton_loss, giou_cuda::loss) -> autograd registration -> bind_loss /
-giou_loss -> the `kernel` and `conditional` strategies in losses/fused.py; the packed layout's
-(_packed_fwd_kernel ... giou::triton_packed_loss, giou_cuda::packed_loss) ->
-bind_packed_loss -> losses/packed.py. A new backend
-is one module here with an op `(pred, target, counts, conditional) -> (loss, denom)`, a
-branch in bind_loss and its name in core.names.BACKENDS.
-
-Errors (core/errors.py): InputError (also a ValueError) for tensors the op cannot take,
-ValueError for an unknown backend, BackendUnavailable (also a RuntimeError) where a
-backend cannot run. The command line checks its options first and prints one line.
+Triton compiles for GPUs only; on a CPU-only machine its interpreter runs the same kernels
+on CPU tensors. The variable must be set before triton is imported (triton reads it as its
+modules load), so it is set when this package is first imported: every kernel module is
+inside it, and importing losses imports it.
 """
 
-import functools
 import os
 import sys
 
 import torch
 
-from core.checks import check_packed, check_padded
-from core.errors import BackendUnavailable, InputError
-from core.names import BACKENDS
-
-# Triton compiles for GPUs only; on a CPU-only machine its interpreter runs the same
-# kernels on CPU tensors. The variable must be set before triton is imported (triton
-# reads it as its modules load), so it is set when this package is first imported, and
-# importing losses imports this package.
-_TRITON_BEFORE_INTERPRETER = False
+# Whether triton was imported before the variable could be set: then its kernels cannot
+# run on this CPU-only machine (kernels.giou.check_backend says so in one line).
+TRITON_BEFORE_INTERPRETER = False
 if not torch.cuda.is_available():
-    _TRITON_BEFORE_INTERPRETER = ("triton" in sys.modules
-                                  and os.environ.get("TRITON_INTERPRET") != "1")
+    TRITON_BEFORE_INTERPRETER = ("triton" in sys.modules
+                                 and os.environ.get("TRITON_INTERPRET") != "1")
     os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-def check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown kernel backend {backend!r}: choose one of "
-                         f"{', '.join(BACKENDS)}")
-    if backend == "cuda":
-        from kernels.cuda_giou import unavailable_reason
-        reason = unavailable_reason()
-        if reason:
-            raise BackendUnavailable(f"{reason}; the triton backend runs here")
-    elif _TRITON_BEFORE_INTERPRETER:
-        raise BackendUnavailable(
-            "triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot "
-            "run on this CPU-only machine: import losses or kernels before triton, or set "
-            "TRITON_INTERPRET=1 in the environment")
-
-
-def _check_cuda(pred: torch.Tensor) -> None:
-    """The CUDA ops' one-line error for tensors elsewhere (the C++ check's is a
-    RuntimeError); the layout checks before it have put every input on pred's device."""
-    if not pred.is_cuda:
-        raise InputError(f"the CUDA kernel backend needs CUDA tensors, got {pred.device}")
-
-
-@functools.lru_cache(maxsize=None)
-def bind_loss(backend: str = "triton", conditional: bool = False):
-    """The fused loss of one backend and variant, resolved once:
-    (pred, boxes, counts) -> mean of 1 - GIoU over the valid slots; no host-device sync.
-
-    Everything that does not depend on the inputs (the backend's module, the CUDA build,
-    the op lookup) happens here, once per (backend, variant) and process, so a call is the
-    input check and the op. The Triton op checks its inputs itself (check_padded, in the
-    op, so direct calls are checked too); the CUDA op checks in C++, with RuntimeErrors,
-    so its call is preceded by the same Python checks for one-line errors."""
-    check_backend(backend)
-    if backend == "triton":
-        from kernels.triton_giou import triton_loss
-
-        def loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor):
-            return triton_loss(pred, boxes, counts, conditional)[0]
-        return loss
-
-    from kernels.cuda_giou import load
-    load()  # builds the extension on first use (about a minute), then loads it
-    op = torch.ops.giou_cuda.loss.default
-
-    def loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor):
-        check_padded(pred, boxes, counts)
-        _check_cuda(pred)
-        return op(pred, boxes, counts, conditional)[0]
-    return loss
-
-
-@functools.lru_cache(maxsize=None)
-def bind_packed_loss(backend: str = "triton"):
-    """The fused loss over the packed layout, resolved once as bind_loss is:
-    (pred, boxes [N, 4], index [2, N], offsets [B + 1]) -> mean of 1 - GIoU over the N
-    boxes; no sync."""
-    check_backend(backend)
-    if backend == "triton":
-        from kernels.triton_packed import triton_packed_loss
-
-        def loss(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor,
-                 offsets: torch.Tensor):
-            return triton_packed_loss(pred, boxes, index, offsets)[0]
-        return loss
-
-    from kernels.cuda_giou import load
-    load()
-    op = torch.ops.giou_cuda.packed_loss.default
-
-    def loss(pred: torch.Tensor, boxes: torch.Tensor, index: torch.Tensor,
-             offsets: torch.Tensor):
-        check_packed(pred, boxes, index, offsets)
-        _check_cuda(pred)
-        return op(pred, boxes, index, offsets)[0]
-    return loss
-
-
-def giou_loss(pred: torch.Tensor, boxes: torch.Tensor, counts: torch.Tensor,
-              backend: str = "triton", conditional: bool = False) -> torch.Tensor:
-    """Mean of 1 - GIoU over the valid slots of a padded batch; no host-device sync."""
-    return bind_loss(backend, conditional)(pred, boxes, counts)

@@ -54,8 +54,8 @@ def empty_4d(shape, dtype, device, channels_last: bool) -> torch.Tensor:
     so a block's output and the same-shaped input gradient of the next block's backward
     became one buffer, saved for the backward; Inductor could then reinplace neither
     kernel and cloned the uninitialised buffer before each (triton_poi_fused_0 and _3,
-    0.087 ms per 134 MB tensor, four a step at the GPU preset on the H100:
-    bench/trunk_kernels.py, results/step.md). torch.empty(..., memory_format=
+    a 134 MB copy each, four a step at the GPU preset: bench/trunk_kernels.py,
+    results/step.md). torch.empty(..., memory_format=
     torch.channels_last) became a kernel that wrote the whole tensor."""
     B, C, H, W = shape
     if channels_last:

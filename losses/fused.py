@@ -9,7 +9,7 @@ chunks of 1024 slots up to the count and write the rest of the chunk as zero row
 from functools import partial
 
 from data import collate_padded
-from kernels import bind_loss
+from kernels.giou import bind_loss
 from losses.strategy import Strategy, tensors_to_device
 
 

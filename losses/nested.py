@@ -7,7 +7,7 @@ jagged tensors [B, j] on the collate's offsets, so every term is a tensor of the
 ragged shape. The loss is the sum of the terms over every box / max(N, 1).
 
 What torch.nested does and does not do for this loss (torch 2.13 on the CPU and 2.11 on
-the H100, the same on both unless said; bench/nested_compile.py):
+the H100, the same on both unless said; results/strategies.md):
 - torch.nested.narrow(pred, 1, 0, counts, layout=torch.jagged) views the padded
   predictions without a copy, but nothing useful follows: an elementwise op with the
   targets' jagged tensor is refused (their ragged dims are different nested ints);
@@ -22,11 +22,10 @@ the H100, the same on both unless said; bench/nested_compile.py):
   Two other ways were tried and are wrong or slow. (a + b -/+ |a - b|) / 2 rounds
   a + b in fp32, so a touching intersection (exactly 0) came out about -1e-5 and
   clamp(min=0) cut the gradient every other strategy passes: 1e-2 to 1e-1 of the
-  gradient lost with fp32 predictions off the integer grid (issue 31; bf16 inputs sum
-  exactly in fp32, so bf16 passed). torch.where has a jagged backward but its
-  broadcast is Python: 54 ms a call against 30 at batch 1024 on 2 CPU cores. The
-  values' minimum costs the host what the abs form did: 18.4 against 17.1 ms forward
-  and backward (median of 10, batch 1024, 2 CPU cores, torch 2.13).
+  gradient lost with fp32 predictions off the integer grid (bf16 inputs sum exactly in
+  fp32, so bf16 passed). torch.where has a jagged backward but its broadcast is Python,
+  about twice the host time of this form. The values' minimum costs the host about
+  what the abs form did.
 - clamp, abs, where, arithmetic, .to(dtype) and .values() have jagged kernels and backward.
 - The jagged structure itself is never used by this loss (a mean over all boxes): the
   ops run on the values, each through a Python __torch_dispatch__ on the host, so a call
@@ -35,7 +34,7 @@ the H100, the same on both unless said; bench/nested_compile.py):
   shapes, one graph for every N; on torch 2.11 (the H100) Inductor refuses it
   ("inductor does not support layout=torch.jagged"), with or without fullgraph. The
   strategy therefore runs eager everywhere: the same code on both versions.
-  bench/nested_compile.py reproduces every line of this list.
+  The probe that found each line of this list is in the archive (results/archive.md).
 
 Bad values (core/giou_rules.py), checked on the device as the packed kernels check them:
 an image or slot out of range (never read: the gather reads row 0 and drops it), or
@@ -90,7 +89,7 @@ def gather_predictions(pred, index, offsets):
 def _quiet_fx_tracing_warning() -> None:
     """torch.nested's jagged ops ask torch.fx whether it is tracing, and torch logs 'is_fx_
     tracing will return true for both fx.symbolic_trace and torch.export' on the first
-    call: a note for torch's own developers, printed into every nested run (issue 31).
+    call: a note for torch's own developers, printed into every nested run.
     Its logger alone is raised to errors."""
     import logging
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)

@@ -1,13 +1,13 @@
 """BoxNet's third block's forward in Triton: Conv2d(16->64, 3x3, padding 1) -> + bias ->
 MaxPool2d(2) -> ReLU in one kernel, writing the pool's int8 code (`--triton-conv-pool`).
 
-Why: with --triton-pool the block ran cuDNN's conv (0.60 ms on the H100 at batch 1024: a
-256x64 tile for 64 output channels over K = 144, moving its 134 MB input and 537 MB
-output at ~1.1 TB/s), then the pool kernel, which reads those 537 MB back (0.33 ms).
-Here the full-resolution conv output never leaves registers. The backward is the pool's
-(kernels/triton_pool.py: the full-resolution gradient from the code) and cuDNN's input
+Why: with --triton-pool the block ran cuDNN's conv (a 256x64 tile for 64 output channels
+over K = 144, writing its 537 MB full-resolution output at batch 1024 well below HBM's
+rate: results/step.md), then the pool kernel, which reads those 537 MB back. Here the
+full-resolution conv output never leaves registers. The backward is the pool's
+(kernels/trunk/pool.py: the full-resolution gradient from the code) and cuDNN's input
 and weight gradients, as before, or with triton_backward (--triton-conv-pool-bwd)
-kernels/triton_conv_pool_bwd.py's two kernels, from the code and the pooled gradient.
+kernels/trunk/conv_pool_bwd.py's two kernels, from the code and the pooled gradient.
 
 Naming ladder: _conv_pool_fwd_kernel -> the custom op boxnet::conv_pool_bias_relu ->
 autograd (backward: boxnet::pool_bias_relu_backward, aten.convolution_backward) ->
@@ -38,9 +38,8 @@ Byte ledger at B=1024 (x [1024, 16, 64, 64], y [1024, 64, 32, 32]), bf16: reads 
 (each row twice, by the pooled rows above and below it: L2 keeps the second), writes y
 134 MB and the code 67 MB: ~0.34 GB, ~0.11 ms at 3 TB/s. Compute: 12 x 64 x 64 MACs a
 pooled pixel, 101 GFLOP of tensor-core work (77 without the zero taps), ~0.13 ms at
-800 TFLOP/s. Measured: 0.49 ms in the step (results/step.md), so neither bound is reached;
-ncu on an earlier, one-program-per-block version found it register-bound (255 a thread,
-12.5 % occupancy).
+800 TFLOP/s. Neither bound is reached (results/step.md has its time): ncu on an earlier,
+one-program-per-block version found it register-bound (255 a thread, 12.5 % occupancy).
 """
 
 import torch
@@ -49,16 +48,17 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
-from kernels.triton_conv_pool_bwd import conv_pool_backward
+from kernels.rounding import POOL_DTYPES, TL_DTYPE, round_to
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
-from kernels.triton_pool import _TL, DEAD, _round, pool_bias_relu_backward
-from kernels.triton_window import patch_row, pooled_pixels
+from kernels.trunk.conv_pool_bwd import conv_pool_backward
+from kernels.trunk.pool import pool_bias_relu_backward
+from kernels.trunk.window import DEAD, patch_row, pooled_pixels
 
 C_IN, C_OUT = 16, 64    # conv3's channels: the kernel is written for this block
-# Launch shape, timed on the H100 at the model's size (results/step.md): blocks of 64
-# pooled pixels (the dots' M) by all 64 channels, 4 warps, 264 persistent programs (2 per
-# SM), the loop not pipelined: 0.48 ms, against 0.68-0.83 with one program per block,
-# 0.54-0.60 with persistent blocks of 128 or 256, and 0.56-2.2 with two stages.
+# Launch shape, the fastest timed on the H100 at the model's size (results/step.md):
+# blocks of 64 pooled pixels (the dots' M) by all 64 channels, 4 warps, 264 persistent
+# programs (2 per SM), the loop not pipelined; one program per block, persistent blocks
+# of 128 or 256, and two stages were slower.
 BLOCK_P, NUM_WARPS = 64, 4
 PROGRAMS = 264
 STAGES = 1
@@ -69,7 +69,7 @@ def _tap_weights(w_ptr, dx: tl.constexpr, ky: tl.constexpr, swo, swi, swh, sww,
                  CI: tl.constexpr, CO: tl.constexpr, DOT: tl.constexpr,
                  ROUND: tl.constexpr):
     """W_(dx,ky) [4*CI, CO]: row px*CI + ci holds w[co, ci, ky, px-dx] rounded to ROUND
-    (x's dtype, as autocast casts the weight; by _round, which the interpreter gets
+    (x's dtype, as autocast casts the weight; by round_to, which the interpreter gets
     right), 0 off the kernel."""
     k = tl.arange(0, 4 * CI)
     co = tl.arange(0, CO)
@@ -77,7 +77,7 @@ def _tap_weights(w_ptr, dx: tl.constexpr, ky: tl.constexpr, swo, swi, swh, sww,
     ok = (kx >= 0) & (kx < 3)
     ptrs = w_ptr + co[None, :] * swo + ((k % CI) * swi + ky * swh + kx * sww)[:, None]
     w = tl.load(ptrs, mask=ok[:, None], other=0).to(tl.float32)
-    return _round(w, ROUND).to(DOT)  # exact: DOT holds ROUND's values
+    return round_to(w, ROUND).to(DOT)  # exact: DOT holds ROUND's values
 
 
 @triton.jit
@@ -88,7 +88,7 @@ def _window_value(ra, rb, rc, wa, wb, wc, bias, ROUND: tl.constexpr,
     acc = tl.dot(ra, wa, input_precision=PRECISION)
     acc = tl.dot(rb, wb, acc, input_precision=PRECISION)
     acc = tl.dot(rc, wc, acc, input_precision=PRECISION)
-    return _round(_round(acc, ROUND) + bias[None, :], ROUND)
+    return round_to(round_to(acc, ROUND) + bias[None, :], ROUND)
 
 
 @triton.jit
@@ -140,7 +140,7 @@ def _conv_pool_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, code_ptr, n_pooled, H, 
     w10 = _tap_weights(w_ptr, 1, 0, swo, swi, swh, sww, CI, CO, DOT, ROUND)
     w11 = _tap_weights(w_ptr, 1, 1, swo, swi, swh, sww, CI, CO, DOT, ROUND)
     w12 = _tap_weights(w_ptr, 1, 2, swo, swi, swh, sww, CI, CO, DOT, ROUND)
-    bias = _round(tl.load(bias_ptr + tl.arange(0, CO)).to(tl.float32), ROUND)
+    bias = round_to(tl.load(bias_ptr + tl.arange(0, CO)).to(tl.float32), ROUND)
     for blk in tl.range(tl.program_id(0), tl.cdiv(n_pooled, BLOCK), tl.num_programs(0),
                         num_stages=STAGES):
         _conv_pool_block(x_ptr, y_ptr, code_ptr, blk, n_pooled, H, W, H2, W2, sxb, sxc,
@@ -149,7 +149,7 @@ def _conv_pool_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, code_ptr, n_pooled, H, 
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
-    if x.dim() != 4 or x.shape[1] != C_IN or x.dtype not in _TL:
+    if x.dim() != 4 or x.shape[1] != C_IN or x.dtype not in POOL_DTYPES:
         raise InputError(f"conv_pool_bias_relu takes fp32, bf16 or fp16 x [B, {C_IN}, H, W], "
                          f"got {x.dtype} {tuple(x.shape)}")
     if x.shape[2] % 2 or x.shape[3] % 2:
@@ -166,8 +166,8 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
 
 
 def _meta(x: torch.Tensor) -> dict:
-    dot = tl.float32 if INTERPRETED else _TL[x.dtype]
-    return dict(DOT=dot, ROUND=_TL[x.dtype], PRECISION="ieee")
+    dot = tl.float32 if INTERPRETED else TL_DTYPE[x.dtype]
+    return dict(DOT=dot, ROUND=TL_DTYPE[x.dtype], PRECISION="ieee")
 
 
 def _outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,8 +182,8 @@ def _outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def conv_pool_bias_relu_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                            triton_backward: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(relu(maxpool2(conv3x3(x) + bias)) [B, 64, H/2, W/2], the pool's int8 code
-    [B*H/2*W/2, 64], as kernels/triton_pool.py writes it): one launch. triton_backward
-    picks the backward (--triton-conv-pool-bwd): kernels/triton_conv_pool_bwd.py's, or
+    [B*H/2*W/2, 64], as kernels/trunk/pool.py writes it): one launch. triton_backward
+    picks the backward (--triton-conv-pool-bwd): kernels/trunk/conv_pool_bwd.py's, or
     the pool's kernel and cuDNN's."""
     _check(x, weight, bias)
     B, _, H, W = x.shape
@@ -204,7 +204,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_y, grad_code):
-    """Either kernels/triton_conv_pool_bwd.py's kernels, or the pool's backward (the
+    """Either kernels/trunk/conv_pool_bwd.py's kernels, or the pool's backward (the
     full-resolution gradient from the code, the bias's sum), then cuDNN's input and
     weight gradients of the conv in x's dtype, as the unfused graph runs them under
     autocast. Both round dL/dw and dL/dbias to x's dtype, then to the parameters'."""
@@ -242,5 +242,5 @@ def conv_pool_bias_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The same block as --triton-pool runs it: cuDNN's conv without its bias in x's dtype
     (autocast's cast of the weight), then the pool kernel."""
-    from kernels.triton_pool import pool_bias_relu
+    from kernels.trunk.pool import pool_bias_relu
     return pool_bias_relu(F.conv2d(x, weight.to(x.dtype), None, padding=1), bias)

@@ -1,6 +1,6 @@
 // Fused GIoU loss in CUDA C++: forward (per-chunk partial sums + one finalize block) and
 // backward, for the padded batch with per-sample counts. The maths, the gradient and the
-// byte ledger are those of kernels/triton_giou.py (see its docstrings); this file mirrors
+// byte ledger are those of kernels/giou/triton_padded.py (see its docstrings); this file mirrors
 // that design so the two backends can be compared launch for launch.
 //
 // Ops (schema below): giou_cuda::loss -> (loss, denom), giou_cuda::loss_backward -> grad.
@@ -26,7 +26,7 @@ constexpr int kFinalizeThreads = 1024;
 // Per variant: the slots a block owns (kChunk) and its threads (kThreads); a block walks
 // its chunk kThreads slots at a time. `kernel`: one slot a thread, 256-slot blocks (its
 // shape since it was written). `conditional`: the Triton variant's shape
-// (kernels/triton_giou.py SHAPES[True]): 1024 slots, 128 at a time, so a sparse sample
+// (kernels/giou/triton_padded.py SHAPES[True]): 1024 slots, 128 at a time, so a sparse sample
 // costs one block per 1024 slots, not per 128. Its blocks walk only the slots below the
 // count; the backward then writes the rest of its chunk as whole zero rows.
 template <bool kConditional>

@@ -3,16 +3,16 @@ the input, weight and bias gradients of Conv2d(16->64, 3x3, padding 1) -> + bias
 MaxPool2d(2) -> ReLU in two kernels (`--triton-conv-pool-bwd`, after --triton-conv-pool).
 
 Why: --triton-conv-pool's backward was the pool's kernel, writing the 537 MB
-full-resolution gradient (0.27 ms on the H100 at batch 1024), then cuDNN's input gradient
+full-resolution gradient at batch 1024, then cuDNN's input gradient
 (a dgrad tile of 256 x 64 for 16 output channels) and weight gradient, each reading those
 537 MB back (results/step.md). Three quarters of that gradient are zeros the code already
 knows; here it is made in registers from the pooled gradient and the code, and never
 written.
 
 Naming ladder: _conv_pool_xgrad_kernel / _conv_pool_wgrad_kernel -> the custom op
-boxnet::conv_pool_backward -> kernels/triton_conv_pool.py's autograd.
+boxnet::conv_pool_backward -> kernels/trunk/conv_pool.py's autograd.
 
-Layout of the work (the forward's, kernels/triton_conv_pool.py, read backwards). With g
+Layout of the work (the forward's, kernels/trunk/conv_pool.py, read backwards). With g
 the pooled gradient where the ReLU passed it (code < 4), G_d = g where code == d, else 0,
 for window position d = (dy, dx), and gfull the full-resolution gradient (G_d at conv
 position (2i+dy, 2j+dx)):
@@ -54,9 +54,8 @@ Byte ledger at B=1024 (x [1024, 16, 64, 64], g [1024, 64, 32, 32]), bf16:
                sums (13 MB), added by one reduction.
 About 0.67 GB, ~0.22 ms at 3 TB/s, against ~2.1 GB for the unfused backward. Compute:
 24 x 64 x 32 and 12 x 64 x 64 MACs a pooled pixel, 103 GFLOP each (77 without the zero
-taps), ~0.13 ms each at 800 TFLOP/s. Measured in the step: 0.67 and 0.42 ms
-(results/step.md), against 1.51 ms for the kernels they replace; neither bound is
-reached: both hold 247-253 registers a thread (ptxas), two programs an SM.
+taps), ~0.13 ms each at 800 TFLOP/s. Neither bound is reached (results/step.md has
+their times): both hold 247-253 registers a thread (ptxas), two programs an SM.
 """
 
 import torch
@@ -64,15 +63,14 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
+from kernels.rounding import POOL_DTYPES, TL_DTYPE, round_to
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
-from kernels.triton_pool import _TL, DEAD, _round
-from kernels.triton_window import patch_row, pooled_pixels
+from kernels.trunk.window import DEAD, patch_row, pooled_pixels
 
-C_IN, C_OUT = 16, 64    # conv3's channels, as kernels/triton_conv_pool.py
-# Launch shapes, timed on the H100 at the model's size (bench/conv_pool_bwd_probe.py
-# --shapes; results/step.md): blocks of 64 pooled pixels, 4 warps, 264 programs: 1.10 ms
-# for both kernels, against 1.13-1.72 with 132-1056 programs, 1.39-3.2 with blocks of 32
-# or 128 and 1.8-4.8 with 8 warps.
+C_IN, C_OUT = 16, 64    # conv3's channels, as kernels/trunk/conv_pool.py
+# Launch shapes, the fastest timed on the H100 at the model's size (results/step.md):
+# blocks of 64 pooled pixels, 4 warps, 264 programs; 132-1056 programs, blocks of 32 or
+# 128 and 8 warps were slower.
 XGRAD_BLOCK, XGRAD_WARPS = 64, 4
 WGRAD_BLOCK, WGRAD_WARPS = 64, 4
 PROGRAMS = 264          # persistent: 2 per H100 SM, each making its weight tiles once
@@ -80,7 +78,7 @@ PROGRAMS = 264          # persistent: 2 per H100 SM, each making its weight tile
 # 368 KB of shared memory, where the H100 has 227 KB.
 STAGES = 1
 # fp32 ("ieee": no tensor cores) unrolls its products into FMAs, whose compile time grows
-# with the tile (as in kernels/triton_second_block.py): smaller blocks for it. The model's
+# with the tile (as in kernels/trunk/second_block.py): smaller blocks for it. The model's
 # bf16 step never runs it.
 FP32_BLOCK = 16
 PARTIALS = 3 * C_OUT * 4 * C_IN + C_OUT  # per program: A_0, A_1, A_2, then dL/dbias
@@ -127,18 +125,18 @@ def _xgrad_weights(w_ptr, ky: tl.constexpr, v: tl.constexpr, swo, swi, swh, sww,
     ok = (kx >= 0) & (kx < 3)
     ptrs = w_ptr + (co * swo)[:, None] + ((n % CI) * swi + ky * swh + kx * sww)[None, :]
     w = tl.load(ptrs, mask=ok[None, :], other=0).to(tl.float32)
-    return _round(w, ROUND).to(DOT)  # exact: DOT holds ROUND's values
+    return round_to(w, ROUND).to(DOT)  # exact: DOT holds ROUND's values
 
 
 @triton.jit
 def _store_row(dx_ptr, acc, b, i, j, mask, a: tl.constexpr, sxb, sxc, sxh, sxw,
                CI: tl.constexpr, ROUND: tl.constexpr):
     """dL/dx at input row 2i+a, columns 2j+e, channel ci (column e*CI + ci of acc),
-    rounded once to x's dtype (by _round: the interpreter truncates a cast to bf16)."""
+    rounded once to x's dtype (by round_to: the interpreter truncates a cast to bf16)."""
     n = tl.arange(0, 2 * CI)
     ptrs = (dx_ptr + (b * sxb + (2 * i + a) * sxh)[:, None]
             + (2 * j[:, None] + (n // CI)[None, :]) * sxw + ((n % CI) * sxc)[None, :])
-    tl.store(ptrs, _round(acc, ROUND).to(dx_ptr.dtype.element_ty), mask=mask[:, None])
+    tl.store(ptrs, round_to(acc, ROUND).to(dx_ptr.dtype.element_ty), mask=mask[:, None])
 
 
 @triton.jit
@@ -289,7 +287,7 @@ def _conv_pool_wgrad_kernel(x_ptr, g_ptr, code_ptr, part_ptr, n_pooled, H, W, H2
 def _check(grad, code, x, weight) -> None:
     B, _, H, W = x.shape
     pooled = (B, C_OUT, H // 2, W // 2)
-    if x.dim() != 4 or x.shape[1] != C_IN or x.dtype not in _TL or H % 2 or W % 2:
+    if x.dim() != 4 or x.shape[1] != C_IN or x.dtype not in POOL_DTYPES or H % 2 or W % 2:
         raise InputError(f"conv_pool_backward takes fp32, bf16 or fp16 x [B, {C_IN}, H, W] "
                          f"with H and W even, got {x.dtype} {tuple(x.shape)}")
     if tuple(grad.shape) != pooled or grad.dtype != x.dtype:
@@ -309,7 +307,7 @@ def _check(grad, code, x, weight) -> None:
 def _dot_dtype(x: torch.Tensor):
     """The dots' operand dtype: x's on a GPU; fp32 under the interpreter, whose dot takes
     no bf16 or fp16 (it then holds values rounded to x's dtype)."""
-    return tl.float32 if INTERPRETED else _TL[x.dtype]
+    return tl.float32 if INTERPRETED else TL_DTYPE[x.dtype]
 
 
 def _programs(n_pooled: int, block: int) -> int:
@@ -328,7 +326,7 @@ def _input_grad(grad, code, x, weight) -> torch.Tensor:
     launch(_conv_pool_xgrad_kernel, (_programs(n_pooled, block),), grad, code,
            weight, dx, n_pooled, H // 2, W // 2, *grad.stride(), *weight.stride(),
            *dx.stride(), CI=C_IN, CO=C_OUT, BLOCK=block, DOT=_dot_dtype(x),
-           ROUND=_TL[x.dtype], PRECISION="ieee", STAGES=STAGES, num_warps=XGRAD_WARPS)
+           ROUND=TL_DTYPE[x.dtype], PRECISION="ieee", STAGES=STAGES, num_warps=XGRAD_WARPS)
     return dx
 
 

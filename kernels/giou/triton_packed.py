@@ -18,7 +18,7 @@ with no memset: a first version filled it with zeros and scattered the boxes' ro
 launches), 7-17 % slower than `conditional` in GPU time at batch 64-1024
 (results/sweep.md). The backward needs the offsets, the forward the index.
 
-Gradient: per box exactly that of kernels/triton_giou.py's `_giou_bwd_kernel` docstring,
+Gradient: per box exactly that of kernels/giou/triton_padded.py's `_giou_bwd_kernel` docstring,
 scaled by -grad_loss / max(N, 1) (the shared `_giou_grads`).
 
 Contract (core/giou_rules.py), checked on the device (the host would need a sync):
@@ -46,7 +46,7 @@ import triton.language as tl
 
 from core.checks import check_packed
 from core.giou_rules import EPS, compute_dtype
-from kernels.triton_giou import (
+from kernels.giou.triton_padded import (
     SHAPES,
     _giou_grads,
     _giou_term,
@@ -73,9 +73,9 @@ def _box_places(index_ptr, si_row, si_box, B, M, boxes, live):
 
 # N (and what follows from it: the forward's programs P, the index's row stride) changes
 # with every batch. Triton specialises an int on being 1 or a multiple of 16, so each
-# kernel compiled again the first time a batch's N fell in the other class: a 604 ms step
-# in the middle of make throughput's packed epoch at edba41e (H100), 2.9 % of the epoch's
-# time. Not specialised, each kernel compiles once.
+# kernel compiled again the first time a batch's N fell in the other class, a step of
+# half a second in the middle of an epoch (results/step.md). Not specialised, each kernel
+# compiles once.
 _VARIES_WITH_N = ["N", "P", "si_row"]
 
 

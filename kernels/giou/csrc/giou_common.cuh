@@ -1,7 +1,7 @@
 // What the CUDA GIoU kernels share (giou.cu: the padded layout; packed.cu: the packed one):
 // the formula's constant, the tie rule, one slot's term and gradient, block sums, a
 // gradient row's vector store, the dtype dispatch and the shape text of check messages.
-// The maths and the byte ledgers are in kernels/triton_giou.py's docstrings.
+// The maths and the byte ledgers are in kernels/giou/triton_padded.py's docstrings.
 #pragma once
 
 #include <ATen/ATen.h>

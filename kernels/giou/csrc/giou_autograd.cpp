@@ -6,7 +6,7 @@
 // 58 us a call with a Python autograd registration, 24 us without one; the loss range of
 // the original's measurement is host time. Here the whole call, from torch.ops to the
 // kernel launches, stays in C++. The fake (meta) implementations stay in Python
-// (kernels/cuda_giou.py); torch.compile traces through this kernel into them.
+// (kernels/giou/cuda_extension.py); torch.compile traces through this kernel into them.
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 

@@ -5,6 +5,8 @@ triton_conv_pool_bwd.py)."""
 import triton
 import triton.language as tl
 
+DEAD = tl.constexpr(4)  # the code of a pooled value whose ReLU passes no gradient
+
 
 @triton.jit
 def first_max(v0, v1, v2, v3):

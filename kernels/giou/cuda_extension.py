@@ -14,7 +14,7 @@ from core.errors import BackendUnavailable
 SOURCES = [Path(__file__).parent / "csrc" / name
            for name in ("giou.cu", "packed.cu", "giou_autograd.cpp")]
 HEADERS = [Path(__file__).parent / "csrc" / "giou_common.cuh"]
-BUILD_DIR = Path(__file__).resolve().parent.parent / "build" / "giou_cuda"
+BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "giou_cuda"
 
 _loaded = False
 

@@ -1,11 +1,11 @@
 """BoxNet's second block in Triton: Conv2d(4->16, 3x3, padding 1) + bias -> MaxPool2d(2) ->
 ReLU, forward in one kernel, backward in two (`--triton-second-block`).
 
-Why: at batch 1024 on the H100 cuDNN spent ~7 ms a step on this block (results/step.md: a
-2.76 ms direct forward kernel, a 1.87 ms input gradient whose tile computes 4 output
-channels in a 256x32 tile, a 1.15 ms weight gradient, 0.58 ms padding the 4 channels to
-8), and the eager pool and ReLU around it write and read the 537 MB full-resolution conv
-output and int64 pool indices. Here the conv output never leaves registers.
+Why: cuDNN's kernels for this block waste most of their tiles on 4 input channels (a
+direct forward kernel, an input gradient that computes 4 output channels in a 256x32
+tile, a weight gradient, and a pass padding the 4 channels to 8: results/step.md), and
+the eager pool and ReLU around it write and read the 537 MB full-resolution conv output
+and int64 pool indices at batch 1024. Here the conv output never leaves registers.
 
 Naming ladder: _second_block_fwd_kernel / _second_block_wgrad_kernel and
 _second_block_xgrad_kernel -> the custom ops boxnet::second_block and
@@ -27,12 +27,11 @@ max_pool2d's kernel) and g = dL/dy * [y > 0] (threshold_backward):
 with gfull the gradient at full resolution: g at the window position d*, 0 elsewhere.
 The input quad (2i..2i+1, 2j..2j+1) reads gfull only at the conv positions of the pooled
 pixels (i-1..i+1, j-1..j+1), so the input gradient is computed per quad: sixteen dots,
-one per conv position of the 4x4 around it, instead of nine gathers per input pixel
-(that version took 1.75 ms).
+one per conv position of the 4x4 around it, instead of nine gathers per input pixel.
 The forward writes d* (4 for a dead ReLU) as int8 beside y, as the third block's forward
-writes its code; the weight-gradient kernel reads it (until this round it recomputed the
-four dots and the max: 0.93 ms at the model's size), and the input-gradient kernel reads
-it for each of its nine neighbours.
+writes its code; the weight-gradient kernel reads it rather than recomputing the four
+dots and the max, and the input-gradient kernel reads it for each of its nine
+neighbours.
 
 Dtypes. The dots take x's dtype with the weight cast to it, as autocast's conv does (bf16
 in the model), accumulating in fp32 (fp64 for fp64, for gradcheck; fp32 inputs use IEEE
@@ -57,8 +56,9 @@ import triton.language as tl
 
 from core.checks import check_conv_block
 from core.errors import InputError
+from kernels.rounding import TL_DTYPE
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
-from kernels.triton_window import first_max, pooled_pixels
+from kernels.trunk.window import first_max, pooled_pixels
 
 C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
 # Launch shapes for bf16 and fp16 (bench/second_block_probe.py times the alternatives on
@@ -144,9 +144,8 @@ def _windows(patch, w0, w1, w2, w3, bias, PRECISION: tl.constexpr):
 # a constexpr, SXW: 4 under channels_last (the 4 channels), 1 otherwise. Triton
 # specialises an int only when it is 1 or divisible by 16, so with SXW a plain argument
 # it could not see that a patch row's pixels are adjacent and loaded x two bytes at a
-# time; as a constexpr the loads (and dL/dx's stores) are vectors: at the model's size,
-# compiled, on the H100, forward 0.53 -> 0.29 ms, weight gradient 0.86 -> 0.44 ms,
-# input gradient 0.68 -> 0.62 ms (results/step.md).
+# time; as a constexpr the loads (and dL/dx's stores) are vectors (what that saved at
+# the model's size: results/step.md).
 _GENERIC = ["n_pooled", "H", "W", "H2", "W2", "sxb", "sxh", "syb", "syh", "syw",
             "sgb", "sgh", "sgw"]
 
@@ -274,9 +273,8 @@ def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W
     neighbour row di = -1, 0, 0, 1 at window row dy = 1, 0, 1, 0 (v likewise for the
     column). So each of the nine neighbours is loaded once as [BLOCK_, 16] (gradient and
     d*), and each conv position is one [BLOCK_, 16] x [16, 16] dot: sixteen dots of K = 16,
-    no structural zeros. (The previous version made each neighbour a [BLOCK_, 64] operand,
-    four window positions side by side, from [BLOCK_, 64] gathers that loaded every number
-    four times: 1.31 ms at the model's size.)
+    no structural zeros (rather than each neighbour as a [BLOCK_, 64] operand, four window
+    positions side by side, from gathers that load every number four times).
     Persistent: the sixteen T_uv are made once per program, which then walks blocks pid,
     pid + programs, ..."""
     t00 = _tap_weights(w_ptr, 0, 0, swo, swi, swh, sww, DOT, ROUND)
@@ -349,10 +347,6 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
     check_conv_block("second_block", x, weight, bias, C_IN, C_OUT)
 
 
-_TL = {torch.float64: tl.float64, torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
-       torch.float16: tl.float16}
-
-
 def _blocks(x) -> tuple[int, int]:
     """(BLOCK, XGRAD_BLOCK) for x's dtype."""
     return SMALL_BLOCKS.get(x.dtype, (BLOCK, XGRAD_BLOCK))
@@ -361,8 +355,8 @@ def _blocks(x) -> tuple[int, int]:
 def _meta(x) -> dict:
     """The dots' operand and accumulator dtypes for x's dtype; IEEE fp32, never TF32."""
     acc = tl.float64 if x.dtype == torch.float64 else tl.float32
-    dot = tl.float32 if INTERPRETED and acc == tl.float32 else _TL[x.dtype]
-    return dict(DOT=dot, ROUND=_TL[x.dtype], ACC=acc,
+    dot = tl.float32 if INTERPRETED and acc == tl.float32 else TL_DTYPE[x.dtype]
+    return dict(DOT=dot, ROUND=TL_DTYPE[x.dtype], ACC=acc,
                 PRECISION="fma" if x.dtype == torch.float64 else "ieee")
 
 

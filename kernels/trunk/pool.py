@@ -2,10 +2,10 @@
 (`--triton-pool`: BoxNet's third and fourth blocks).
 
 Why: compiled, each of those blocks ran as cuDNN's conv, then Inductor's bias add over the
-full-resolution output (a 537 MB read and write at batch 1024: 0.36 ms each on the H100),
-its pool and ReLU, and in the backward its ReLU backward, a pool backward that wrote the
-full-resolution gradient at ~1.1 TB/s (0.65 and 0.42 ms) and a bias-gradient reduction
-over that gradient (bench/trunk_kernels.py, results/step.md). Here the bias is added
+full-resolution output (a 537 MB read and write at batch 1024), its pool and ReLU, and in
+the backward its ReLU backward, a pool backward that wrote the full-resolution gradient
+at a third of HBM's rate and a bias-gradient reduction over that gradient
+(bench/trunk_kernels.py, results/step.md). Here the bias is added
 inside the pool, the ReLU and the pool's choice are one int8 code, and the backward is one
 pass that writes the full-resolution gradient and the bias's partial sums.
 
@@ -42,27 +42,16 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
+from kernels.rounding import POOL_DTYPES, TL_DTYPE, round_to
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
+from kernels.trunk.window import DEAD
 
 # Pooled pixels x channels per program; the channels are x's contiguous dimension under
 # channels_last, so each row of a window position is one coalesced load.
 BLOCK_P, BLOCK_C, NUM_WARPS = 64, 64, 4
-DEAD = tl.constexpr(4)  # the code of a pooled value whose ReLU passes no gradient
 
 _GENERIC = ["n_pooled", "C", "H2", "W2", "sxb", "sxh", "sxw", "syb", "syh", "syw", "sgb",
             "sgh", "sgw"]
-
-
-@triton.jit
-def _round(v, ROUND: tl.constexpr):
-    """fp32 v rounded to ROUND (to nearest, ties to even), held in fp32. bf16 is rounded
-    by hand: Triton's interpreter truncates a cast to bf16, where the GPU rounds."""
-    if ROUND == tl.bfloat16:
-        u = v.to(tl.uint32, bitcast=True)
-        u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-        return tl.where(v != v, v, u.to(tl.float32, bitcast=True))
-    else:
-        return v.to(ROUND).to(tl.float32)
 
 
 @triton.jit
@@ -84,13 +73,13 @@ def _pool_fwd_kernel(x_ptr, bias_ptr, y_ptr, code_ptr, n_pooled, C, H2, W2,
                      BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, ROUND: tl.constexpr):
     p, c, b, i, j, mask = _coords(tl.program_id(0), tl.program_id(1), n_pooled, C, H2, W2,
                                   BLOCK_P, BLOCK_C)
-    bias = _round(tl.load(bias_ptr + c, mask=c < C, other=0).to(tl.float32), ROUND)
+    bias = round_to(tl.load(bias_ptr + c, mask=c < C, other=0).to(tl.float32), ROUND)
     base = x_ptr + (b * sxb + (2 * i) * sxh + (2 * j) * sxw)[:, None] + c[None, :] * sxc
     best = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
     code = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
     for d in tl.static_range(4):
         x = tl.load(base + (d // 2) * sxh + (d % 2) * sxw, mask=mask, other=0)
-        v = _round(x.to(tl.float32) + bias[None, :], ROUND)
+        v = round_to(x.to(tl.float32) + bias[None, :], ROUND)
         if d == 0:
             best = v
         else:
@@ -126,12 +115,8 @@ def _pool_bwd_kernel(grad_ptr, code_ptr, dx_ptr, part_ptr, n_pooled, C, H2, W2,
              mask=c < C)
 
 
-_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16,
-       torch.float16: tl.float16}
-
-
 def _check(x: torch.Tensor, bias: torch.Tensor) -> None:
-    if x.dim() != 4 or x.dtype not in _TL:
+    if x.dim() != 4 or x.dtype not in POOL_DTYPES:
         raise InputError(f"pool_bias_relu takes a floating-point conv output [B, C, H, W], "
                          f"got {x.dtype} {tuple(x.shape)}")
     if x.shape[2] % 2 or x.shape[3] % 2:
@@ -172,7 +157,7 @@ def pool_bias_relu_op(x: torch.Tensor, bias: torch.Tensor,
     code = torch.empty((n_pooled, C), dtype=torch.int8, device=x.device)
     launch(_pool_fwd_kernel, _grid(n_pooled, C), x, bias, y, code, n_pooled, C, H // 2,
            W // 2, *x.stride(), *y.stride(), BLOCK_P=BLOCK_P, BLOCK_C=BLOCK_C,
-           ROUND=_TL[x.dtype], num_warps=NUM_WARPS)
+           ROUND=TL_DTYPE[x.dtype], num_warps=NUM_WARPS)
     return y, code
 
 

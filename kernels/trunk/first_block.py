@@ -1,11 +1,10 @@
 """BoxNet's first block in Triton: uint8 image -> /255 -> Conv2d(1->4, 3x3, padding 1) + bias
 -> MaxPool2d(2) -> ReLU, forward and backward, each one kernel (`--triton-first-block`).
 
-Why: cuDNN has no good kernel for a convolution with one input and four output channels.
-On the H100 at batch 1024 its best choices took ~7 ms forward and ~5 ms for the weight
-gradient (plus channel-padding kernels), for work whose bytes move in ~0.1 ms. A fused
-kernel also never writes the full-resolution conv output: the pool and ReLU happen in
-registers.
+Why: cuDNN has no good kernel for a convolution with one input and four output channels:
+its best choices take tens of times what the bytes below need (results/step.md), and pad
+the one channel to more. A fused kernel also never writes the full-resolution conv
+output: the pool and ReLU happen in registers.
 
 Naming ladder: _first_block_fwd_kernel / _first_block_bwd_kernel -> the custom ops
 boxnet::first_block and boxnet::first_block_backward -> autograd -> first_block().
@@ -38,7 +37,7 @@ import triton.language as tl
 from core.checks import check_conv_block
 from core.errors import InputError
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, launch
-from kernels.triton_window import first_max
+from kernels.trunk.window import first_max
 
 CHANNELS = 4            # conv1's output channels: the kernels are written for this block
 BLOCK = 1024            # pooled pixels per program of the forward

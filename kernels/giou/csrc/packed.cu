@@ -1,4 +1,4 @@
-// Fused GIoU loss over the packed layout in CUDA C++, the twin of kernels/triton_packed.py
+// Fused GIoU loss over the packed layout in CUDA C++, the twin of kernels/giou/triton_packed.py
 // (its docstring has the layout, the contract and the byte ledger): the batch's N boxes
 // [N, 4] with index [2, N] (each box's image, then its slot) and offsets [B + 1],
 // predictions [B, M, 4].

@@ -1,7 +1,7 @@
 """A linear layer whose weight gradient is left to the optimizer (`--update-in-gemm`): its
 backward computes the input's and the bias's gradients and hands the weight GEMM's two
 operands, dY and X, to a PendingGrad instead of making dW. The optimizer's step then runs
-the GEMM with the update in its epilogue (kernels/triton_dw_update.py), so the weight's
+the GEMM with the update in its epilogue (kernels/lin1/dw_update.py), so the weight's
 2.1 GB bf16 gradient never exists and weight.grad stays None.
 
     pending = PendingGrad()

@@ -41,8 +41,8 @@ from kernels.triton_op import INTERPRETED, define_op, launch
 
 # Per variant: slots per program (CHUNK), slots per loop step (BLOCK), slots per step of
 # conditional's zero stores (ZERO_BLOCK), warps, and one pipeline stage (the loops' loads
-# are not worth staging: 1 and 3 stages measured the same). Chosen on the H100 with make
-# sweep's points (bench/conditional_blocks.py; results/sweep.md). Programs of 1024 slots,
+# are not worth staging: 1 and 3 stages measured the same). Chosen on the H100 at make
+# sweep's points (results/sweep.md). Programs of 1024 slots,
 # not fewer: a grid of one small program per 128 slots spends its time loading counts and
 # writing partials (32,768 programs at M = 4096); zero rows as [ZERO_BLOCK, 4] tiles, not
 # four strided stores a slot, so the backward writes them near a memset's speed.
@@ -114,7 +114,7 @@ def _giou_term(px1, py1, px2, py2, gx1, gy1, gx2, gy2, EPS_: tl.constexpr):
 @triton.jit
 def _giou_grads(px1, py1, px2, py2, gx1, gy1, gx2, gy2, s, EPS_: tl.constexpr):
     """s * dGIoU/dp for each coordinate of p (the maths in _giou_bwd_kernel's docstring);
-    shared with the packed layout's kernels (kernels/triton_packed.py)."""
+    shared with the packed layout's kernels (kernels/giou/triton_packed.py)."""
     wp = px2 - px1
     hp = py2 - py1
     iw_raw, ih_raw, iw, ih, inter, union, cw, ch = _giou_parts(

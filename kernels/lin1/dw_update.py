@@ -3,7 +3,7 @@ Triton kernel computes a tile of dW = dY^T @ X over the tensor cores, rounds it 
 (the gradient the GEMM writes today), and in the same program updates that tile of the
 fp32 master and momentum and writes the bf16 weight the next forward reads.
 
-Why (issue 33): the step ran the dW GEMM (2.2 TFLOP: compute-bound, HBM mostly idle) and
+Why: the step ran the dW GEMM (2.2 TFLOP: compute-bound, HBM mostly idle) and
 then the shadow SGD (21.5 GB: memory-bound, tensor cores idle) one after the other, and a
 second stream hid nothing (the GEMM holds every SM). Here a program's epilogue moves its
 tile's bytes while the other programs on the SM run their main loops, and the 2.1 GB bf16
@@ -14,22 +14,23 @@ and X [K, F] (its input), K the batch (the global batch on a tensor-parallel ran
     g = bf16(sum_k dY[k, h] * X[k, f])         fp32 accumulation, rounded to nearest even
     first step:  buf = g                        later steps: buf = mu * buf + g
     master = master - lr * buf                  weight = bf16(master)
-which is kernels/triton_shadow_sgd.py's step on the gradient cuBLAS would have written
+which is kernels/lin1/shadow_sgd.py's step on the gradient cuBLAS would have written
 (the sum's order differs: the gradient agrees within bf16 rounding, not bit for bit).
 
 Byte ledger per element of the weight: reads master 4 + buf 4 (0 on the first step),
 writes master 4 + buf 4 + weight 2 = 18 bytes (the SGD alone: 20, and the GEMM wrote 2):
-19.3 GB for lin1, ~6.4 ms at 3 TB/s, against 2.7 + 7.2 ms for the GEMM and the SGD apart.
+19.3 GB for lin1, ~6.4 ms at 3 TB/s: the floor of the GEMM and the SGD together, if the
+epilogue's traffic hid entirely under the GEMM's tensor-core work.
 The operands (dY 33 MB, X 134 MB at K = 1024) are read once from HBM and then from L2:
 programs are grouped GROUP_H tiles of H to a tile of F.
 
-Measured on the H100 (results/step.md): 10.0 ms alone against 3.3 + 7.2 apart, 9.85 in the
-step against 2.70 + 7.16: its own GEMM runs at 393 TFLOP/s where cuBLAS's runs at ~670, which
-eats the 2.7 ms its epilogue overlaps. So --update-in-gemm is off by default.
+Its own GEMM is slower than cuBLAS's, which eats what its epilogue overlaps: measured, it
+takes what the GEMM and the SGD take apart (results/step.md), so --update-in-gemm is off by
+default.
 
 A plain launcher like the SGD's: it runs in the optimizer's step, outside autograd and
-outside torch.compile (training/bf16_shadow.py calls it; kernels/deferred_linear.py hands
-it dY and X).
+outside torch.compile (training/speedups/bf16_shadow.py calls it; kernels/lin1/
+deferred_linear.py hands it dY and X).
 """
 
 import torch
@@ -37,14 +38,14 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
+from kernels.rounding import bf16_rtne, round_to
 from kernels.triton_op import INTERPRETED
-from kernels.triton_shadow_sgd import _bf16_rtne
 
-# Tiles: measured on the H100 by bench/roofline.py --configs (results/step.md); the
+# Tiles: the fastest of bench/roofline.py --configs on the H100 (results/step.md); the
 # interpreter (CPU tests) takes small ones. SPLIT: the epilogue in that many column
 # strips of the tile, so that its master and momentum loads do not hold a whole tile's
 # registers beside the accumulator's. (Issuing the epilogue's loads before the main loop
-# was measured slower, 11.6-15.0 ms against 10.0, and removed: results/step.md.)
+# was slower, and removed: results/step.md.)
 GPU_CONFIG = dict(BLOCK_H=64, BLOCK_F=128, BLOCK_K=64, GROUP_H=8, SPLIT=2, num_warps=4,
                   num_stages=3)
 CPU_CONFIG = dict(BLOCK_H=16, BLOCK_F=16, BLOCK_K=16, GROUP_H=2, SPLIT=2, num_warps=4,
@@ -87,7 +88,7 @@ def _dw_update_kernel(dyt_ptr, x_ptr, master_ptr, buf_ptr, weight_ptr, H, F, K, 
                 a = a.to(tl.float32)
                 b = b.to(tl.float32)
             acc = tl.dot(a, b, acc)  # bf16 products are exact in fp32 either way
-    g = _bf16_value(acc)  # the bf16 gradient the GEMM would have written, in fp32
+    g = round_to(acc, tl.bfloat16)  # the bf16 gradient the GEMM would have written, in fp32
     if SPLIT == 1:
         _update_strip(g, master_ptr, buf_ptr, weight_ptr, H, F, h0, f0, lr, momentum,
                       FIRST, PART, BLOCK_H, BLOCK_F)
@@ -111,7 +112,7 @@ def _update_strip(g, master_ptr, buf_ptr, weight_ptr, H, F, h0, f0, lr, momentum
     at = rows[:, None] * F + cols[None, :]
     inside = (rows[:, None] < H) & (cols[None, :] < F)
     if PART == 1:  # the GEMM alone: its bf16 result, as cuBLAS would write it
-        tl.store(weight_ptr + at, _bf16_rtne(g), mask=inside)
+        tl.store(weight_ptr + at, bf16_rtne(g), mask=inside)
     else:
         if FIRST:
             buf = g
@@ -120,17 +121,7 @@ def _update_strip(g, master_ptr, buf_ptr, weight_ptr, H, F, h0, f0, lr, momentum
         tl.store(buf_ptr + at, buf, mask=inside)
         master = tl.load(master_ptr + at, mask=inside, other=0.0) - lr * buf
         tl.store(master_ptr + at, master, mask=inside)
-        tl.store(weight_ptr + at, _bf16_rtne(master), mask=inside)
-
-
-@triton.jit
-def _bf16_value(x):
-    """x rounded to bf16 (nearest, ties to even, as _bf16_rtne), kept in fp32: the low 16
-    bits cleared in integer arithmetic (the interpreter would read a bf16 cast back as the
-    integer it bit-casts from)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
+        tl.store(weight_ptr + at, bf16_rtne(master), mask=inside)
 
 
 def dw_update_step(dy: torch.Tensor, x: torch.Tensor, master: torch.Tensor,
@@ -146,7 +137,7 @@ def dw_update_step(dy: torch.Tensor, x: torch.Tensor, master: torch.Tensor,
                          f"with a batch of {K} is too large")
     meta = dict(config or (CPU_CONFIG if INTERPRETED else GPU_CONFIG))
     # dY^T row-major, K contiguous: the main loop's A operand as the tensor cores take it
-    # (a 33 MB copy at the GPU preset, ~0.02 ms).
+    # (a 33 MB copy at the GPU preset).
     dyt = dy.t().contiguous()
     grid = (triton.cdiv(H, meta["BLOCK_H"]) * triton.cdiv(F, meta["BLOCK_F"]),)
     _dw_update_kernel[grid](dyt, x, master, buf, weight, H, F, K, lr, momentum, FIRST=first,
