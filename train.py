@@ -18,15 +18,7 @@ from dataclasses import dataclass
 
 from core.cli import config_parser, option
 from core.errors import ProjectError, UserError, exit_code, one_line
-from core.names import (
-    BACKENDS,
-    FUSED,
-    INTERPRETER_SLOW_SPEEDUPS,
-    MODES,
-    STRATEGIES,
-    describe,
-    phases_of,
-)
+from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
 from core.signals import ignore_stop_signals, stop_once
 from profiling.run_folder import check_out_dir, check_run_name, display, utc_stamp
@@ -35,8 +27,6 @@ from training import ddp, parallel, speedups
 from training.ddp import COMM_HOOKS
 from training.ddp import HELP as DDP_HELP
 from training.ranks import from_env, stop
-from training.speedups import HELP as SPEEDUP_HELP
-from training.speedups import baseline_values
 
 try:
     import torch
@@ -45,6 +35,7 @@ except ImportError:  # --help works without torch; a run says how to get it
 
 
 @dataclass
+@speedups.switches
 class Config:
     """The single source of defaults: the GPU preset is the workload's full size."""
     loss: str = option("padded", "loss strategy", choices=STRATEGIES)
@@ -83,25 +74,10 @@ class Config:
                               "H2D copies on a side stream while the GPU runs step k "
                               "(training/feed.py)")
     lr: float = option(1e-4, "SGD learning rate (momentum 0.9)")
-    # The step's speed-ups (training/speedups.py): on by default, all off with --baseline.
-    baseline: bool = option(False, "every speed-up below off, as the original ran the step "
-                            "(a speed-up given as well stays on)")
-    cudnn_benchmark: bool = option(True, SPEEDUP_HELP["cudnn_benchmark"])
-    fused_sgd: bool = option(True, SPEEDUP_HELP["fused_sgd"])
-    channels_last: bool = option(True, SPEEDUP_HELP["channels_last"])
-    triton_first_block: bool = option(True, SPEEDUP_HELP["triton_first_block"])
-    triton_second_block: bool = option(True, SPEEDUP_HELP["triton_second_block"])
-    triton_pool: bool = option(True, SPEEDUP_HELP["triton_pool"])
-    triton_conv_pool: bool = option(True, SPEEDUP_HELP["triton_conv_pool"])
-    triton_conv_pool_bwd: bool = option(True, SPEEDUP_HELP["triton_conv_pool_bwd"])
-    bf16_shadow: bool = option(True, SPEEDUP_HELP["bf16_shadow"])
-    # Off by default: measured on the H100, the fused kernel took what the GEMM and the
-    # SGD took apart, and the step a little more (results/step.md).
-    update_in_gemm: str = option("off", SPEEDUP_HELP["update_in_gemm"],
-                                 choices=("auto", "on", "off"))
-    # Off by default: measured on the H100, the replay saved no GPU time (the step is
-    # GPU-bound) and its step wall time was less steady (results/step.md).
-    cuda_graph: str = option("off", SPEEDUP_HELP["cuda_graph"], choices=("auto", "on", "off"))
+    # The step's speed-ups (training/speedups/): a field each, added after this one in the
+    # ladder's order by @speedups.switches, from each one's module; all off with --baseline.
+    baseline: bool = option(False, "every speed-up off, as the original ran the step (a "
+                            "speed-up given as well stays on)")
     # Several GPUs (make profile GPUS=N starts this script on N ranks; training/ddp.py):
     # --batch-size stays per rank, so the global batch is N times it.
     # Defaults: the fastest measured on two H200s (results/several-gpus.md).
@@ -126,8 +102,7 @@ PRESETS = {
     # Runs in seconds on 2 CPU cores (make profile: the README's figure).
     "cpu": dict(batch_size=32, num_workers=2, image_size=64, hidden=512, wait=1, warmup=1,
                 active=3, compile=False, amp=False, pin_memory=False,
-                cudnn_benchmark=False, bf16_shadow=False,
-                **{name: False for name in INTERPRETER_SLOW_SPEEDUPS}),
+                **speedups.cpu_preset_values()),
 }
 
 
@@ -161,7 +136,7 @@ def make_config(given: dict) -> Config:
     if preset == "gpu" and not torch.cuda.is_available():
         raise UserError("the gpu preset needs a CUDA GPU; use --preset cpu (the default "
                         "without a GPU)")
-    off = baseline_values() if given.get("baseline") else {}
+    off = speedups.baseline_values() if given.get("baseline") else {}
     return Config(**{**PRESETS[preset], **off, **given, "preset": preset})
 
 
@@ -202,7 +177,7 @@ def validate(cfg: Config, world: int = 1) -> None:
         raise UserError(f"{steps} steps of {cfg.batch_size}{ranks} need more than the "
                         f"{cfg.dataset_length} samples of --dataset-length")
     if cfg.backend == "cuda" and cfg.loss in FUSED:
-        from kernels.cuda_giou import unavailable_reason
+        from kernels.giou.cuda_extension import unavailable_reason
         if unavailable_reason():
             raise UserError(f"{unavailable_reason()}: use the Triton backend (make: "
                             "BACKEND=triton; train.py: --backend triton)")
@@ -299,7 +274,6 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     from data.loader import make_loader, own_rate
     from profiling.harness import ProfiledRun
     from profiling.step_reader import StepReader
-    from training.cuda_graph import GraphedStep
     from training.distributed import GlobalBatch, RankShare
     from training.feed import CopyAhead, InStep
 
@@ -310,7 +284,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     device = ranks.start(cuda)  # this rank's GPU (or the CPU), in the process group
     speed = speedups.resolve(cfg, cuda)
     used = speed["on"]
-    speedups.apply_backend_flags(used, cuda, many_runs=reuse)
+    speedups.set_process_flags(used, cuda, many_runs=reuse)
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
                          cfg.batch_size, cfg.num_workers, strategy.collate,
                          pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores,
@@ -323,10 +297,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     fns = make_step(cfg, strategy, runner, optimizer, device, across,
                     parallel.prefetcher(cfg, ranks, model))
 
-    graphed = None
-    if used["cuda_graph"]:
-        # Eager steps during the profiler's wait, the capture at its last wait step.
-        graphed = GraphedStep(fns.train_step, fns.to_device, capture_at=cfg.wait - 1)
+    graphed = speedups.graphed_step(used, fns.train_step, fns.to_device, cfg)
     # Forward mode keeps the original's copy, closed by a sync; a graph copies into its
     # captured tensors; a CPU has no stream to copy on.
     ahead = cfg.copy_ahead and cuda and cfg.mode == "train" and graphed is None
@@ -337,7 +308,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     label = describe(cfg.loss, cfg.backend)
     name = cfg.run_name or f"{label.replace('/', '-')}-{cfg.mode}-{utc_stamp()}"
     with ProfiledRun(cfg, label, phases_of(cfg.mode, graphed is not None), cuda,
-                     check_out_dir(cfg.out_dir), name, speedups=speed, ranks=ranks,
+                     check_out_dir(cfg.out_dir), name, used=speed, ranks=ranks,
                      facts={"batches": batches}) as prof:
         params = sum(p.numel() for p in model.parameters())
         where = (f"{ranks.world} ranks ({device.type}, --parallel {cfg.parallel})"

@@ -23,20 +23,6 @@ TRAIN_PHASES = FORWARD_PHASES + ("loss_backward", "backward", "optimizer")
 GRAPH_PHASES = ("data", "copy", "graph")
 PHASES = TRAIN_PHASES + ("graph",)
 
-# The training step's speed-ups (training/speedups.py), in the order make ladder adds them.
-# Each is a Config switch; --baseline turns them all off.
-SPEEDUPS = ("cudnn_benchmark", "fused_sgd", "channels_last", "triton_first_block",
-            "triton_second_block", "triton_pool", "triton_conv_pool",
-            "triton_conv_pool_bwd", "bf16_shadow",
-            "update_in_gemm", "cuda_graph")
-GPU_ONLY_SPEEDUPS = ("cudnn_benchmark", "bf16_shadow", "update_in_gemm", "cuda_graph")
-# The speed-ups that take auto, on or off (auto: where the run allows it; on: refused where
-# it does not) rather than a flag.
-CHOICE_SPEEDUPS = ("update_in_gemm", "cuda_graph")
-# Triton kernels that Triton's interpreter runs at ~100 s a step on a 2-core CPU: the CPU
-# preset leaves them off, and make ladder skips their rungs there.
-INTERPRETER_SLOW_SPEEDUPS = ("triton_first_block", "triton_second_block", "triton_pool",
-                             "triton_conv_pool", "triton_conv_pool_bwd")
 # The strategies whose tensors keep their shapes from step to step: a CUDA graph can
 # replay their step. The ragged and packed ones (their target shapes change with every
 # batch) cannot be captured.

@@ -2,8 +2,8 @@
 
 Built on the device: initialising the 1.07 B parameters of the full model on the host took
 15 s on 2 cores (then a 4.3 GB copy), every run. With reuse, a later run with the same
-shape and seed gets the same model back with its initial parameters restored from pinned
-host memory (4.3 GB, ~0.2 s), so torch.compile's work (its guards hold for the same
+shape, seed and transform gets the same model back with its initial parameters restored
+from pinned host memory (4.3 GB), so torch.compile's work (its guards hold for the same
 module) and CUDA's start-up are paid once per process. The host copy keeps the GPU's peak
 memory what a fresh process would see.
 """
@@ -20,20 +20,16 @@ _kept: dict = {}
 
 
 def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool,
-                seed: int, device: torch.device, reuse: bool = False,
-                triton_first_block: bool = False, channels_last: bool = False,
-                block_dtype: torch.dtype = torch.float32, bf16_shadow: bool = False,
-                triton_second_block: bool = False, update_in_gemm: bool = False,
-                triton_pool: bool = False, triton_conv_pool: bool = False,
-                triton_conv_pool_bwd: bool = False, wrap=None, wrap_key=None):
-    """(model, runner) initialised from seed; runner is torch.compile(wrap(model)) or
-    wrap(model), where wrap (DDP on several ranks, training/ddp.py; wrap_key says how it
-    wraps) is applied before compiling, so that the compiler sees DDP's buckets.
-    The Triton blocks and channels_last (training/speedups.py) change how the model
-    runs, not its parameters: the same seed gives the same initial weights with either."""
-    key = (image_size, capacity, hidden, compile_model, seed, str(device), triton_first_block,
-           channels_last, block_dtype, bf16_shadow, triton_second_block, update_in_gemm,
-           triton_pool, triton_conv_pool, triton_conv_pool_bwd, wrap_key)
+                seed: int, device: torch.device, reuse: bool = False, transform=None,
+                wrap=None, wrap_key=None):
+    """(model, runner): BoxNet initialised from seed, transform(model) applied in place (the
+    step's speed-ups, training/speedups/; transform.key says which, for reuse), then
+    runner = torch.compile(wrap(model)) or wrap(model), where wrap (DDP on several ranks,
+    training/ddp.py; wrap_key says how it wraps) comes before compiling, so that the
+    compiler sees DDP's buckets. A transform that leaves a part torch.compile cannot
+    trace sets model.compile_whole = False: then only flat_features is compiled."""
+    key = (image_size, capacity, hidden, compile_model, seed, str(device),
+           getattr(transform, "key", None), wrap_key)
     if device.type == "cuda":
         # What earlier runs of this process (make compare) left is freed and uncached
         # first: each run's peak memory is its own.
@@ -49,14 +45,14 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
         return model, _kept["runner"]
     forget_kept_model()
     with device:
-        model = BoxNet(image_size, capacity, hidden, triton_first_block, channels_last,
-                       block_dtype, bf16_shadow, triton_second_block, update_in_gemm,
-                       triton_pool, triton_conv_pool, triton_conv_pool_bwd)
+        model = BoxNet(image_size, capacity, hidden)
+        if transform is not None:
+            transform(model)
     wrapped = wrap(model) if wrap else model
-    runner = torch.compile(wrapped) if compile_model and model.compile_whole else wrapped
-    if compile_model and not model.compile_whole:
-        # the rest runs eager (--parallel tp, --update-in-gemm)
-        model.flat_features = torch.compile(model.flat_features)
+    whole = getattr(model, "compile_whole", True)
+    runner = torch.compile(wrapped) if compile_model and whole else wrapped
+    if compile_model and not whole:
+        model.flat_features = torch.compile(model.flat_features)  # the head runs eager
     if reuse:
         pin = device.type == "cuda"
         initial = [p.detach().to("cpu", copy=True).pin_memory() if pin else
@@ -66,7 +62,8 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
 
 
 def _state(model) -> list:
-    """What a run changes: the parameters, and the buffers (--bf16-shadow's fp32 master)."""
+    """What a run changes: the parameters, and the buffers (lin1's fp32 master weights
+    under the bf16 shadow)."""
     return list(model.parameters()) + list(model.buffers())
 
 

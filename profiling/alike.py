@@ -9,8 +9,8 @@ under --cuda-graph auto a ragged strategy runs without the graph that padded use
 the table's "CUDA graph" column says so.
 """
 
-from core.names import SPEEDUPS
 from core.names import describe as strategy_name
+from training.speedups import ORDER as SPEEDUPS
 
 
 def strategy(summary: dict) -> str:

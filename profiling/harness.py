@@ -57,6 +57,7 @@ from profiling.table import format_table
 from profiling.trace_events import find_trace, load_trace, quiet_cpu_profiler
 from profiling.trace_summary import summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
+from training import speedups
 from training.ddp import knobs
 from training.ranks import Ranks
 
@@ -125,11 +126,9 @@ def _memory_worth_profiling(cfg) -> bool:
     a kernel of the step (a CPU run of a fused strategy or a Triton block): it keeps a
     block of each launch alive into the next launch, so the first profiled step frees a
     block made before the profiler started and c10 prints 'CPUAllocator.cpp:245 Memory
-    block of unknown size...' (issue 31)."""
+    block of unknown size...'."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    return not (interpreted and (cfg.loss in FUSED or cfg.triton_first_block
-                                 or cfg.triton_second_block or cfg.triton_pool
-                                 or cfg.triton_conv_pool))
+    return not (interpreted and (cfg.loss in FUSED or speedups.runs_triton(cfg)))
 
 
 # Runs of up to this many steps print a line every step; longer ones fewer
@@ -148,11 +147,11 @@ class _NoScalars:
 
 class ProfiledRun:
     def __init__(self, cfg, label: str, phases: tuple[str, ...], cuda: bool,
-                 out_dir: Path, run_name: str, speedups: dict | None = None,
+                 out_dir: Path, run_name: str, used: dict | None = None,
                  ranks: Ranks = Ranks(),  # noqa: B008 (a frozen dataclass: one process)
                  facts: dict | None = None):
         self.cfg, self.label, self.phases, self.cuda = cfg, label, phases, cuda
-        self.speedups = speedups  # what training/speedups.resolve says this run uses
+        self.speedups = used  # what training/speedups.resolve says this run uses
         self.facts = facts or {}  # more of what the run used, for summary.json
         self.ranks = ranks
         self.out_dir, self.run_name = out_dir, run_name

@@ -3,7 +3,7 @@
     python3 -m studies.ladder [--strategies padded,kernel:cuda] [train.py options...]
 
 Rung 0 is --baseline (the step as the original ran it); rung k adds the k-th speed-up of
-core.names.SPEEDUPS to rung k-1. Every run has the same seed, so the same batches and
+training.speedups.ORDER to rung k-1. Every run has the same seed, so the same batches and
 initial weights. Written under profiles/ladder-<UTC time>/: a run folder per strategy and
 rung, ladder.md and ladder.csv (step GPU and CPU ms, each phase's GPU ms, launches per
 step, peak memory, the first three losses, the run folder), ladder-kernels.md (per rung,
@@ -23,19 +23,12 @@ from pathlib import Path
 import torch
 
 import train
-from core.errors import RunInterrupted, command, interruption, run_command
+from core.commands import command, run_command
+from core.errors import RunInterrupted, interruption
 from core.files import write_whole
-from core.names import (
-    CHOICE_SPEEDUPS,
-    GPU_ONLY_SPEEDUPS,
-    INTERPRETER_SLOW_SPEEDUPS,
-    PHASES,
-    SPEEDUPS,
-    describe,
-    parse_variants,
-)
+from core.names import PHASES, describe, parse_variants
 from core.tables import csv_text, markdown_of_dicts
-from kernels.cuda_giou import unavailable_reason
+from kernels.giou.cuda_extension import unavailable_reason
 from profiling.run_folder import display
 from studies.charts import ladder_chart
 from studies.common import (
@@ -49,7 +42,8 @@ from studies.common import (
     run_config,
 )
 from studies.compare_rows import load_summary
-from training import speedups
+from training.speedups import BY_NAME
+from training.speedups import ORDER as SPEEDUPS
 
 GOAL_MS = 30.0  # the step's goal on the H100, drawn on the chart
 # Set per rung: given in ARGS they would make the rungs the same.
@@ -62,7 +56,7 @@ COLUMNS = (["strategy", "rung", "step GPU ms", "step CPU ms", "saved GPU ms"]
 
 def rung_fields(speedup: str) -> dict:
     """The Config field that turns one speed-up on."""
-    return {speedup: "on" if speedup in CHOICE_SPEEDUPS else True}
+    return {speedup: "on" if BY_NAME[speedup].choice else True}
 
 
 # Triton's interpreter runs the two blocks at ~105 s a step at the CPU preset (batch 32 of
@@ -79,17 +73,16 @@ def interpreter_seconds_per_step(cfg) -> float:
 
 def why_not_here(speedup: str, base: train.Config, loss: str, cuda: bool) -> str | None:
     """Why a speed-up cannot be added for this strategy on this machine, or None."""
-    if speedup in GPU_ONLY_SPEEDUPS and not cuda:
+    spec = BY_NAME[speedup]
+    if spec.gpu_only and not cuda:
         return "needs a CUDA GPU"
-    if speedup in INTERPRETER_SLOW_SPEEDUPS and not cuda:
+    if spec.interpreter_slow and not cuda:
         seconds = interpreter_seconds_per_step(base)
         if seconds > INTERPRETER_MAX_S:
             return (f"Triton's interpreter would take ~{seconds:.0f} s a step here (batch "
                     f"{base.batch_size}, {base.image_size}x{base.image_size} images); it "
                     "runs on a GPU")
-    if speedup in CHOICE_SPEEDUPS:
-        return speedups.REFUSALS[speedup](run_config(base, loss=loss), cuda)
-    return None
+    return spec.why_not(run_config(base, loss=loss), cuda)
 
 
 # cuDNN keeps, per process, the algorithm it first chose for a convolution's shapes and

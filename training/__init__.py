@@ -1,3 +1,4 @@
-"""The training step's speed-ups (speedups.py, bf16_shadow.py), its CUDA graph
-(cuda_graph.py), and several ranks under torchrun (ranks.py, ddp.py, distributed.py,
-launch.py)."""
+"""The training step around the model: its optimizer (optimizer.py), its speed-ups
+(speedups/, one module each), the CUDA graph's replay (cuda_graph.py), the batch copied a
+step ahead (feed.py), and several ranks under torchrun (ranks.py, launch.py, ddp.py,
+distributed.py, parallel.py)."""

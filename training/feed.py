@@ -8,8 +8,8 @@
 
 InStep is the original's order: the batch is fetched from the loader and copied to the
 device at the step's start, on the compute stream, so the step's GPU work begins with the
-copy (the 64 MB image batch at the GPU preset: 1.24 ms of a 27.1 ms step on the H100,
-results/step.md).
+copy (the 64 MB image batch at the GPU preset: about 1.3 ms at the ~51 GB/s of a pinned
+copy, results/step.md).
 
 CopyAhead copies batch k+1 on a side stream while the GPU runs step k, on a copy engine
 beside the SMs: the compute stream's step no longer holds the copy. What makes it safe,

@@ -44,7 +44,8 @@ HELP = ("several GPUs: ddp (lin1 replicated, its gradient all-reduced), zero (li
         "gradient, master and momentum sharded by rows: FSDP2), tp (lin1 column- and lin2 "
         "row-parallel: DTensor tensor parallel, features all-gathered), tp2d (tp inside "
         "each host, data-parallel across hosts)")
-# The buffer that --bf16-shadow adds for lin1's fp32 master (model/boxnet.py).
+# The buffer that --bf16-shadow adds for lin1's fp32 master (training/speedups/
+# bf16_shadow.py).
 MASTER = "lin1_master"
 
 
@@ -108,7 +109,7 @@ def apply(model, design: str, mesh, ranks) -> list[str]:
         _tensor_parallel_head(model, mesh["tp"])
         _sum_across_hosts(model, mesh["dp"])
         parts, index = mesh["tp"].size(), mesh["tp"].get_local_rank()
-    if getattr(model, "bf16_shadow", False):
+    if hasattr(model, MASTER):
         _keep_local_master_rows(model, parts, index)
     return _left_to_the_design(model)
 
@@ -175,7 +176,7 @@ def _keep_local_master_rows(model, parts: int, index: int) -> None:
 
 def _left_to_the_design(model) -> list[str]:
     names = [n for n, p in model.named_parameters() if is_sharded(p)]
-    return names + ([MASTER] if getattr(model, "bf16_shadow", False) else [])
+    return names + ([MASTER] if hasattr(model, MASTER) else [])
 
 
 def prefetcher(cfg, ranks, model):

@@ -1,0 +1,170 @@
+"""The training step's speed-ups: each one module of this package (base.py says what a
+speed-up holds), applied to the plain model, its optimizer or the process; all off with
+--baseline. The ladder's order is ORDER: make ladder adds them in it, and each transform
+runs in it (channels_last before the Triton blocks that keep its layout, bf16_shadow
+before update_in_gemm that defers its gradient).
+
+    train.Config             one field and flag per speed-up (switches())
+    check(cfg, cuda)         one line for one asked where it cannot apply
+    resolve(cfg, cuda)       what a run uses, and why an auto one is off (summary.json)
+    set_process_flags(...)   the process-wide flags, every run
+    build(cfg, used, ...)    (model, runner, optimizer) with the model's and optimizer's
+    graphed_step(...)        the CUDA graph's replay, or None
+
+Adding one: a module here with SPEEDUP = SpeedUp(...), and its name in ORDER
+(docs/layout.md walks one through). What each changes, and by how much, is make ladder's
+table (results/step.md). Nothing here imports torch at import time (train.py --help reads
+every SPEEDUP).
+"""
+
+import functools
+import importlib
+
+from core.cli import option
+from core.errors import UserError
+from training.speedups.base import CHOICES, Build, SpeedUp
+
+ORDER = ("cudnn_benchmark", "fused_sgd", "channels_last", "triton_first_block",
+         "triton_second_block", "triton_pool", "triton_conv_pool", "triton_conv_pool_bwd",
+         "bf16_shadow", "update_in_gemm", "cuda_graph")
+SPEEDUPS: tuple[SpeedUp, ...] = tuple(
+    importlib.import_module(f"{__name__}.{name}").SPEEDUP for name in ORDER)
+BY_NAME = {s.name: s for s in SPEEDUPS}
+assert tuple(BY_NAME) == ORDER, "each module's SPEEDUP must carry the module's name"
+
+
+def switches(cls):
+    """A config class with one field per speed-up added after its field `baseline`, in
+    ORDER: a switch (--name / --no-name) or a choice (auto, on, off), with its help and
+    default. Applied before @dataclass, which then makes them fields like the others."""
+    annotations, added = {}, {}
+    for s in SPEEDUPS:
+        added[s.name] = str if s.choice else bool
+        setattr(cls, s.name, option(s.default, s.help, choices=CHOICES if s.choice else None))
+    for name, kind in cls.__annotations__.items():
+        annotations[name] = kind
+        if name == "baseline":
+            annotations.update(added)
+    cls.__annotations__ = annotations
+    return cls
+
+
+def baseline_values() -> dict:
+    """Every speed-up off: the step as the original ran it."""
+    return {s.name: "off" if s.choice else False for s in SPEEDUPS}
+
+
+def cpu_preset_values() -> dict:
+    """Off in the CPU preset: the GPU-only switches, and the Triton kernels that the
+    interpreter runs at ~100 s a step."""
+    return {s.name: False for s in SPEEDUPS
+            if not s.choice and (s.gpu_only or s.interpreter_slow)}
+
+
+def check(cfg, cuda: bool) -> None:
+    """A speed-up asked for (a switch on, a choice "on") where it cannot apply: one line,
+    before anything is written."""
+    for s in SPEEDUPS:
+        value = getattr(cfg, s.name)
+        if s.choice and value not in CHOICES:
+            raise UserError(f"{s.flag} takes auto, on or off, not {value!r}")
+        if value in (True, "on"):
+            reason = s.why_not(cfg, cuda)
+            if reason and s.choice:
+                raise UserError(f"{s.flag} on: {reason}; use {s.flag} off or auto")
+            if reason:
+                raise UserError(f"{s.flag} {reason}; leave it out (or --no-{s.flag[2:]}) "
+                                "here")
+
+
+def resolve(cfg, cuda: bool) -> dict:
+    """What this run uses: each speed-up on or off, and for each choice why it is off
+    (None where it is on). Recorded in summary.json."""
+    on, reasons = {}, {}
+    for s in SPEEDUPS:
+        value = getattr(cfg, s.name)
+        if value in (False, "off"):
+            reason = "turned off"
+        else:  # a switch on passed check(); a choice on or auto may still not apply
+            reason = s.why_not(cfg, cuda) if s.choice else None
+        if reason is None and s.idle:
+            reason = s.idle(cfg, on)
+        on[s.name] = reason is None
+        if s.choice:
+            reasons[f"{s.name}_off_because"] = reason
+    return {"on": on, **reasons}
+
+
+def describe_used(speed: dict) -> str:
+    """One line for the run's start: which speed-ups are on, and why a choice asked for
+    (auto) is off."""
+    on = [name for name, value in speed["on"].items() if value]
+    text = ", ".join(on) if on else "none (baseline)"
+    for s in SPEEDUPS:
+        reason = speed.get(f"{s.name}_off_because")
+        if reason and reason != "turned off":
+            text += f"; no {s.name}: {reason}"
+    return text
+
+
+def runs_triton(cfg) -> bool:
+    """Whether a speed-up asked for runs Triton kernels in the model (where the
+    interpreter runs them, the profiler's memory events break: profiling/harness.py)."""
+    return any(getattr(cfg, s.name) for s in SPEEDUPS if s.interpreter_slow)
+
+
+def set_process_flags(used: dict, cuda: bool, many_runs: bool) -> None:
+    """The process-wide flags of every speed-up that has one, on or off, for every run.
+    many_runs: this process measures several runs side by side (make compare, ladder)."""
+    for s in SPEEDUPS:
+        if s.process:
+            s.process(used[s.name], cuda, many_runs)
+
+
+def build_context(cfg, device) -> Build:
+    import torch
+    autocast = cfg.amp and device.type == "cuda"
+    return Build(autocast_dtype=torch.bfloat16 if autocast else torch.float32, lr=cfg.lr)
+
+
+def model_transform(used: dict, build: Build):
+    """transform(model): the model speed-ups that are on, in ORDER, applied in place;
+    transform.key says which, for model/build.py's reuse of a model between runs."""
+    applied = [s for s in SPEEDUPS if used[s.name] and s.model]
+
+    def transform(model) -> None:
+        for s in applied:
+            s.model(model, build)
+    transform.key = (tuple(s.name for s in applied), build.autocast_dtype)
+    return transform
+
+
+def make_optimizer(model, used: dict, build: Build):
+    """SGD with momentum (training/optimizer.py), its maker wrapped by each optimizer
+    speed-up that is on, in ORDER."""
+    from training.optimizer import momentum_sgd
+    make = functools.partial(momentum_sgd, lr=build.lr)
+    for s in SPEEDUPS:
+        if used[s.name] and s.optimizer:
+            make = s.optimizer(model, make, build)
+    return make(list(model.parameters()))
+
+
+def build(cfg, used: dict, device, reuse: bool, wrap=None, wrap_key=None):
+    """(model, runner, optimizer) of a run: the plain model built and transformed by the
+    speed-ups that are on, then wrapped (DDP on several ranks) and compiled (model/
+    build.py), and its optimizer."""
+    from model import build_model
+    context = build_context(cfg, device)
+    model, runner = build_model(cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile,
+                                cfg.seed, device, reuse, model_transform(used, context),
+                                wrap=wrap, wrap_key=wrap_key)
+    return model, runner, make_optimizer(model, used, context)
+
+
+def graphed_step(used: dict, train_step, to_device, cfg):
+    """What replays the step (the CUDA graph), or None: the step runs as it is."""
+    for s in SPEEDUPS:
+        if used[s.name] and s.step:
+            return s.step(train_step, to_device, cfg)
+    return None

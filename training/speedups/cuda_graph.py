@@ -1,0 +1,45 @@
+"""The whole train step (forward, loss, backward, optimizer) captured once as a CUDA graph
+and replayed: one launch a step instead of hundreds (training/cuda_graph.py says how).
+Static-shape strategies in train mode on one GPU only.
+
+Off by default: measured on the H100, the replay saved no GPU time (the step is GPU-bound)
+and its step wall time was less steady (results/step.md)."""
+
+from core.names import PACKED, RAGGED
+from training.speedups.base import SpeedUp
+
+
+def refusal(cfg, cuda: bool) -> str | None:
+    from training.ranks import from_env
+    loss = cfg.loss
+    if loss in RAGGED:
+        return (f"the {loss} strategy's targets are ragged (their shapes change every "
+                "batch), so its step cannot be captured as a CUDA graph")
+    if loss in PACKED:
+        return (f"the {loss} strategy's targets are packed ([boxes, 4]: the number of "
+                "boxes changes every batch), so its step cannot be captured as a CUDA graph")
+    if cfg.mode != "train":
+        return ("forward mode closes each phase with a device sync, which a CUDA graph "
+                "cannot hold")
+    if not cuda:
+        return "CUDA graphs need a CUDA GPU"
+    if from_env().distributed:
+        return ("a step with DDP's all-reduces is not captured as a CUDA graph here (one "
+                "GPU only)")
+    if cfg.wait < 2:
+        return ("a CUDA graph needs --wait 2 or more: one eager step to compile and tune, "
+                "one to capture, before the profiler records")
+    return None
+
+
+def graphed(train_step, to_device, cfg):
+    """Eager steps during the profiler's wait, the capture at its last wait step."""
+    from training.cuda_graph import GraphedStep
+    return GraphedStep(train_step, to_device, capture_at=cfg.wait - 1)
+
+
+SPEEDUP = SpeedUp(
+    "cuda_graph",
+    "replay the whole train step as one CUDA graph: auto (where it can: a static-shape "
+    "strategy in train mode on a GPU), on, off",
+    default="off", gpu_only=True, refusal=refusal, step=graphed)

@@ -1,0 +1,36 @@
+"""cuDNN times its convolution algorithms on the first call of each shape and keeps the
+fastest, where its heuristics pick slow kernels for the small-channel convolutions. The
+tuning runs in the profiler's first, unprofiled steps. A process-wide flag, set for every
+run, on or off.
+
+cuDNN keeps the algorithm it first chose for a convolution (shapes, layout, dtype) for the
+life of the process, and its cache does not look at the flag: after a run with its
+heuristics, a run with autotuning would get the heuristics' choices (measured: no change
+at all, where a fresh process saves tens of ms; results/step.md). So a process that
+measures several runs side by side (make compare, make ladder) keeps one value, and a run
+asking for the other is refused.
+"""
+
+from core.errors import UserError
+from training.speedups.base import SpeedUp
+
+# The value of the first CUDA run of a process that measures several runs.
+_first_choice: list[bool] = []
+
+
+def set_flag(on: bool, cuda: bool, many_runs: bool) -> None:
+    import torch
+    if cuda and many_runs:
+        if _first_choice and _first_choice[0] != on:
+            raise UserError(
+                f"this process already ran with cudnn_benchmark={_first_choice[0]}, and cuDNN "
+                "keeps the algorithms it chose then: a run with "
+                f"cudnn_benchmark={on} must start in a new process")
+        _first_choice[:] = [on]
+    torch.backends.cudnn.benchmark = on
+
+
+SPEEDUP = SpeedUp(
+    "cudnn_benchmark",
+    "cuDNN autotunes each convolution in the first (unprofiled) step (GPU only)",
+    gpu_only=True, process=set_flag)

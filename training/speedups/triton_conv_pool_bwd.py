@@ -1,0 +1,19 @@
+"""The third block's backward from its pooled gradient and the forward's pool code, in two
+Triton kernels (kernels/trunk/conv_pool_bwd.py): the pool's backward wrote the
+full-resolution gradient (537 MB at batch 1024), which cuDNN's input and weight gradients
+read back. It reads triton_conv_pool's code, so without that one it is off."""
+
+from training.speedups.base import SpeedUp
+
+
+def turn_on(model, build) -> None:
+    model.features[2].triton_backward = True  # read by triton_conv_pool's forward
+
+
+SPEEDUP = SpeedUp(
+    "triton_conv_pool_bwd",
+    "with --triton-conv-pool, that block's backward as two Triton kernels from the pooled "
+    "gradient and the pool's code",
+    interpreter_slow=True, model=turn_on,
+    idle=lambda cfg, on: None if on["triton_conv_pool"] else
+    "it reads --triton-conv-pool's pool code, which is off")
