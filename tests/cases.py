@@ -10,7 +10,7 @@ import torch
 KINDS = ("random", "identical", "disjoint", "nested", "touching", "degenerate", "mixed")
 # Touching boxes whose far edges lie off the integer grid: an intersection exactly 0 that
 # a min or max rounded in fp32 moves below 0, where clamp(min=0) then cuts the gradient
-# (the nested strategy's bug, issue 31). Not in KINDS: test_losses runs it for every
+# (the nested strategy's old bug). Not in KINDS: test_losses runs it for every
 # strategy and dtype beside empty images and a full one.
 OFF_GRID = "offgrid"
 

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# Traces and summaries recorded on the GPU (bench/record_fixtures.sh).
+FIXTURES = REPO / "tests" / "fixtures"
 # A train.py run that takes seconds on 2 CPU cores.
 TINY = ["--preset", "cpu", "--batch-size", "4", "--image-size", "32", "--hidden", "32",
         "--num-workers", "0", "--wait", "0", "--warmup", "1", "--active", "2"]
@@ -172,25 +174,54 @@ def interrupt_at_run(monkeypatch, study, n: int, message: str = "") -> list:
     return calls
 
 
-def compiled_trunks_agree(switch: str, **fixed) -> None:
+def model_with(names, image_size: int, capacity: int, hidden: int, seed: int,
+               device="cpu", dtype=None, lr: float = 0.1):
+    """(model, optimizer) as a run builds them, with only the named speed-ups on
+    (training/speedups/), not compiled; dtype: the one autocast gives the convolutions
+    (fp32 by default)."""
+    import torch
+
+    from model import build_model
+    from training import speedups
+    from training.speedups.base import Build
+    used = {name: name in names for name in speedups.ORDER}
+    build = Build(dtype or torch.float32, lr)
+    model, _ = build_model(image_size, capacity, hidden, False, seed, torch.device(device),
+                           transform=speedups.model_transform(used, build))
+    return model, speedups.make_optimizer(model, used, build)
+
+
+def with_what_it_needs(name: str, usable) -> list[str]:
+    """[name], or where that speed-up would be idle alone (one that builds on another: the
+    third block's backward reads its forward's code), it and every speed-up before it in
+    the ladder that usable(spec) accepts."""
+    import train
+    from training import speedups
+    spec = speedups.BY_NAME[name]
+    alone = train.Config(**{**speedups.baseline_values(), name: "on" if spec.choice else True})
+    if speedups.resolve(alone, cuda=True)["on"][name]:
+        return [name]
+    before = speedups.ORDER[:speedups.ORDER.index(name) + 1]
+    return [n for n in before if usable(speedups.BY_NAME[n])]
+
+
+def compiled_trunks_agree(switch: str, *fixed: str) -> None:
     """The trunk as the step compiles it (bf16 autocast, NHWC, the Triton blocks and the
-    model switches `fixed`, at the GPU preset's image size, batch 8) with and without the
-    model switch `switch`: the same output and parameter gradients within bf16 rounding
+    speed-ups `fixed`, at the GPU preset's image size, batch 8) with and without the
+    speed-up `switch`: the same output and parameter gradients within bf16 rounding
     (norm-relative 1e-2)."""
     import torch
 
-    from model.boxnet import BoxNet
     from tests.reference import rel_err
     seed = torch.randint(0, 2**31, ()).item()
     images = torch.randint(0, 256, (8, 1, 256, 256), dtype=torch.uint8,
                            generator=torch.Generator().manual_seed(seed)).cuda()
-    switches = dict(triton_first_block=True, channels_last=True, block_dtype=torch.bfloat16,
-                    triton_second_block=True, triton_pool=True, **fixed)
+    switches = {"channels_last", "triton_first_block", "triton_second_block", "triton_pool",
+                *fixed}
     outs = []
     for on in (False, True):
-        torch.manual_seed(seed)
-        with torch.device("cuda"):
-            model = BoxNet(256, 16, 64, **{**switches, switch: on})
+        names = switches | {switch} if on else switches - {switch}
+        model, _ = model_with(names, 256, 16, 64, seed, "cuda", torch.bfloat16)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = torch.compile(model.flat_features)(images)
         out.float().square().sum().backward()

@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from kernels import giou_loss  # noqa: E402
+from kernels.giou import giou_loss  # noqa: E402
 from tests.cases import make_case, second_block_inputs  # noqa: E402
 from tests.reference import first_block_reference, reference_loss, rel_err, second_block_reference  # noqa: E402
 
@@ -45,7 +45,7 @@ def main() -> int:
 def dw_update_cases() -> int:
     """lin1's update in its dW GEMM (--update-in-gemm) over odd sizes, first and later
     steps: the update against float64 by relative error."""
-    from kernels.triton_dw_update import dw_update_step
+    from kernels.lin1.dw_update import dw_update_step
     failures = 0
     for K, H, F in ((1, 1, 1), (37, 45, 70), (130, 33, 257), (64, 128, 256)):
         dy = torch.randn(K, H, device="cuda").bfloat16()
@@ -91,7 +91,7 @@ def checked(label: str, case, loss_fn) -> bool:
 
 def first_block_cases() -> int:
     """The Triton first block over odd sizes, both layouts, fp32 and bf16 outputs."""
-    from kernels.triton_first_block import first_block
+    from kernels.trunk.first_block import first_block
     failures = 0
     for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
                                           (3, 6, 10, torch.bfloat16, True),
@@ -120,7 +120,7 @@ def pool_cases() -> int:
     last (B=64 of its [256, 32, 32] conv outputs)."""
     import torch.nn.functional as F
 
-    from kernels.triton_pool import pool_bias_relu
+    from kernels.trunk.pool import pool_bias_relu
     failures = 0
     for B, C, H, W, dtype, channels_last, flat in ((1, 3, 2, 2, torch.float32, False, False),
                                                    (3, 69, 10, 6, torch.bfloat16, True, False),
@@ -152,7 +152,7 @@ def conv_pool_cases() -> int:
     1,024 blocks over 264 programs, ~4 a program): values against the unfused graph
     (cuDNN's conv, the pool kernel), and the two backwards' gradients against each other,
     within a rounding."""
-    from kernels.triton_conv_pool import conv_pool_bias_relu, unfused
+    from kernels.trunk.conv_pool import conv_pool_bias_relu, unfused
     failures = 0
     for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
                                           (3, 10, 6, torch.float16, True),
@@ -185,7 +185,7 @@ def conv_pool_cases() -> int:
 def second_block_cases() -> int:
     """The Triton second block over odd sizes, both layouts, fp32 and bf16, the model's
     size last (B=64 of its 128x128 inputs)."""
-    from kernels.triton_second_block import second_block
+    from kernels.trunk.second_block import second_block
     failures = 0
     for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
                                           (3, 6, 10, torch.bfloat16, True),

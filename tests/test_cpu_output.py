@@ -38,8 +38,8 @@ def test_a_cpu_run_prints_no_profiler_markers(tmp_path, monkeypatch):
 
 
 def test_a_nested_run_prints_no_note_for_torchs_developers(tmp_path):
-    """torch's 'is_fx_tracing will return true ...' note, which every nested run printed
-    (issue 31), is gone; the run's own lines stay."""
+    """torch's 'is_fx_tracing will return true ...' note, which every nested run printed,
+    is gone; the run's own lines stay."""
     done = cli("--out-dir", str(tmp_path), "--loss", "nested")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "is_fx_tracing" not in done.stderr and "written:" in done.stdout

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from core.names import SPEEDUPS
 from tests.helpers import TINY, gone, our_lines, signal_after, start_long_run
+from training.speedups import ORDER as SPEEDUPS
 
 TRIALS = 4
 

@@ -1,0 +1,119 @@
+"""The synthetic dataset and the collates."""
+
+import math
+
+import pytest
+import torch
+
+from core.errors import UserError
+from data import SyntheticFaces, collate_list, collate_padded
+
+
+def test_deterministic_per_seed_and_index():
+    a, b = SyntheticFaces(100, 64, seed=3), SyntheticFaces(100, 64, seed=3)
+    for i in (0, 7, 99):
+        assert torch.equal(a[i][0], b[i][0]) and torch.equal(a[i][1], b[i][1])
+    other = SyntheticFaces(100, 64, seed=4)
+    assert not torch.equal(a[7][0], other[7][0])
+    assert not torch.equal(a[7][0], a[8][0])
+
+
+def _expected_count_pmf(k: int, sigma: float = 3.0) -> float:
+    """P(floor(|N(0, sigma)|) = k) = P(k <= |X| < k+1)."""
+    cdf = lambda x: math.erf(x / (sigma * math.sqrt(2)))  # P(|X| < x)
+    return cdf(k + 1) - cdf(k)
+
+
+def test_box_counts_follow_the_workload_distribution():
+    ds = SyntheticFaces(1_000_000, image_size=16, seed=0)  # counts don't depend on size
+    counts = torch.tensor([ds[i][1].shape[0] for i in range(20_000)], dtype=torch.float64)
+    expected_mean = sum(k * _expected_count_pmf(k) for k in range(60))
+    # floor(|N(0,3)|) has mean 1.915; |N(0,3)| itself has 3*sqrt(2/pi) = 2.394.
+    assert expected_mean == pytest.approx(1.915, abs=1e-3)
+    assert counts.mean().item() == pytest.approx(expected_mean, abs=0.06)  # ~4 std errors
+    for k in range(4):
+        share = (counts == k).double().mean().item()
+        assert share == pytest.approx(_expected_count_pmf(k), abs=0.015)
+    assert counts.max() <= 255
+
+
+@pytest.mark.parametrize("size", (16, 64, 256))
+def test_boxes_are_valid_uint8_pixel_boxes(size):
+    ds = SyntheticFaces(1000, image_size=size, seed=1)
+    for i in range(200):
+        image, boxes = ds[i]
+        assert image.shape == (1, size, size) and image.dtype == torch.uint8
+        assert boxes.dtype == torch.uint8 and boxes.shape[1] == 4
+        b = boxes.long()
+        assert (b[:, :2] <= size - 2).all() and (b[:, 2:] <= size - 1).all()
+        assert (b[:, 2] > b[:, 0]).all() and (b[:, 3] > b[:, 1]).all()
+
+
+def test_image_size_out_of_range_is_a_clear_error():
+    with pytest.raises(UserError, match="out of range"):
+        SyntheticFaces(10, image_size=512)
+
+
+def _samples():
+    image = torch.zeros(1, 8, 8, dtype=torch.uint8)
+    boxes = [torch.randint(0, 255, (n, 4), dtype=torch.uint8) for n in (0, 3, 5)]
+    return [(image + i, b) for i, b in enumerate(boxes)]
+
+
+def test_collate_padded_pads_with_zeros_and_counts_in_int32():
+    samples = _samples()
+    images, (padded, counts) = collate_padded(samples, capacity=6)
+    assert images.shape == (3, 1, 8, 8)
+    assert padded.shape == (3, 6, 4) and padded.dtype == torch.uint8
+    assert counts.dtype == torch.int32 and counts.tolist() == [0, 3, 5]
+    for row, (_, boxes) in enumerate(samples):
+        assert torch.equal(padded[row, :len(boxes)], boxes)
+        assert (padded[row, len(boxes):] == 0).all()
+
+
+def test_collate_list_keeps_per_sample_tensors():
+    samples = _samples()
+    images, targets = collate_list(samples, capacity=6)
+    assert [t.shape[0] for t in targets] == [0, 3, 5]
+    assert all(torch.equal(t, b) for t, (_, b) in zip(targets, samples))
+
+
+@pytest.mark.parametrize("collate", (collate_list, collate_padded))
+def test_too_many_boxes_names_the_sample(collate):
+    with pytest.raises(UserError, match="sample 2 of the batch has 5 boxes .* only 4"):
+        collate(_samples(), capacity=4)
+
+
+def test_a_workers_fd_server_is_quiet_when_the_main_process_hangs_up():
+    """The worker's excepthook drops a hang-up in multiprocessing's resource sharer (the
+    main process ending mid-fetch) and reports anything else."""
+    from data.loader import _quiet_hang_ups
+    code = compile("def _serve():\n    raise EOFError('hung up')\n",
+                   "/usr/lib/python3.11/multiprocessing/resource_sharer.py", "exec")
+    scope = {}
+    exec(code, scope)
+    reported = []
+
+    def report(*exc_info):
+        reported.append(exc_info[0])
+
+    for raise_it, expected in ((scope["_serve"], []), (lambda: 1 / 0, [ZeroDivisionError])):
+        reported.clear()
+        try:
+            raise_it()
+        except BaseException:
+            import sys
+            _quiet_hang_ups(*sys.exc_info(), report=report)
+        assert reported == expected
+
+
+def test_a_batch_over_capacity_names_its_largest_sample():
+    """The hint named the first sample that did not fit, so a user raised
+    --max-boxes once per sample; it names the batch's largest now."""
+    from core.errors import UserError
+    from data.collate import check_capacity
+    samples = [(None, torch.zeros(n, 4, dtype=torch.uint8)) for n in (0, 3, 7, 2)]
+    with pytest.raises(UserError, match="sample 1 of the batch has 3 boxes but the model "
+                       "predicts only 2: raise --max-boxes to at least 7 \\(this batch's "
+                       "largest\\)"):
+        check_capacity(samples, 2)

@@ -1,0 +1,111 @@
+"""The Triton first block (conv 1->4 -> max-pool -> ReLU) against a float64 reference:
+value and every gradient over odd sizes, batch 1, fp32 and bf16 outputs, both layouts,
+ties and dead ReLUs; opcheck; gradcheck in float64; one clear error for bad inputs."""
+
+import re
+
+import pytest
+import torch
+
+from core.errors import InputError
+from kernels.trunk.first_block import first_block, first_block_op
+from tests.reference import first_block_reference, rel_err
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+SIZES = [(1, 2, 2), (3, 6, 10), (2, 18, 34), (1, 64, 64)]
+
+
+def _inputs(B, H, W, device, image="random"):
+    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    if image == "random":
+        images = torch.randint(0, 256, (B, 1, H, W), generator=gen, dtype=torch.uint8)
+    else:  # one value everywhere: every pooling window is a tie inside the image
+        images = torch.full((B, 1, H, W), 77, dtype=torch.uint8)
+    weight = torch.randn(4, 1, 3, 3, generator=gen) * 0.5
+    bias = torch.randn(4, generator=gen) * 0.1
+    return images.to(device), weight.to(device), bias.to(device)
+
+
+def _check_against_reference(images, weight, bias, out_dtype, channels_last, tol):
+    w = weight.clone().requires_grad_(True)
+    b = bias.clone().requires_grad_(True)
+    out = first_block(images, w, b, out_dtype, channels_last)
+    assert out.dtype == out_dtype and out.shape == (images.shape[0], 4, images.shape[2] // 2,
+                                                    images.shape[3] // 2)
+    assert out.is_contiguous(memory_format=torch.channels_last if channels_last else
+                             torch.contiguous_format)
+    w64 = weight.double().cpu().requires_grad_(True)
+    b64 = bias.double().cpu().requires_grad_(True)
+    ref = first_block_reference(images.cpu(), w64, b64)
+    assert rel_err(out.cpu(), ref) < tol
+    grad = torch.randn(out.shape, dtype=torch.float64)
+    d_w, d_b = torch.autograd.grad(out, (w, b), grad.to(out.device, out_dtype))
+    # The reference gets the gradient as the kernel saw it (rounded to out_dtype).
+    r_w, r_b = torch.autograd.grad(ref, (w64, b64), grad.to(out_dtype).double())
+    assert d_w.dtype == weight.dtype and d_b.dtype == bias.dtype
+    assert rel_err(d_w.cpu(), r_w) < 1e-4 and rel_err(d_b.cpu(), r_b) < 1e-4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,H,W", SIZES)
+@pytest.mark.parametrize("out_dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_value_and_gradients_match_float64(device, B, H, W, out_dtype, tol, channels_last):
+    _check_against_reference(*_inputs(B, H, W, device), out_dtype, channels_last, tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ties_follow_max_pool_and_dead_relus_get_no_gradient(device):
+    images, weight, bias = _inputs(2, 8, 12, device, image="constant")
+    _check_against_reference(images, weight, bias, torch.float32, False, 1e-6)
+    # Every output below zero: ReLU passes no gradient anywhere.
+    images, weight, _ = _inputs(2, 8, 12, device)
+    bias = torch.full((4,), -100.0, device=device)
+    w = weight.clone().requires_grad_(True)
+    b = bias.clone().requires_grad_(True)
+    out = first_block(images, w, b)
+    assert (out == 0).all()
+    d_w, d_b = torch.autograd.grad(out.sum(), (w, b))
+    assert (d_w == 0).all() and (d_b == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    images, weight, bias = _inputs(2, 6, 10, device)
+    torch.library.opcheck(first_block_op, (images, weight.requires_grad_(True),
+                                           bias.requires_grad_(True), torch.float32, False))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_float64(device):
+    images, weight, bias = _inputs(1, 4, 6, device)
+    w = weight.double().requires_grad_(True)
+    b = bias.double().requires_grad_(True)
+    # fast_mode: one random direction instead of every input element (each call of the
+    # interpreted kernel costs about a second on the CPU).
+    assert torch.autograd.gradcheck(lambda w_, b_: first_block(images, w_, b_, torch.float64),
+                                    (w, b), eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda i, w, b: (i.float(), w, b), "takes uint8 images"),
+    (lambda i, w, b: (i[:, :, :5], w, b), "H and W must be even"),
+    (lambda i, w, b: (i, w[:3], b), "is Conv2d(1, 4, 3)"),
+    (lambda i, w, b: (i, w.half(), b), "takes fp32 (or fp64) weight"),
+])
+def test_bad_inputs_are_one_clear_error(change, message):
+    images, weight, bias = _inputs(1, 6, 6, "cpu")
+    with pytest.raises(InputError, match=re.escape(message)):
+        first_block(*change(images, weight, bias))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_programs_that_walk_several_blocks_give_the_same_gradients(device, monkeypatch):
+    """The backward is persistent: with fewer programs than blocks each program walks
+    several (across images, and a partial last block of each), summing per lane."""
+    import kernels.trunk.first_block as fb
+    monkeypatch.setattr(fb, "BWD_PROGRAMS", 3)
+    monkeypatch.setattr(fb, "BWD_BLOCK", 64)
+    if device == "cuda":
+        torch._dynamo.reset()
+    _check_against_reference(*_inputs(3, 18, 34, device), torch.bfloat16, True, 1e-2)

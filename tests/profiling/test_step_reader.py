@@ -1,0 +1,124 @@
+"""The step reader: a step's loss read a step later gives the losses of a read at every
+step's end, a NaN still ends the run within a step, the sustained rate is the samples over
+the summed step times; on a GPU a train step then runs without a host-device sync."""
+
+import pytest
+import torch
+
+import losses
+import train
+from core.errors import RunFailed
+from data import SyntheticFaces
+from data.loader import make_loader
+from profiling import step_reader
+from profiling.step_reader import StepReader, sustained
+from tests.helpers import SMALL, TINY, make_every_loss_nan
+from training import speedups
+from training.feed import CopyAhead
+
+
+def test_a_lagged_read_gives_each_loss_once_in_order():
+    values = [0.5, 0.25, float("nan"), 2.0]
+    for lag in (0, 1, 2):
+        reader, seen = StepReader(cuda=False, lag=lag), []
+        for step, v in enumerate(values):
+            reader.put(step, torch.tensor(v), 0.0)
+            ready = reader.ready()
+            assert [r.step for r in ready] == ([step - lag] if step >= lag else [])
+            seen += ready
+        seen += reader.drain()
+        assert [r.step for r in seen] == [0, 1, 2, 3]
+        assert [r.loss for r in seen][:2] == values[:2] and seen[3].loss == values[3]
+        assert all(r.device_ms is None for r in seen)  # no device on a CPU
+
+
+def _force_lag(monkeypatch, forced: int):
+    """train.run's step reader with this lag (on a CPU it reads at once otherwise)."""
+    real = StepReader.__init__
+
+    def init(self, cuda, lag=0):
+        real(self, cuda, lag=forced)
+    monkeypatch.setattr(StepReader, "__init__", init)
+
+
+def test_a_run_reading_its_losses_a_step_late_gets_the_same_losses(tmp_path, monkeypatch):
+    args = TINY + ["--out-dir", str(tmp_path), "--active", "4"]
+    now = train.run(train.parse_config(args))["losses"]
+    _force_lag(monkeypatch, 1)
+    late = train.run(train.parse_config(args))["losses"]
+    assert late == now and len(now) == 5
+
+
+def test_a_nan_read_a_step_late_still_ends_the_run(tmp_path, monkeypatch):
+    _force_lag(monkeypatch, 1)
+    make_every_loss_nan(monkeypatch)
+    with pytest.raises(RunFailed, match="run failed at step 2 of 3: the loss is nan at step 1"):
+        train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
+
+
+def test_the_sustained_rate_is_samples_over_the_summed_step_times():
+    times = [{"host_ms": 900.0, "device_ms": None}] + [
+        {"host_ms": 5.0, "device_ms": ms} for ms in (10.0, 20.0, 10.0, 40.0)]
+    rate = sustained(times, first=1, samples_per_step=100)
+    assert rate["timer"].startswith("device") and rate["steps"] == 4
+    assert rate["samples_per_s"] == pytest.approx(400 / 80e-3)
+    assert (rate["step_ms_median"], rate["step_ms_p95"]) == (20.0, 40.0)
+    # The first step has no device time: it is left out, not read as zero.
+    assert sustained(times, first=0, samples_per_step=100) == rate
+    host = sustained([{"host_ms": 4.0, "device_ms": None}] * 3, 0, 8)
+    assert host["timer"] == "host wall" and host["samples_per_s"] == pytest.approx(2000)
+    assert sustained(times, first=5, samples_per_step=100) is None
+    assert "busy 50 %" in step_reader.describe(rate, 0.5)
+
+
+def test_the_data_wait_is_counted_over_the_steps_after_the_first():
+    times = [{"host_ms": 1.0, "device_ms": None, "data_ms": ms}
+             for ms in (500.0, 0.1, 0.2, 3.0, 0.1, 12.0)]
+    wait = step_reader.data_wait(times, first=1)
+    assert wait["steps"] == 5 and wait["total_ms"] == pytest.approx(15.4)
+    assert (wait["median_ms"], wait["p95_ms"], wait["steps_waited"]) == (0.2, 12.0, 2)
+    assert step_reader.data_wait(times, first=6) is None
+    line = step_reader.describe(sustained(times, 1, 8), None, wait,
+                                {"workers": 2, "batches_per_s": 50.0, "worker_batch_ms": 40.0},
+                                batch=8)
+    assert "2 steps waited over 1 ms" in line and "50.0 batches/s (0.4 k samples/s)" in line
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loss,backend", [("padded", "triton"), ("compiled", "triton"),
+                                          ("kernel", "triton"), ("kernel", "cuda"),
+                                          ("conditional", "cuda")])
+def test_a_train_step_has_no_host_device_sync(loss, backend):
+    """As train.py runs it: the ring loader's pinned batches, each copied a step ahead on
+    a side stream (training/feed.py), the loss read a step late."""
+    cfg = train.parse_config(SMALL + ["--loss", loss, "--backend", backend])
+    strategy = losses.get(loss, backend=backend, capacity=cfg.max_boxes)
+    device = torch.device("cuda")
+    used = speedups.resolve(cfg, True)["on"]
+    speedups.set_process_flags(used, True, many_runs=False)
+    _, runner, optimizer = speedups.build(cfg, used, device, reuse=False)
+    fns = train.make_step(cfg, strategy, runner, optimizer, device)
+    loader = make_loader(SyntheticFaces(10 * cfg.batch_size, cfg.image_size, cfg.seed),
+                         cfg.batch_size, 0, strategy.collate, pin_memory=True, ring=True)
+    feed = CopyAhead(loader, fns.copy, fns.arrive)
+    reader = StepReader(cuda=True, lag=1)
+
+    def step(i):
+        reader.put(i, fns.train_step(*feed.take()), 0.0)
+        feed.prepare()
+
+    for i in range(2):  # compile, autotune, load kernels: outside the check
+        step(i)
+    torch.cuda.synchronize()  # host-device sync: before the check starts
+    # The next batches' generation on the host happens inside the check too (no workers):
+    # the loader's own work must not sync either.
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(2, 6):
+            step(i)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    reads = reader.drain()
+    assert [r.step for r in reads] == [0, 1, 2, 3, 4, 5]
+    assert all(torch.isfinite(torch.tensor(r.loss)) for r in reads)
+    assert all(r.device_ms > 0 for r in reads[1:])

@@ -1,0 +1,83 @@
+"""The trace -> table code, on hand-made events (CPU) and on a real GPU trace from the
+device (tests/fixtures/, a few steps of a small batch)."""
+
+import json
+
+import pytest
+
+from profiling.trace_events import load_trace
+from profiling.trace_summary import summarize
+from tests.helpers import FIXTURES
+
+
+def _x(cat, name, ts, dur, **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": args}
+
+
+def test_events_are_attributed_to_the_phase_that_launched_them():
+    events = [
+        _x("user_annotation", "ProfilerStep#3", 0, 100),
+        _x("user_annotation", "copy", 1, 9),
+        _x("user_annotation", "loss", 10, 20),
+        _x("gpu_user_annotation", "loss", 40, 50),  # the GPU twin: ignored
+        _x("cuda_runtime", "cudaMemcpyAsync", 2, 1, correlation=1),
+        _x("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 3, 4, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 12, 1, correlation=2),
+        _x("cuda_driver", "cuLaunchKernelEx", 14, 1, correlation=3),
+        _x("cuda_runtime", "cudaStreamSynchronize", 20, 5),
+        _x("kernel", "_giou_fwd_kernel", 30, 2.5, correlation=2),
+        _x("kernel", "_giou_finalize_kernel", 33, 1.5, correlation=3),
+        _x("kernel", "stray", 90, 7, correlation=99),  # launched outside any phase
+    ]
+    s = summarize(events, ("copy", "loss"))
+    assert s["steps"] == 1
+    copy, loss = s["phases"]["copy"], s["phases"]["loss"]
+    assert copy.pop("cpu_ms_each") == pytest.approx([0.009])
+    assert loss.pop("cpu_ms_each") == pytest.approx([0.020])
+    assert copy == pytest.approx(
+        {"cpu_ms": 0.009, "gpu_ms": 0.004, "launches": 0, "h2d_copies": 1, "syncs": 0})
+    assert loss == pytest.approx(
+        {"cpu_ms": 0.020, "gpu_ms": 0.004, "launches": 2, "h2d_copies": 0, "syncs": 1})
+    assert s["step"]["cpu_ms"] == pytest.approx(0.1)
+    assert s["step"]["cpu_ms_each"] == pytest.approx([0.1])
+
+
+def test_each_steps_time_is_kept_in_order_and_averages_to_the_mean():
+    events = [_x("user_annotation", "ProfilerStep#4", 200, 90),
+              _x("user_annotation", "loss", 250, 30),
+              _x("user_annotation", "ProfilerStep#3", 0, 100),
+              _x("user_annotation", "loss", 10, 5)]
+    s = summarize(events, ("loss",))
+    assert s["phases"]["loss"]["cpu_ms_each"] == pytest.approx([0.005, 0.030])
+    assert s["phases"]["loss"]["cpu_ms"] == pytest.approx(0.0175)
+    assert s["step"]["cpu_ms_each"] == pytest.approx([0.1, 0.09])
+
+
+def _fixture(name):
+    trace = FIXTURES / f"{name}.pt.trace.json.gz"
+    assert trace.exists(), f"{trace} is missing: bench/record_fixtures.sh records it on a GPU"
+    recorded = json.loads((FIXTURES / f"{name}.summary.json").read_text())
+    return load_trace(trace), recorded
+
+
+@pytest.mark.parametrize("name", ["gpu_padded_train", "gpu_kernel_train"])
+def test_real_gpu_trace(name):
+    """A real CUDA trace (torch 2.11 on the H100): key_averages() has a zero-CPU-time twin
+    row per range there; the trace parser must give every phase its real numbers."""
+    events, recorded = _fixture(name)
+    s = summarize(events, tuple(recorded["phases"]))
+    for phase, numbers in recorded["phases"].items():  # the numbers the device printed
+        assert {k: s["phases"][phase][k] for k in numbers} == pytest.approx(numbers), phase
+    phases = s["phases"]
+    for phase in ("forward", "loss", "loss_backward", "backward", "optimizer"):
+        assert phases[phase]["gpu_ms"] > 0, phase
+        assert phases[phase]["cpu_ms"] > 0, phase
+        assert phases[phase]["launches"] >= 1, phase
+    assert phases["copy"]["h2d_copies"] == 3  # images, padded boxes, counts
+    assert phases["copy"]["launches"] == 0
+    for phase in ("copy", "forward", "loss", "loss_backward", "backward", "optimizer"):
+        assert phases[phase]["syncs"] == 0, phase  # train mode: no sync inside a phase
+    if name == "gpu_kernel_train":  # the fused Triton kernel: forward + finalize, backward
+        assert phases["loss"]["launches"] == 2
+        assert phases["loss_backward"]["launches"] == 1
+    assert s["step"]["gpu_ms"] >= sum(p["gpu_ms"] for p in phases.values()) * 0.99

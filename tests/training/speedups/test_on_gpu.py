@@ -1,0 +1,137 @@
+"""GPU-only checks of the step's speed-ups (make test-gpu): each keeps the baseline's losses
+over a few steps at a small size, and a CUDA graph replays the eager step exactly, with no
+host-device sync, and shows in the profile as one range."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import losses
+import train
+from data import SyntheticFaces
+from model.boxnet import BoxNet
+from tests.helpers import REPO, SMALL, with_what_it_needs
+from training import speedups
+from training.cuda_graph import GraphedStep
+
+pytestmark = pytest.mark.gpu
+GRAPH_STEPS = ["--wait", "2", "--warmup", "1", "--active", "3"]
+STATIC = [("padded", "triton"), ("compiled", "triton"), ("kernel", "triton"),
+          ("conditional", "triton"), ("kernel", "cuda"), ("conditional", "cuda")]
+
+
+def _losses(tmp_path, *args):
+    return train.run(train.parse_config(SMALL + ["--out-dir", str(tmp_path), *args]))
+
+
+@pytest.mark.parametrize("loss,backend", STATIC)
+def test_a_cuda_graph_replays_the_eager_steps_losses(tmp_path, loss, backend):
+    common = ["--loss", loss, "--backend", backend, *GRAPH_STEPS]
+    eager = _losses(tmp_path, *common, "--cuda-graph", "off")
+    graph = _losses(tmp_path, *common, "--cuda-graph", "on")
+    assert graph["speedups"]["on"]["cuda_graph"] and not eager["speedups"]["on"]["cuda_graph"]
+    assert graph["losses"] == pytest.approx(eager["losses"], rel=1e-3)
+    phases = graph["phases"]
+    assert set(phases) == {"data", "copy", "graph"}
+    assert phases["graph"]["launches"] == 1 and phases["graph"]["gpu_ms"] > 0
+    assert phases["copy"]["h2d_copies"] >= 2 and phases["graph"]["syncs"] == 0
+    assert "CUDA graph:" in graph["table"]
+
+
+def _pinned(batch):
+    images, (boxes, counts) = batch
+    return images.pin_memory(), (boxes.pin_memory(), counts.pin_memory())
+
+
+def _small_step(seed):
+    torch.manual_seed(seed)
+    model = BoxNet(64, 16, 64).cuda()
+    strategy = losses.get("padded", capacity=16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9, fused=True)
+
+    def step_fn(images, targets):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            pred = model(images)
+        loss = strategy.loss(pred, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def to_device(batch):
+        images, targets = batch
+        return images.cuda(non_blocking=True), strategy.to_device(targets, "cuda")
+
+    dataset = SyntheticFaces(100, 64, seed)
+    batches = [_pinned(strategy.collate([dataset[i] for i in range(4 * k, 4 * k + 4)]))
+               for k in range(5)]
+    return step_fn, to_device, batches
+
+
+def test_a_graph_replay_never_syncs_and_matches_the_eager_step():
+    seed = torch.randint(0, 2**31, ()).item()
+    step_fn, to_device, batches = _small_step(seed)
+    eager = [step_fn(*to_device(b)).item() for b in batches]
+    step_fn, to_device, batches = _small_step(seed)
+    graphed = GraphedStep(step_fn, to_device, capture_at=1)
+    replayed = []
+    for i, (images, targets) in enumerate(batches):
+        if i > graphed.capture_at:  # the replays, and their copies, under the sync check
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            loss = graphed.step(i, images, targets)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        replayed.append(loss.item())  # host-device sync: outside the check, as in train.py
+        del loss  # as train.py: an eager step's graph must not outlive its step
+    assert replayed == pytest.approx(eager, rel=1e-4)
+
+
+# Every switch of the model or optimizer; cuDNN's autotuning, the update in the GEMM and
+# the CUDA graph have tests of their own below and above.
+SWITCHES = [s.name for s in speedups.SPEEDUPS if not s.choice and (s.model or s.optimizer)]
+
+
+@pytest.mark.parametrize("name", SWITCHES)
+def test_each_speedup_keeps_the_baselines_losses_on_the_gpu(tmp_path, name):
+    base = _losses(tmp_path, "--baseline", "--active", "4")
+    needs = with_what_it_needs(name, lambda s: s.model or s.optimizer)
+    fast = _losses(tmp_path, "--baseline", *(speedups.BY_NAME[n].flag for n in needs),
+                   "--active", "4")
+    assert fast["speedups"]["on"][name]
+    # bf16 autocast: other convolution algorithms round differently.
+    assert fast["losses"] == pytest.approx(base["losses"], rel=1e-2)
+
+
+@pytest.mark.parametrize("loss,extra", [("padded", []), ("packed", []),
+                                        ("kernel", ["--cuda-graph", "on", *GRAPH_STEPS])])
+def test_the_update_in_the_gemm_takes_the_shadow_sgds_steps(tmp_path, loss, extra):
+    """lin1's update in its dW GEMM's epilogue against the shadow SGD apart: the same
+    losses step for step within bf16 rounding (the gradient's sum runs in another order),
+    lin1's weight gradient never made, no host-device sync in the step; in a CUDA graph's
+    replay too."""
+    common = ["--loss", loss, "--active", "6", *extra]
+    apart = _losses(tmp_path, *common, "--update-in-gemm", "off")
+    fused = _losses(tmp_path, *common, "--update-in-gemm", "on")
+    assert fused["speedups"]["on"]["update_in_gemm"]
+    assert not apart["speedups"]["on"]["update_in_gemm"]
+    assert fused["losses"][0] == apart["losses"][0]  # before any update
+    assert fused["losses"] == pytest.approx(apart["losses"], rel=1e-3)
+    phases = ("graph",) if extra else ("forward", "backward", "optimizer")
+    assert all(fused["phases"][p]["syncs"] == 0 for p in phases)
+
+
+def test_cudnn_autotuning_keeps_the_losses(tmp_path):
+    """In two processes: cuDNN keeps a process's first choice of algorithm."""
+    out = []
+    for extra in ([], ["--cudnn-benchmark"]):
+        name = f"run{len(out)}"
+        subprocess.run([sys.executable, str(REPO / "train.py"), *SMALL, "--baseline", *extra,
+                        "--out-dir", str(tmp_path), "--run-name", name], check=True,
+                       cwd=REPO, capture_output=True, timeout=600)
+        out.append(json.loads((tmp_path / name / "summary.json").read_text()))
+    assert out[1]["speedups"]["on"]["cudnn_benchmark"]
+    assert out[1]["losses"] == pytest.approx(out[0]["losses"], rel=1e-2)

@@ -1,0 +1,251 @@
+"""The step's speed-ups as a registry (training/speedups/): every one, as the registry
+lists it, gives the baseline's losses and gradients, keeps the model's parameter names and
+values, is a flag of train.py, is recorded, and refuses in one line where it cannot apply;
+--baseline turns them all off."""
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import losses
+import train
+from core.errors import InputError, UserError
+from data import SyntheticFaces
+from model.boxnet import BoxNet
+from profiling.table import GRAPH_NOTE, format_table
+from studies.compare_rows import compare_rows
+from tests.helpers import (
+    TINY,
+    cli,
+    model_with,
+    one_line_and_nothing_written,
+    with_what_it_needs,
+)
+from training import speedups
+from training.cuda_graph import copy_into
+from training.speedups import cudnn_benchmark
+from training.speedups.base import Build
+
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CPU machine")
+CPU = ["--preset", "cpu"]
+
+
+def _asking_for(spec) -> list[str]:
+    """The flags that ask for a speed-up: --name, or --name on for a choice."""
+    return [spec.flag, "on"] if spec.choice else [spec.flag]
+
+
+def _alone(name: str) -> train.Config:
+    """The CPU preset's config with that speed-up alone asked for."""
+    return train.parse_config(CPU + ["--baseline"] + _asking_for(speedups.BY_NAME[name]))
+
+
+def test_every_module_of_the_package_is_in_the_ladders_order_and_a_flag():
+    package = Path(speedups.__file__).parent
+    modules = {p.stem for p in package.glob("*.py")} - {"__init__", "base"}
+    assert modules == set(speedups.ORDER)
+    fields = [f.name for f in dataclasses.fields(train.Config)]
+    start = fields.index("baseline") + 1
+    assert tuple(fields[start:start + len(speedups.ORDER)]) == speedups.ORDER
+    for spec in speedups.SPEEDUPS:
+        given = train.given_options(_asking_for(spec))
+        assert given[spec.name] == ("on" if spec.choice else True)
+        if not spec.choice:
+            assert train.given_options([f"--no-{spec.flag[2:]}"])[spec.name] is False
+
+
+def test_baseline_turns_every_speedup_off_and_a_given_one_stays_on():
+    cfg = train.parse_config(CPU + ["--baseline", "--channels-last"])
+    assert cfg.channels_last
+    assert all(getattr(cfg, n) in (False, "off") for n in speedups.ORDER if n != "channels_last")
+    default = train.parse_config(CPU)
+    gpu = train.Config()
+    for spec in speedups.SPEEDUPS:
+        assert getattr(gpu, spec.name) == spec.default
+        # Off in the CPU preset: what needs a GPU, and the interpreter's slow kernels.
+        off_here = not spec.choice and (spec.gpu_only or spec.interpreter_slow)
+        assert getattr(default, spec.name) == (False if off_here else spec.default)
+    assert default.fused_sgd and default.channels_last and default.cuda_graph == "off"
+
+
+def _after_one_step(seed: int, names: set):
+    """Loss, every parameter's gradient, and the parameters after one SGD step, for the
+    padded loss on the workload's data at a small size (fp32 on the CPU)."""
+    model, optimizer = model_with(names, 32, 16, 32, seed)
+    strategy = losses.get("padded", capacity=16)
+    dataset = SyntheticFaces(100, 32, seed)
+    images, targets = strategy.collate([dataset[i] for i in range(5)])
+    loss = strategy.loss(model(images), targets)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    optimizer.step()
+    return loss.detach(), grads, [p.detach().clone() for p in model.parameters()]
+
+
+def _runs_here(spec) -> bool:
+    """A speed-up of the model or optimizer that a CPU run without autocast can use."""
+    return (spec.model or spec.optimizer) and not spec.gpu_only and not spec.refusal
+
+
+@pytest.mark.parametrize("name", [s.name for s in speedups.SPEEDUPS if _runs_here(s)])
+def test_each_speedup_that_runs_here_gives_the_baselines_loss_gradients_and_update(name):
+    seed = torch.randint(0, 2**31, ()).item()
+    loss0, grads0, after0 = _after_one_step(seed, set())
+    loss1, grads1, after1 = _after_one_step(seed, set(with_what_it_needs(name, _runs_here)))
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6)
+    for g1, g0 in zip(grads1, grads0, strict=True):
+        assert g1.shape == g0.shape
+        # Relative to the tensor's norm, not per element: another summation order can
+        # flip a near-tie of a max-pool window and send one element's gradient elsewhere
+        # (seen with channels_last: 5e-6 absolute on elements of 1e-3).
+        assert ((g1 - g0).norm() / g0.norm()).item() < 5e-3  # worst in 80 seeds: 9.7e-4
+    for p1, p0 in zip(after1, after0, strict=True):
+        torch.testing.assert_close(p1, p0, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", [s.name for s in speedups.SPEEDUPS if s.model])
+def test_each_model_speedup_keeps_the_parameters_names_and_values(name):
+    """Applied alone to the plain model built from the same seed: the same parameter names
+    in the same order, the same values (bf16_shadow's weight: the plain one rounded to
+    bf16, its fp32 master the plain one exactly)."""
+    seed = torch.randint(0, 2**31, ()).item()
+    torch.manual_seed(seed)
+    plain = dict(BoxNet(32, 16, 32).named_parameters())
+    model, _ = model_with({name}, 32, 16, 32, seed)
+    changed = dict(model.named_parameters())
+    assert list(changed) == list(plain)
+    for key, p in changed.items():
+        assert torch.equal(p.detach(), plain[key].detach().to(p.dtype)), key
+    for key, buffer in model.named_buffers():
+        assert key == "lin1_master" and torch.equal(buffer, plain["lin1.weight"].detach())
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("name", [s.name for s in speedups.SPEEDUPS
+                                  if s.gpu_only or s.refusal])
+def test_each_speedup_asked_for_where_it_cannot_apply_is_one_line(tmp_path, name):
+    """Here, a CPU without autocast: one line naming the flag, exit 2, nothing written."""
+    spec = speedups.BY_NAME[name]
+    reason = spec.why_not(_alone(name), cuda=False)
+    assert reason
+    line = f"{spec.flag} on: {reason}" if spec.choice else f"{spec.flag} {reason}"
+    one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *_asking_for(spec)),
+                                 tmp_path, line)
+    with pytest.raises(UserError, match=re.escape(line)):
+        speedups.check(_alone(name), cuda=False)
+
+
+def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path):
+    base = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--baseline",
+                                                "--run-name", "base"]))
+    fast = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--cuda-graph",
+                                                "auto", "--triton-first-block",
+                                                "--triton-second-block", "--triton-pool",
+                                                "--triton-conv-pool", "--triton-conv-pool-bwd",
+                                                "--run-name", "fast"]))
+    assert fast["losses"] == pytest.approx(base["losses"], rel=1e-4)
+    written = json.loads((tmp_path / "fast" / "summary.json").read_text())["speedups"]
+    assert written["on"] == {"cudnn_benchmark": False, "fused_sgd": True, "channels_last": True,
+                             "triton_first_block": True, "triton_second_block": True,
+                             "triton_pool": True, "triton_conv_pool": True,
+                             "triton_conv_pool_bwd": True, "bf16_shadow": False,
+                             "update_in_gemm": False, "cuda_graph": False}
+    assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
+        torch.cuda.is_available()
+    assert json.loads((tmp_path / "base" / "summary.json").read_text())["speedups"]["on"] == \
+        {name: False for name in speedups.ORDER}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--loss", "loop", "--cuda-graph", "on"], "the loop strategy's targets are ragged"),
+    (["--loss", "concat", "--cuda-graph", "on"], "the concat strategy's targets are ragged"),
+    (["--loss", "packed", "--cuda-graph", "on"], "the packed strategy's targets are packed"),
+    (["--loss", "nested", "--cuda-graph", "on"], "the nested strategy's targets are packed"),
+    (["--mode", "forward", "--cuda-graph", "on"], "forward mode closes each phase"),
+    (["--cuda-graph", "sometimes"], "argument --cuda-graph: invalid choice"),
+])
+def test_a_cuda_graph_where_none_can_be_made_is_one_line(tmp_path, args, message):
+    one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path, message)
+
+
+def test_auto_says_why_there_is_no_graph():
+    cfg = train.parse_config(CPU + ["--loss", "loop", "--cuda-graph", "auto"])
+    used = speedups.resolve(cfg, cuda=True)
+    assert used["on"]["cuda_graph"] is False
+    assert "ragged" in used["cuda_graph_off_because"]
+    assert "no cuda_graph: the loop strategy's targets are ragged" in \
+        speedups.describe_used(used)
+    cfg = train.parse_config(CPU + ["--wait", "1", "--cuda-graph", "auto"])
+    assert "--wait 2 or more" in speedups.resolve(cfg, cuda=True)["cuda_graph_off_because"]
+    cfg = train.parse_config(CPU + ["--wait", "2", "--cuda-graph", "auto"])
+    assert speedups.resolve(cfg, cuda=True)["on"]["cuda_graph"] is True
+
+
+def test_the_third_blocks_triton_backward_is_off_without_its_forward():
+    """It reads the fused forward's code: with the forward off it cannot run, and the run
+    says it did not."""
+    on = speedups.resolve(train.Config(triton_conv_pool=False), cuda=True)["on"]
+    assert on["triton_conv_pool_bwd"] is False and on["triton_pool"] is True
+    assert speedups.resolve(train.Config(), cuda=True)["on"]["triton_conv_pool_bwd"] is True
+
+
+def test_forward_mode_records_the_fused_sgd_off():
+    cfg = train.parse_config(CPU + ["--mode", "forward"])
+    assert cfg.fused_sgd and not speedups.resolve(cfg, cuda=False)["on"]["fused_sgd"]
+
+
+def test_the_model_transforms_run_in_the_ladders_order_and_key_the_kept_model():
+    used = {name: True for name in speedups.ORDER}
+    transform = speedups.model_transform(used, Build(torch.bfloat16, 0.1))
+    names, dtype = transform.key
+    assert names == tuple(s.name for s in speedups.SPEEDUPS if s.model)
+    assert dtype == torch.bfloat16
+
+
+def test_one_process_keeps_one_cudnn_choice_when_it_measures_many_runs(monkeypatch):
+    monkeypatch.setattr(cudnn_benchmark, "_first_choice", [])
+    before = torch.backends.cudnn.benchmark
+    try:
+        speedups.set_process_flags({"cudnn_benchmark": False}, cuda=True, many_runs=True)
+        speedups.set_process_flags({"cudnn_benchmark": False}, cuda=True, many_runs=True)
+        with pytest.raises(UserError, match="must start in a new process"):
+            speedups.set_process_flags({"cudnn_benchmark": True}, cuda=True, many_runs=True)
+        # A single run (train.py, the tests) is not held to it.
+        speedups.set_process_flags({"cudnn_benchmark": True}, cuda=True, many_runs=False)
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+def test_a_graph_replays_fixed_shapes_only():
+    static = (torch.zeros(2, 1, 4, 4), (torch.zeros(2, 3, 4), torch.zeros(2)))
+    fresh = (torch.ones(2, 1, 4, 4), (torch.ones(2, 3, 4), torch.full((2,), 7.0)))
+    copy_into(static, fresh)
+    assert static[0].sum() == 32 and static[1][1].tolist() == [7.0, 7.0]
+    with pytest.raises(InputError, match="a CUDA graph replays fixed shapes"):
+        copy_into(static, (torch.ones(3, 1, 4, 4), fresh[1]))
+
+
+def _graph_summary():
+    phase = {"cpu_ms": 1.0, "cpu_ms_each": [1.0], "gpu_ms": 2.0, "launches": 1.0,
+             "h2d_copies": 0.0, "syncs": 0.0}
+    return {"steps": 1, "phases": {"data": phase, "copy": phase, "graph": phase},
+            "step": {"cpu_ms": 3.0, "cpu_ms_each": [3.0], "gpu_ms": 6.0},
+            "config": {"loss": "padded", "backend": "triton", "mode": "train"},
+            "speedups": {"on": {"cuda_graph": True}}, "peak_gpu_memory_gb": 1.0}
+
+
+def test_a_graph_runs_table_says_why_the_phases_are_one_row():
+    summary = _graph_summary()
+    assert GRAPH_NOTE in format_table(summary, "t", on_gpu=True)
+    data_only = {**summary, "phases": {"data": summary["phases"]["data"]}}
+    assert GRAPH_NOTE not in format_table(data_only, "t", on_gpu=True)
+
+
+def test_a_graph_run_in_a_comparison_has_no_loss_columns_but_its_step():
+    (row,) = compare_rows([_graph_summary()])
+    assert row["loss launches"] is None and row["graph GPU ms"] == 2.0
+    assert row["step GPU ms"] == 6.0 and row["CUDA graph"] == "yes"

@@ -1,0 +1,375 @@
+"""make profile GPUS=2 on a CPU machine: two gloo ranks under torchrun (training/launch.py)
+train exactly as one process on the global batch, write one folder with both ranks'
+traces and one summary, and any rank's end (a user error, a killed process, Ctrl-C) stops
+the whole job within seconds with one line."""
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import train
+from tests.helpers import REPO, our_lines
+
+# Two ranks of two samples each: the global batch of four.
+RANK_ARGS = ["--preset", "cpu", "--batch-size", "2", "--image-size", "32", "--hidden", "32",
+             "--num-workers", "0", "--wait", "0", "--warmup", "1", "--active", "2"]
+
+
+def _launch(out: Path, *args, nproc: int = 2, **popen):
+    return subprocess.Popen([sys.executable, "-u", "-m", "training.launch", "--nproc",
+                             str(nproc), "train.py", *RANK_ARGS, "--out-dir", str(out), *args],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+
+
+def _finish(proc, timeout=240):
+    """(exit code, stdout, stderr's lines without torch's own warnings: the profiler's
+    CPU allocator notes on long runs come from every rank as '[rankN]:[W...', and the
+    blank lines between ranks' interleaved output)."""
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, [line for line in our_lines(err) if line.strip()
+                                  and not re.match(r"\[rank\d+\]:\[W", line)]
+
+
+def _ranks_of(launcher_pid: int) -> dict[int, int]:
+    """local rank -> pid of the launcher's rank processes (Linux /proc)."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
+            continue  # not a child of this launcher
+        for item in env:
+            if item.startswith(b"LOCAL_RANK="):
+                found[int(item.split(b"=")[1])] = int(pid)
+    return found
+
+
+@pytest.mark.parametrize("loss", ("padded", "concat", "kernel"))
+def test_two_ranks_train_as_one_process_on_the_global_batch(tmp_path, loss):
+    code, out, err = _finish(_launch(tmp_path / "two", "--loss", loss, "--run-name", "job"))
+    assert code == 0, err
+    job = tmp_path / "two" / "job"
+    summary = json.loads((job / "summary.json").read_text())
+    one = train.run(train.parse_config(RANK_ARGS + ["--batch-size", "4", "--loss", loss,
+                                                    "--out-dir", str(tmp_path / "one")]))
+    # Every step's loss is the global batch's: the second and third come after updates
+    # made from the all-reduced gradients, so they check the gradients too.
+    assert summary["losses"] == pytest.approx(one["losses"], rel=2e-5), loss
+    ranks = summary["distributed"]
+    assert ranks["world"] == 2 and ranks["backend"] == "gloo" and ranks["global_batch"] == 4
+    assert sorted(p.name.split(".")[0] for p in job.glob("*.pt.trace.json.gz")) == \
+        ["rank0", "rank1"]
+    assert [r["trace"].split(".")[0] for r in ranks["ranks"]] == ["rank0", "rank1"]
+    for rank in ranks["ranks"]:
+        assert rank["steps"] == 2 and rank["step"]["cpu_ms"] > 0
+        assert set(rank["phases"]) == set(summary["phases"])
+    assert ranks["samples_per_s"] == pytest.approx(4 / (summary["step"]["cpu_ms"] / 1e3))
+    assert summary["ddp"] == {"bucket_mb": 25.0, "bucket_view": True, "comm_hook": "sum",
+                              "overlap": True}
+    # Only rank 0 prints: one header, one table.
+    assert out.count("speed-ups:") == 1 and out.count("| **step**") == 1, out
+    assert "2 ranks (gloo), global batch 4" in out
+
+
+@pytest.mark.parametrize("knob", (["--comm-hook", "none", "--no-bucket-view"], ["--no-overlap"],
+                                  ["--bucket-mb", "0.01"]))
+def test_every_gradient_reduction_trains_as_one_process(tmp_path, knob):
+    """DDP's own reduction averages (the loss is scaled for it); the default sum hook and
+    --no-overlap sum; tiny buckets with bucket views: the same training."""
+    code, _, err = _finish(_launch(tmp_path / "two", "--run-name", "job", *knob))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "two" / "job" / "summary.json").read_text())
+    one = train.run(train.parse_config(RANK_ARGS + ["--batch-size", "4", "--out-dir",
+                                                    str(tmp_path / "one")]))
+    assert summary["losses"] == pytest.approx(one["losses"], rel=2e-5), knob
+
+
+# A thread can end between listing /proc/self/task and reading its name (CI at 913549a
+# lost a run to that race); one that has ended no longer runs, so it is left out.
+THREAD_NAMES = """
+import os
+
+
+def thread_names():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                names.append(comm.read().strip())
+        except (FileNotFoundError, ProcessLookupError):  # it ended after listdir
+            pass
+    return names
+"""
+
+
+def test_thread_names_survives_threads_that_end_under_it():
+    """Under churn the one-line listing it replaced raised in ~6 % of calls (170 in 3000
+    measured); thread_names must never raise."""
+    scope = {}
+    exec(THREAD_NAMES, scope)
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            started = [threading.Thread(target=lambda: None) for _ in range(20)]
+            for thread in started:
+                thread.start()
+            for thread in started:
+                thread.join()
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        for _ in range(500):
+            assert scope["thread_names"]()  # this thread runs, so never empty; never raises
+    finally:
+        stop.set()
+        churner.join()
+
+
+LEAVE_THE_GROUP = THREAD_NAMES + """
+import os, sys
+import torch
+from training.ranks import from_env, stop
+ranks = from_env()
+ranks.start(cuda=False)
+# DDP's constructor imports torch._dynamo after the group exists, as train.py's does.
+torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+ranks.gather(ranks.rank)
+stop()
+names = thread_names()
+gloo = sorted(n for n in names if "gloo" in n)
+if gloo:
+    print(f"rank {ranks.rank} still runs {gloo}", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def test_leaving_the_group_stops_gloos_threads(tmp_path):
+    """stop() frees the group, so gloo's threads end before the interpreter does: a
+    thread that outlived it could free a work holding Python tensors during the shutdown
+    and abort the rank (training/ranks._bind_defaults_before_the_group). Deterministic,
+    unlike the abort it prevents (1 run in ~20)."""
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE_THE_GROUP)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2",
+                           str(script)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr
+
+
+COMPARE_THEN_LEAVE = THREAD_NAMES + """
+import os, sys
+from studies.compare import main
+code = main(sys.argv[1:])
+names = thread_names()
+gloo = sorted(n for n in names if "gloo" in n)
+if code or gloo:
+    print(f"rank {os.environ['RANK']}: exit {code}, still runs {gloo}", file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+def test_make_compare_leaves_the_group_free(tmp_path):
+    """make compare keeps its model, and with it DDP's hold on the group, between runs
+    (model/build.py): stop() must drop it, or gloo's threads outlive the interpreter and
+    a rank can abort at exit (1 job in ~20). Deterministic, unlike the abort."""
+    script = tmp_path / "compare_then_leave.py"
+    script.write_text(COMPARE_THEN_LEAVE)
+    proc = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2",
+                           str(script), "--strategies", "padded", "--modes", "train",
+                           "--out", str(tmp_path / "cmp"), *RANK_ARGS], cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_scaling_against_a_one_process_run_is_in_the_summary(tmp_path):
+    base = train.run(train.parse_config(RANK_ARGS + ["--out-dir", str(tmp_path)]))
+    code, out, err = _finish(_launch(tmp_path, "--run-name", "job", "--scaling-baseline",
+                                     base["run_dir"], "--no-overlap"))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    scaling = summary["distributed"]["scaling"]
+    expected = summary["distributed"]["samples_per_s"] / (2 / (base["step"]["cpu_ms"] / 1e3))
+    assert scaling["factor"] == pytest.approx(expected)
+    assert scaling["efficiency"] == pytest.approx(expected / 2)
+    assert summary["ddp"]["overlap"] is False
+    assert "scaling against" in out
+
+
+def test_make_compare_on_two_ranks(tmp_path):
+    """make compare GPUS=2: every rank makes the runs, rank 0 writes the comparison."""
+    done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", "-m",
+                           "studies.compare", "--strategies", "padded,concat",
+                           "--modes", "train", "--out", str(tmp_path / "cmp"),
+                           *RANK_ARGS], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("all runs done") == 1 and done.stdout.count("written:") == 3
+    table = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "| padded | train |" in table and "| concat | train |" in table
+    for run in ("padded-train", "concat-train"):
+        summary = json.loads((tmp_path / "cmp" / run / "summary.json").read_text())
+        assert summary["distributed"]["world"] == 2
+
+
+def _throughput(out: Path, *args, nproc: int = 1):
+    launch = ["-m", "training.launch", "--nproc", str(nproc)] if nproc > 1 else []
+    return subprocess.run([sys.executable, *launch, "-m", "studies.throughput",
+                           "--strategies", "padded", "--out", str(out), *RANK_ARGS,
+                           "--steps", "6", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_make_throughput_on_two_ranks_against_one(tmp_path):
+    """make throughput GPUS=2: every rank makes the runs, rank 0 writes the table, whose
+    rate is the global batch's; --against one rank's table gives the scaling."""
+    one = _throughput(tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _throughput(tmp_path / "two", "--against", str(tmp_path / "one"), nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert two.stdout.count("throughput.md, throughput.csv") == 1  # rank 0 alone
+    assert "make throughput on 2 ranks" in two.stdout
+    summary = json.loads((tmp_path / "two" / "padded" / "summary.json").read_text())
+    assert summary["distributed"]["world"] == 2
+    rows = {}
+    for name in ("one", "two"):
+        with (tmp_path / name / "throughput.csv").open(newline="") as f:
+            (rows[name],) = csv.DictReader(f)
+    rate = {name: float(row["sustained samples/s"]) for name, row in rows.items()}
+    # The global batch: 2 ranks x 2 samples over the rank's step times.
+    steps = [t["host_ms"] for t in summary["step_times"][summary["config"]["settle"]:]]
+    assert rate["two"] == pytest.approx(4 * len(steps) / sum(steps) * 1e3, rel=1e-2)
+    assert rows["two"]["scaling"] == f"{rate['two'] / rate['one']:.2f}x"
+    assert "scaling" not in rows["one"]
+
+
+def test_make_throughput_against_a_folder_without_a_table_is_one_line(tmp_path):
+    done = _throughput(tmp_path / "x", "--against", str(tmp_path))
+    assert done.returncode == 2 and our_lines(done.stderr) == [
+        f"error: --against {tmp_path}: no throughput.csv there (a make throughput folder, "
+        "one GPU's, say)"], done.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_make_scaling_runs_every_design_on_the_same_batches(tmp_path):
+    """make scaling GPUS=2: one run per --parallel design, rank 0's table; the same seed
+    and batches, so every design's first losses agree (tests/training/test_parallel.py checks them
+    against one process's)."""
+    done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", "-m",
+                           "studies.scaling", "--out", str(tmp_path / "sc"), *RANK_ARGS,
+                           "--steps", "5"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("scaling.md, scaling.csv") == 1  # rank 0 alone
+    with (tmp_path / "sc" / "scaling.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["design"] for r in rows] == ["ddp", "zero", "tp", "tp2d"]
+    assert all(r["GPUs"] == "2" and float(r["samples/s"]) > 0 for r in rows), rows
+    # The cost model's bytes: tp's gathered features are far fewer than lin1's gradient.
+    sent = {r["design"]: float(r["sent GB per rank (model)"]) for r in rows}
+    assert sent["tp"] < sent["ddp"] and sent["zero"] > 0, sent
+    losses = {r: json.loads((tmp_path / "sc" / r / "summary.json").read_text())["losses"]
+              for r in ("ddp", "zero", "tp", "tp2d")}
+    for design in ("zero", "tp", "tp2d"):
+        assert losses[design] == pytest.approx(losses["ddp"], rel=1e-4), design
+
+
+def test_make_scaling_on_one_rank_is_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "studies.scaling", "--out",
+                           str(tmp_path / "sc"), *RANK_ARGS], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and our_lines(done.stderr) == [
+        "error: make scaling compares designs of several ranks: run it with GPUS=2 or "
+        "more"], done.stderr
+    assert not (tmp_path / "sc").exists()
+
+
+def test_a_user_error_on_a_rank_ends_the_job_with_one_line(tmp_path):
+    t0 = time.time()
+    code, _, err = _finish(_launch(tmp_path, "--max-boxes", "1", "--batch-size", "16"))
+    assert code == 2, err
+    assert len(err) == 1 and re.match(r"error: rank [01] failed: sample \d+ of the batch has "
+                                      r"\d+ boxes .*--max-boxes.*; every rank was stopped",
+                                      err[0]), err
+    assert time.time() - t0 < 120
+    assert not list(tmp_path.iterdir())  # nothing worth keeping: no folder
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_killed_rank_ends_the_job_within_seconds(tmp_path, workers):
+    """With data workers the job took 6 s to end (the killed rank's orphaned workers held
+    its gloo sockets open until the DataLoader's 5 s watchdog; now they die with it), and
+    torchrun's tie-break could name rank 0 ('DataLoader worker ... killed by signal:
+    Terminated'). Measured on 2 cores: 0.9 s without workers, 1.2 s with 2."""
+    proc = _launch(tmp_path, "--active", "2000", "--run-name", "job", "--num-workers",
+                   workers)
+    for line in proc.stdout:
+        if "step 3/" in line:
+            break
+    ranks = _ranks_of(proc.pid)
+    assert set(ranks) == {0, 1}, ranks
+    os.kill(ranks[1], signal.SIGKILL)
+    killed = time.time()
+    code, _, err = _finish(proc, timeout=60)
+    took = time.time() - killed
+    print(f"the job ended {took:.1f} s after its rank 1 was killed (workers {workers})")
+    assert took < 4, "the job outlived its killed rank"
+    assert code == 1 and err == ["error: rank 1 failed: killed by SIGKILL; every rank was "
+                                 "stopped"], err
+    # Rank 0 saw its peer go and kept its completed profiled steps, marked as such.
+    assert [p.name for p in tmp_path.iterdir()] in (["job-failed"], ["job-interrupted"])
+    summary = json.loads(next(tmp_path.glob("job-*/summary.json")).read_text())
+    assert summary["status"] in ("failed", "interrupted")
+
+
+def _ctrl_c_as_a_terminal_gives_it():
+    os.setsid()  # the job is one process group, as in a terminal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    proc = _launch(tmp_path, "--active", "2000", "--run-name", "job",
+                   preexec_fn=_ctrl_c_as_a_terminal_gives_it)
+    for line in proc.stdout:
+        if "step 3/" in line:
+            break
+    ranks = _ranks_of(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+    code, _, err = _finish(proc, timeout=60)
+    assert code == 130, err
+    assert len(err) == 1 and err[0].startswith("error: interrupted (") and \
+        err[0].endswith("every rank was stopped"), err
+    assert [p.name for p in tmp_path.iterdir()] == ["job-interrupted"]
+    time.sleep(0.5)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks.values())
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--nproc", "0", "train.py"], "GPUS must be at least 1, not 0"),
+    (["--nproc", "two", "train.py"], "GPUS must be a whole number, not 'two'"),
+    (["train.py"], "usage: python3 -m training.launch --nproc N [--nnodes H --rdzv "
+                   "HOST:PORT] SCRIPT [ARGS...]"),
+    (["--nproc", "2", "--nnodes", "0", "train.py"], "NODES must be at least 1, not 0"),
+    (["--nproc", "2", "--nnodes", "2", "--rdzv", "nowhere", "train.py"],
+     "NODES=2 needs RDZV=HOST:PORT, an address every host reaches (the first host's, "
+     "say), not 'nowhere'"),
+])
+def test_bad_launcher_arguments_are_one_line(args, message):
+    done = subprocess.run([sys.executable, "-m", "training.launch", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and our_lines(done.stderr) == [f"error: {message}"]

@@ -1,0 +1,221 @@
+"""--parallel zero and tp (training/parallel.py) on CPU ranks (gloo): each design trains as
+one process on the global batch, step for step; three ranks on two "hosts" meet through
+torchrun's c10d rendezvous on localhost; the bf16 shadow's update runs on each rank's rows
+of lin1; a killed rank still ends the job within seconds; every refusal is one line."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import train
+from core.errors import UserError
+from tests.helpers import REPO
+from tests.training.test_launch import RANK_ARGS, _finish, _launch, _ranks_of
+
+_ONE: dict = {}
+
+
+def _one_process_losses(tmp_path_factory, loss: str, *args) -> list:
+    """One process's losses on the global batch (cached: several designs compare to it)."""
+    key = (loss, *args)
+    if key not in _ONE:
+        out = tmp_path_factory.mktemp("one")
+        record = train.run(train.parse_config(RANK_ARGS + ["--batch-size", "4", "--loss", loss,
+                                                           "--out-dir", str(out), *args]))
+        _ONE[key] = record["losses"]
+    return _ONE[key]
+
+
+@pytest.mark.parametrize("design,loss,knob", [
+    ("zero", "padded", ()), ("zero", "packed", ()), ("zero", "padded", ("--no-overlap",)),
+    ("tp", "padded", ()), ("tp", "kernel", ()), ("tp", "nested", ()), ("tp", "loop", ()),
+    ("tp", "padded", ("--no-overlap",)), ("tp2d", "padded", ())])
+def test_every_design_trains_as_one_process_on_the_global_batch(tmp_path, tmp_path_factory,
+                                                                 design, loss, knob):
+    code, out, err = _finish(_launch(tmp_path, "--loss", loss, "--parallel", design,
+                                     "--run-name", "job", *knob))
+    assert code == 0, err
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    # The second and third losses follow updates made from the sharded gradients and
+    # optimizer, so they check those too.
+    assert summary["losses"] == pytest.approx(_one_process_losses(tmp_path_factory, loss),
+                                              rel=2e-5), (design, loss, knob)
+    assert summary["distributed"]["parallel"] == design
+    assert summary["config"]["parallel"] == design
+    assert f"2 ranks (cpu, --parallel {design})" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_hosts_of_two_and_one_ranks_meet_at_the_rendezvous(tmp_path):
+    """make profile NODES=2 RDZV=...: two launchers, as two hosts would run them, one with
+    GPUS=2 and one with GPUS=1, are one job of three ranks (hidden 48: three rows each
+    of 16) that trains as one process on the global batch of 6."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    args = [*RANK_ARGS, "--hidden", "48", "--parallel", "tp", "--out-dir", str(tmp_path),
+            "--run-name", "job"]
+    hosts = [subprocess.Popen([sys.executable, "-m", "training.launch", "--nproc", str(n),
+                               "--nnodes", "2", "--rdzv", endpoint, "train.py", *args],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for n in (2, 1)]
+    for host in hosts:
+        code, _, err = _finish(host)
+        assert code == 0, err
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["distributed"]["world"] == 3
+    one = train.run(train.parse_config(RANK_ARGS + ["--hidden", "48", "--batch-size", "6",
+                                                    "--out-dir", str(tmp_path / "one")]))
+    assert summary["losses"] == pytest.approx(one["losses"], rel=2e-5)
+
+
+def test_tp2d_over_two_hosts_of_two_trains_as_one_process(tmp_path):
+    """--parallel tp2d on two "hosts" of two ranks: lin1 and lin2 tensor-parallel inside
+    each host, their shards' gradients summed across the hosts, the convolutions'
+    by DDP over all four: one process's losses on the global batch of 8."""
+    endpoint = f"127.0.0.1:{_free_port()}"
+    args = [*RANK_ARGS, "--parallel", "tp2d", "--out-dir", str(tmp_path), "--run-name", "job"]
+    hosts = [subprocess.Popen([sys.executable, "-m", "training.launch", "--nproc", "2",
+                               "--nnodes", "2", "--rdzv", endpoint, "train.py", *args],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    for host in hosts:
+        code, _, err = _finish(host)
+        assert code == 0, err
+    summary = json.loads((tmp_path / "job" / "summary.json").read_text())
+    assert summary["distributed"]["world"] == 4 and summary["config"]["parallel"] == "tp2d"
+    one = train.run(train.parse_config(RANK_ARGS + ["--batch-size", "8",
+                                                    "--out-dir", str(tmp_path / "one")]))
+    # The later losses follow updates from the summed shards' gradients: they check them.
+    assert summary["losses"] == pytest.approx(one["losses"], rel=2e-5)
+
+
+def test_tp2d_needs_the_same_ranks_on_every_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    cfg = train.parse_config(RANK_ARGS + ["--out-dir", str(tmp_path), "--parallel", "tp2d"])
+    with pytest.raises(UserError, match="--parallel tp2d needs the same number of ranks on "
+                                        "every host: this host runs 2 of the job's 3"):
+        train.validate(cfg, 3)
+    with pytest.raises(UserError, match="over each host.s ranks: --hidden must be a multiple "
+                                        "of 2"):
+        train.validate(train.parse_config(RANK_ARGS + ["--parallel", "tp2d", "--hidden",
+                                                       "33"]), 4)
+
+
+def test_a_killed_rank_of_a_sharded_job_ends_it_within_seconds(tmp_path):
+    proc = _launch(tmp_path, "--active", "2000", "--run-name", "job", "--parallel", "tp")
+    for line in proc.stdout:
+        if "step 3/" in line:
+            break
+    ranks = _ranks_of(proc.pid)
+    os.kill(ranks[1], signal.SIGKILL)
+    killed = time.time()
+    code, _, err = _finish(proc, timeout=60)
+    assert time.time() - killed < 4, "the job outlived its killed rank"
+    assert code == 1 and err == ["error: rank 1 failed: killed by SIGKILL; every rank was "
+                                 "stopped"], err
+
+
+@pytest.mark.parametrize("args,world,message", [
+    (["--parallel", "zero"], 1, "--parallel zero shards lin1 over several ranks: run it with "
+                                "GPUS=N"),
+    (["--parallel", "tp", "--hidden", "33"], 2, "--hidden must be a multiple of 2"),
+    (["--parallel", "tp", "--comm-hook", "none"], 2, "use --comm-hook sum \\(the default\\), "
+                                                     "not none"),
+    (["--parallel", "zero", "--comm-hook", "bf16"], 2, "not bf16")])
+def test_a_design_that_cannot_apply_is_one_line(tmp_path, args, world, message):
+    cfg = train.parse_config(RANK_ARGS + ["--out-dir", str(tmp_path), *args])
+    with pytest.raises(UserError, match=message):
+        train.validate(cfg, world)
+
+
+def test_several_hosts_need_a_rendezvous_address():
+    from training.launch import parse
+    with pytest.raises(UserError, match="NODES=2 needs RDZV=HOST:PORT"):
+        parse(["--nproc", "2", "--nnodes", "2", "train.py"])
+    nproc, rendezvous, script = parse(["--nproc", "2", "--nnodes", "2", "--rdzv", "h:29500",
+                                       "train.py", "--loss", "padded"])
+    assert nproc == 2 and script == ["train.py", "--loss", "padded"]
+    assert "--rdzv-backend=c10d" in rendezvous and "--rdzv-endpoint=h:29500" in rendezvous
+    assert parse(["--nproc", "2", "train.py"])[1] == ["--standalone"]
+
+
+SHADOW_ON_SHARDS = """
+import sys, torch
+from types import SimpleNamespace
+from model import build_model
+from training import ddp, speedups
+from training.optimizer import momentum_sgd
+from training.parallel import local
+from training.speedups.base import Build
+from training.speedups.bf16_shadow import SGDWithShadow
+from training.ranks import from_env, stop
+
+design = sys.argv[1]
+ranks = from_env()
+device = ranks.start(cuda=False)
+cfg = SimpleNamespace(parallel=design, mode="train", overlap=True, comm_hook="sum",
+                      bucket_mb=25.0, bucket_view=True)
+images = torch.randint(0, 256, (2 * ranks.world, 1, 32, 32), dtype=torch.uint8,
+                       generator=torch.Generator().manual_seed(1))
+
+
+def train(runner, model, batch, scale):
+    opt = SGDWithShadow(model, model.parameters(), lambda p: momentum_sgd(p, 0.5), lr=0.5)
+    initial = model.lin1_master.clone()
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = runner(batch)
+        (out.float().square().sum() * scale).backward()
+        opt.step()
+        opt.zero_grad()
+    return model.lin1_master - initial, opt.buffers[0], local(model.lin1.weight.data)
+
+
+shadow = speedups.model_transform({n: n == "bf16_shadow" for n in speedups.ORDER},
+                                   Build(torch.float32, 0.5))
+model, runner = build_model(32, 16, 32, False, 0, device, transform=shadow,
+                            wrap=lambda m: ddp.wrap(m, cfg, ranks, device))
+mine = images[2 * ranks.rank:2 * ranks.rank + 2]
+step, momentum, weight = train(runner, model, mine, 1e-4 / len(images))
+master = model.lin1_master
+# The bf16 weight's local rows are the rounding of this rank's master rows.
+assert torch.equal(weight, master.to(torch.bfloat16)), "weight is not bf16(master)"
+assert master.shape[0] == 32 // ranks.world, master.shape
+gathered = ranks.gather((step, momentum))
+if ranks.main:
+    one, _ = build_model(32, 16, 32, False, 0, device, transform=shadow)
+    ref_step, ref_momentum, _ = train(one, one, images, 1e-4 / len(images))
+    step = torch.cat([s for s, _ in gathered])
+    momentum = torch.cat([m for _, m in gathered])
+    for name, got, want in (("step", step, ref_step), ("momentum", momentum, ref_momentum)):
+        err = float((got - want).norm() / want.norm())
+        print(f"{design} {name} relative error {err:.2e}")
+        assert err < 1e-2, (name, err)  # bf16 partial sums: ~1e-3 measured
+stop()
+"""
+
+
+@pytest.mark.parametrize("design", ("zero", "tp"))
+def test_the_shadow_sgd_updates_each_ranks_rows(tmp_path, design):
+    """--bf16-shadow's fp32 master and momentum are kept for the local rows of lin1 only;
+    two steps on two ranks give one process's update of the whole master (within bf16
+    rounding: both run bf16 autocast on the CPU) and each rank's bf16 rows stay the
+    rounding of its master rows."""
+    script = tmp_path / "shadow.py"
+    script.write_text(SHADOW_ON_SHARDS)
+    proc = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2",
+                           str(script), design], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{design} step relative error" in proc.stdout, proc.stdout
+
