@@ -24,6 +24,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
+def cudnn_flags_as_they_were():
+    """Every test: cuDNN's process-wide flags as the test found them. A run sets
+    torch.backends.cudnn.benchmark for its speed-ups (training/speedups/
+    cudnn_benchmark.py), and autotuning picks other algorithms (TF32 ones for fp32
+    among them) for every convolution after it: no test's result may depend on which
+    tests ran before it in its process (make test-gpu spreads them over several)."""
+    cudnn = torch.backends.cudnn
+    before = (cudnn.benchmark, cudnn.allow_tf32, cudnn.deterministic)
+    yield
+    cudnn.benchmark, cudnn.allow_tf32, cudnn.deterministic = before
+
+
+@pytest.fixture(autouse=True)
 def no_plain_trace_is_left(request):
     """Every test: no run folder it made may be left with a plain (not gzipped) trace."""
     tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None

@@ -56,7 +56,11 @@ def test_forward_matches_float64_and_the_unfused_graph(device, shape, dtype, cha
     assert y.stride() == unfused(x, weight, bias).stride()
     expected = _reference(x.cpu(), weight.cpu(), bias.cpu(), dtype)
     assert rel_err(y, expected) < TOL[dtype]
-    assert rel_err(y, unfused(x, weight, bias)) < TOL[dtype]
+    # cuDNN runs an fp32 conv in TF32 where it may (torch's default), 2e-4 from float64
+    # with the algorithms that autotuning picks: the graph it replaces in IEEE fp32, as
+    # the kernel computes.
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        assert rel_err(y, unfused(x, weight, bias)) < TOL[dtype]
     if dtype != torch.float32:
         # Nearly every value bit for bit: rounding the sum once, not twice, would leave
         # about three quarters (measured: 0.63-0.83 of them).
