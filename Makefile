@@ -78,11 +78,10 @@ test: $(SETUP)
 lint: $(SETUP)
 	$(PYTHON) -m ruff check .
 
-# On the GPU machine: the GPU-marked tests, then compute-sanitizer over both kernels.
+# On the GPU machine: the GPU-marked tests shared by 6 pytest workers, compute-sanitizer
+# over the kernels beside them (tests/gpu_suite.py); ARGS="--workers 4", a test path...
 test-gpu: $(SETUP)
-	@echo "make test-gpu: the GPU tests, then compute-sanitizer: about 11 minutes on an H100"
-	$(PYTHON) -m pytest -q -m gpu --durations=15 tests
-	compute-sanitizer --tool memcheck --error-exitcode 1 $(PYTHON) tests/sanitize_kernels.py
+	$(PYTHON) -m tests.gpu_suite $(ARGS)
 
 # The TensorBoard page in headless Chromium (Debian's chromium + chromium-driver, installed
 # here when missing: needs root or sudo); screenshots land in profiles/screenshots.

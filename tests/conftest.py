@@ -1,3 +1,4 @@
+import gc
 import getpass
 import os
 import shutil
@@ -34,6 +35,19 @@ def cudnn_flags_as_they_were():
     before = (cudnn.benchmark, cudnn.allow_tf32, cudnn.deterministic)
     yield
     cudnn.benchmark, cudnn.allow_tf32, cudnn.deterministic = before
+
+
+@pytest.fixture(autouse=True)
+def gpu_memory_given_back():
+    """Every test on a GPU: the memory it freed goes back to the device, not to this
+    process's cache. make test-gpu runs several pytest processes on one GPU, and the
+    driver must find room for a heavy kernel's local memory (the fp32 IEEE kernels spill)
+    when it first launches: cached blocks of the other processes made it fail with
+    'out of memory'."""
+    yield
+    if torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture(autouse=True)

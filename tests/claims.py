@@ -1,0 +1,33 @@
+"""A pytest plugin that lets several pytest processes share one suite: each test runs in
+the first process to reach it, which claims it with a file made with O_EXCL in the folder
+CLAIMS_DIR; in the others it is skipped with CLAIMED_ELSEWHERE as its reason. Every
+process walks the same tests in the same order, so the long ones spread over the
+processes as they come, without a list made beforehand (tests/gpu_suite.py starts them).
+
+Skipped in setup, before any fixture of the test: pytest's setup and teardown of modules
+and sessions stay as in a plain run."""
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+CLAIMED_ELSEWHERE = "run by another worker of the suite"
+
+
+def claim(folder: Path, nodeid: str) -> bool:
+    """Whether this process is the first to claim the test."""
+    name = hashlib.sha1(nodeid.encode()).hexdigest()
+    try:
+        os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    folder = os.environ.get("CLAIMS_DIR")
+    if folder and not claim(Path(folder), item.nodeid):
+        pytest.skip(CLAIMED_ELSEWHERE)

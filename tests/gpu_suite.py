@@ -1,0 +1,191 @@
+"""make test-gpu: every GPU-marked test and compute-sanitizer over the kernels, run side by
+side on one GPU, with one verdict.
+
+    python3 -m tests.gpu_suite [--workers 6] [--logs DIR] [--no-sanitizer] [pytest args]
+
+Most of the suite's time is Triton compiling kernels on the host (an fp32 kernel's IEEE
+dots unroll into FMAs: a minute or more for some), one core each, while the GPU waits. So
+--workers pytest processes share the suite (tests/claims.py: each test runs in the first
+worker to reach it, the long ones spread as they come) and compute-sanitizer runs beside
+them. Each writes a log and a JUnit file into --logs; at the end come the failures in
+full, the slowest tests, the totals and the wall time. Exit 1 if a test or the sanitizer
+failed, 130 on Ctrl-C (every part stopped), 0 otherwise.
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from core.signals import stop_once
+from tests.claims import CLAIMED_ELSEWHERE
+
+REPO = Path(__file__).resolve().parent.parent
+SANITIZER = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1",
+             sys.executable, "tests/sanitize_kernels.py"]
+
+
+def parts(args, pytest_args: list[str], logs: Path) -> dict[str, list[str]]:
+    """name -> command line of each part that runs side by side."""
+    commands = {}
+    for i in range(args.workers):
+        commands[f"worker{i}"] = [
+            sys.executable, "-m", "pytest", "-q", "-m", args.marker, "-p", "tests.claims",
+            "-p", "no:cacheprovider", f"--junitxml={logs / f'worker{i}.xml'}",
+            *(pytest_args or ["tests"])]
+    if not args.no_sanitizer:
+        commands["sanitizer"] = SANITIZER
+    return commands
+
+
+def run_side_by_side(commands: dict, logs: Path, claims: Path) -> dict[str, int]:
+    """Starts every part, says every minute how many tests have started and when each part
+    ends; returns each part's exit code. Ctrl-C or SIGTERM stops every part first."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "CLAIMS_DIR": str(claims), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": path}
+    started = said = time.monotonic()
+    jobs = {name: subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.STDOUT,
+                                   stdout=(logs / f"{name}.log").open("w"),
+                                   start_new_session=True)
+            for name, argv in commands.items()}
+    codes = {}
+    try:
+        while len(codes) < len(jobs):
+            time.sleep(0.5)
+            if time.monotonic() - said > 60:
+                said = time.monotonic()
+                print(f"  {said - started:.0f} s: {len(os.listdir(claims))} tests started",
+                      flush=True)
+            for name, proc in jobs.items():
+                if name not in codes and proc.poll() is not None:
+                    codes[name] = proc.returncode
+                    line = last_line(logs / f"{name}.log")
+                    print(f"  {name} ended (exit {proc.returncode}) at "
+                          f"{time.monotonic() - started:.0f} s: {line}", flush=True)
+    finally:
+        stop(jobs.values())
+    return codes
+
+
+def stop(procs) -> None:
+    """Each part still running, with what it started: Ctrl-C to its process group (pytest
+    tears its fixtures down), then SIGKILL after 10 s. The parts run in sessions of their
+    own, so a Ctrl-C in the terminal reaches them only through here."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        os.killpg(proc.pid, signal.SIGINT)
+    deadline = time.monotonic() + 10
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def outcomes(junit_files: list[Path]) -> dict[str, tuple[str, float]]:
+    """nodeid -> (outcome, seconds) over every worker: the worker that ran a test says how
+    it went; a test every worker skipped as claimed elsewhere does not count."""
+    found = {}
+    for path in junit_files:
+        if not path.exists():  # a worker that crashed
+            continue
+        for case in ET.parse(path).iter("testcase"):
+            outcome = "passed"
+            for kind in ("failure", "error", "skipped"):
+                element = case.find(kind)
+                if element is not None:
+                    if CLAIMED_ELSEWHERE in element.get("message", ""):
+                        outcome = None
+                    elif element.get("type") == "pytest.xfail":
+                        outcome = "xfailed"
+                    else:
+                        outcome = kind
+                    break
+            if outcome:
+                found[f"{case.get('classname')}::{case.get('name')}"] = (
+                    outcome, float(case.get("time", 0)))
+    return found
+
+
+def last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+def failure_sections(log: Path) -> str:
+    """pytest's ERRORS and FAILURES sections of a worker's log; the log's last 40 lines
+    where it has none (the sanitizer, a worker that crashed)."""
+    text = log.read_text(errors="replace")
+    for marker in ("= ERRORS =", "= FAILURES ="):
+        if marker in text:
+            start_at = text.rfind("\n", 0, text.index(marker)) + 1
+            end_at = text.find("= short test summary info =", start_at)
+            return text[start_at:end_at if end_at > 0 else None]
+    return "\n".join(text.splitlines()[-40:])
+
+
+def report(codes: dict, results: dict, logs: Path, wall: float) -> int:
+    """The failures in full, the slowest tests, the totals; the exit code."""
+    # pytest's exit 5: a worker that ran no test (the others took them all).
+    broken = [n for n, c in codes.items() if c and not (n.startswith("worker") and c == 5)]
+    for name in broken:
+        print(f"--- {name} (exit {codes[name]}):\n{failure_sections(logs / f'{name}.log')}")
+    print("slowest tests (s, setup + call + teardown, in a worker beside the others):")
+    for name, (outcome, seconds) in sorted(results.items(), key=lambda kv: -kv[1][1])[:15]:
+        print(f"  {seconds:7.1f}  {outcome:7s} {name}")
+    failed = sorted(n for n, (o, _) in results.items() if o in ("failure", "error"))
+    for name in failed:
+        print(f"FAILED {name}")
+    counts = {}
+    for outcome, _ in results.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no tests"
+    if "sanitizer" in codes:
+        summary += "; compute-sanitizer " + ("FAILED" if codes["sanitizer"] else "passed")
+    print(f"make test-gpu: {summary}, {wall:.0f} s wall; logs in {logs}", flush=True)
+    return 1 if failed or broken or not results else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="make test-gpu", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=6,
+                        help="pytest processes sharing the tests (default 6)")
+    parser.add_argument("--marker", default="gpu", help="pytest's -m (default gpu)")
+    parser.add_argument("--logs", type=Path, help="folder of the logs (default: a new "
+                        "profiles/test-gpu-<UTC time>/)")
+    parser.add_argument("--no-sanitizer", action="store_true",
+                        help="the tests alone, without compute-sanitizer")
+    args, pytest_args = parser.parse_known_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    logs = args.logs or REPO / "profiles" / time.strftime("test-gpu-%Y%m%d-%H%M%S",
+                                                          time.gmtime())
+    logs.mkdir(parents=True, exist_ok=True)
+    commands = parts(args, pytest_args, logs)
+    print(f"make test-gpu: {args.workers} pytest workers"
+          f"{'' if args.no_sanitizer else ' and compute-sanitizer'} side by side; logs in "
+          f"{logs}", flush=True)
+    claims = Path(tempfile.mkdtemp(prefix="gpu-suite-claims-"))
+    started = time.monotonic()
+    stop_once()  # Ctrl-C and SIGTERM as one KeyboardInterrupt
+    try:
+        codes = run_side_by_side(commands, logs, claims)
+    except KeyboardInterrupt:
+        print(f"error: interrupted: every part was stopped; logs in {logs}", file=sys.stderr)
+        return 130
+    finally:
+        shutil.rmtree(claims, ignore_errors=True)
+    return report(codes, outcomes(sorted(logs.glob("worker*.xml"))), logs,
+                  time.monotonic() - started)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

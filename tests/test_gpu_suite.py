@@ -1,0 +1,62 @@
+"""make test-gpu's runner (tests/gpu_suite.py and the claims plugin, tests/claims.py) on a
+suite of its own: several workers share it, each test runs once, and the verdict, the
+totals and the failures are the whole suite's."""
+
+import subprocess
+import sys
+
+from tests.gpu_suite import outcomes
+from tests.helpers import REPO
+
+SUITE = """
+import time
+import pytest
+
+@pytest.fixture(scope="module")
+def shared():
+    return []
+
+@pytest.mark.parametrize("i", range(12))
+def test_slow(i, shared):
+    time.sleep(0.3)
+
+def test_fails():
+    assert 1 == 2
+
+@pytest.mark.skip(reason="skipped for a reason of its own")
+def test_skipped():
+    pass
+
+@pytest.mark.xfail(strict=True)
+def test_xfails():
+    assert False
+"""
+
+
+def test_the_workers_share_the_suite_and_report_it_as_one(tmp_path):
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_a.py").write_text(SUITE)
+    (suite / "test_b.py").write_text(SUITE.replace("1 == 2", "2 == 2"))
+    logs = tmp_path / "logs"
+    done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers", "3",
+                           "--marker", "", "--no-sanitizer", "--logs", str(logs), str(suite)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "FAILED test_a::test_fails" in lines
+    assert not any("test_b::test_fails" in line and "FAILED" in line for line in lines)
+    assert "make test-gpu: 1 failure, 25 passed, 2 skipped, 2 xfailed" in lines[-1]
+    ran = [outcomes([logs / f"worker{i}.xml"]) for i in range(3)]
+    assert sum(len(r) for r in ran) == 30  # each test in one worker only
+    assert sum(1 for r in ran if r) >= 2  # the sleeping tests spread
+
+
+def test_a_suite_that_passes_exits_0_and_says_so(tmp_path):
+    (tmp_path / "test_c.py").write_text("def test_one():\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers", "2",
+                           "--marker", "", "--no-sanitizer", "--logs", str(tmp_path / "logs"),
+                           str(tmp_path / "test_c.py")], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "make test-gpu: 1 passed," in done.stdout.splitlines()[-1]
