@@ -1,4 +1,4 @@
-"""Probe: the train step's roofline on this GPU (issue 33). Each phase of the GPU preset's
+"""The train step's roofline on this GPU. Each phase of the GPU preset's
 step alone, its FLOPs and bytes counted from the shapes, its GPU time, what it achieves
 against the device's peaks, and its floor; then the step's floor two ways: the sum of the
 phases' floors (each phase alone at its own roof, one after the other) and the larger of
@@ -24,13 +24,13 @@ import torch.nn.functional as F
 sys.path.insert(0, ".")
 import train  # noqa: E402
 from bench.sharded_rank import cuda_ms, one_batch, top_kernels  # noqa: E402
-from kernels.triton_dw_update import (  # noqa: E402
+from kernels.lin1.dw_update import (  # noqa: E402
     EPILOGUE_ONLY,
     GEMM_ONLY,
     GPU_CONFIG,
     dw_update_step,
 )
-from kernels.triton_shadow_sgd import shadow_sgd_step  # noqa: E402
+from kernels.lin1.shadow_sgd import shadow_sgd_step  # noqa: E402
 from training import speedups  # noqa: E402
 
 # Dense bf16 tensor-core peak (no sparsity) and HBM bandwidth, from the data sheets.
@@ -113,8 +113,7 @@ def trunk_counts(B: int, S: int) -> tuple[int, int]:
 
 def trunk_phase(model, images) -> dict:
     """The trunk compiled as the step runs it: flat_features, which a model not compiled
-    whole (update_in_gemm's) compiles apart (model/build.py). (Until 9608d57 this timed
-    model.trunk, which ran eager: 10.66 ms where the compiled trunk took 10.32.)"""
+    whole (update_in_gemm's) compiles apart (model/build.py)."""
     with torch.autocast("cuda", dtype=torch.bfloat16):
         grad = torch.randn_like(model.flat_features(images))
 
@@ -145,7 +144,7 @@ def preset_step(train_args: list[str]):
     import losses
     cfg = train.parse_config(train_args)
     used = speedups.resolve(cfg, True)["on"]
-    speedups.apply_backend_flags(used, True, many_runs=True)
+    speedups.set_process_flags(used, True, many_runs=True)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     device = torch.device("cuda", 0)
     torch._dynamo.reset()

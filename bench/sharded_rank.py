@@ -75,7 +75,7 @@ def design_step(design, args, mesh) -> dict:
     cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend])
     device = torch.device("cuda", 0)
     used = speedups.resolve(cfg, True)["on"]
-    speedups.apply_backend_flags(used, True, many_runs=True)
+    speedups.set_process_flags(used, True, many_runs=True)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     torch._dynamo.reset()  # the last design's compiled graphs held its model
     import gc
@@ -140,7 +140,7 @@ def gemms(world: int, batch: int, features: int, hidden: int, out: int) -> tuple
 
 
 def shadow_sgd_ms(rows: int, features: int) -> float:
-    from kernels.triton_shadow_sgd import shadow_sgd_step
+    from kernels.lin1.shadow_sgd import shadow_sgd_step
     master = torch.randn(rows, features, device="cuda")
     buf, grad = torch.zeros_like(master), torch.randn_like(master).bfloat16()
     weight = master.bfloat16()

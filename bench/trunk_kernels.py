@@ -1,4 +1,4 @@
-"""Probe: the conv trunk's GPU work kernel by kernel, as the train step runs it (issue 33).
+"""The conv trunk's GPU work kernel by kernel, as the train step runs it.
 
 bench/roofline.py times the trunk's forward and backward as one phase; this says which
 kernels that time is made of: the trunk compiled as the step compiles it (its flatten
