@@ -6,7 +6,8 @@
     GIoU  = I / (U + eps) - (C - U) / (C + eps)                  eps = 1e-7
     term  = 1 - GIoU;  loss = sum of the valid slots' terms / max(valid slots, 1)
 
-The contract for values outside the rules, the same in every strategy (tests/test_giou_rules.py):
+The contract for values outside the rules, the same in every strategy
+(tests/core/test_giou_rules.py):
 - a count outside [0, M] (padded layouts only: counts cannot be range-checked on the host
   without a sync) makes the loss NaN and every gradient of that sample NaN;
 - a slot past its sample's count never matters: NaN or inf there leaves the loss and

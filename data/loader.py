@@ -1,9 +1,9 @@
 """The DataLoader of a run: workers at low priority, optionally on their own cores.
 
-Data workers yield the CPU to the training process. Measured on the 16-core H100 host:
-with 16 busy workers at normal priority the main thread was preempted inside the timed
-ranges (a fused loss of 10 us of GPU work read 1.5-14 ms of CPU time, step times swung
-48-105 ms; results/host.md); at nice 19 generation keeps up and the ranges are
+Data workers yield the CPU to the training process: on a host with as many busy workers
+as cores, at normal priority, the main thread was preempted inside the timed ranges (a
+fused loss of microseconds of GPU work read milliseconds of CPU time, and step times
+swung by half: results/host.md); at nice 19 generation keeps up and the ranges are
 steady.
 """
 

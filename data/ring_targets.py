@@ -2,8 +2,8 @@
 the main process: what crosses between them is a few numbers per tensor.
 
 Why: pickled (as numpy arrays) the padded targets are 1 MB a batch through the loader's
-one result pipe, then pinned in the main thread; the ring loader alone fell from 55-56 to
-37-40 batches/s with that at 16 workers on the H100's host (results/host.md). Written into
+one result pipe, then pinned in the main thread, which cost the ring loader a third of its
+rate (results/host.md). Written into
 the slot, they sit in the memory CUDA registered as pinned beside the images: their H2D
 copy reads them there, and the main process neither unpickles nor pins them.
 

@@ -6,7 +6,7 @@ moves every batch in flight (prefetch_factor x workers of them) into /dev/shm. A
 container has 64 MB there by default, and what happened then was unlike an error of the
 user's: the ring's allocation failed with a traceback and left a 0-byte
 /dev/shm/torch_<pid>_* file behind; PyTorch's loader lost a batch in a worker's pickling
-thread (a traceback on stderr) and its main process waited for it forever (issue 31).
+thread (a traceback on stderr) and its main process waited for it forever.
 With no workers nothing is shared: the main process makes every batch.
 """
 

@@ -1,7 +1,7 @@
 """The workload's synthetic dataset, deterministic per (seed, index).
 
 Image: 1×S×S uint8, uniform noise. Boxes per image: n = clip(floor(|N(0, sigma)|), 0, 255),
-1.915 on average for sigma = 3 (tests/test_data.py checks the distribution). make sweep
+1.915 on average for sigma = 3 (tests/data/test_data.py checks the distribution). make sweep
 scales sigma and raises the clip (max_boxes) to the box capacity; sigma = inf fills every
 image to max_boxes. Each box:
 top-left uniform in [0, S-2], size uniform in [1, S-1], bottom-right = min(top-left + size,
