@@ -154,6 +154,20 @@ def report(codes: dict, results: dict, logs: Path, wall: float) -> int:
     return 1 if failed or broken or not results else 0
 
 
+def what_is_missing(args) -> str | None:
+    """Why the suite cannot run here, in one line, or None. --marker other than gpu (the
+    runner's own test) needs no GPU."""
+    if args.marker == "gpu":
+        import torch
+        if not torch.cuda.is_available():
+            return ("make test-gpu needs a CUDA GPU; `make test` runs the CPU suite (the "
+                    "GPU tests skipped)")
+    if not args.no_sanitizer and shutil.which(SANITIZER[0]) is None:
+        return (f"{SANITIZER[0]} (the CUDA toolkit) is not on PATH: install it, or run the "
+                "tests alone with ARGS=--no-sanitizer")
+    return None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="make test-gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=6,
@@ -166,6 +180,10 @@ def main(argv=None) -> int:
     args, pytest_args = parser.parse_known_args(argv)
     if args.workers < 1:
         parser.error("--workers must be at least 1")
+    missing = what_is_missing(args)
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
     logs = args.logs or REPO / "profiles" / time.strftime("test-gpu-%Y%m%d-%H%M%S",
                                                           time.gmtime())
     logs.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 suite of its own: several workers share it, each test runs once, and the verdict, the
 totals and the failures are the whole suite's."""
 
+import os
 import subprocess
 import sys
 
@@ -60,3 +61,23 @@ def test_a_suite_that_passes_exits_0_and_says_so(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "make test-gpu: 1 passed," in done.stdout.splitlines()[-1]
+
+
+def test_without_a_gpu_or_the_sanitizer_it_says_so_in_one_line(tmp_path):
+    import shutil
+
+    import torch
+    done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--logs", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    if not torch.cuda.is_available():
+        assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+            "error: make test-gpu needs a CUDA GPU; `make test` runs the CPU suite (the GPU "
+            "tests skipped)"]
+    done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--marker", "",
+                           "--logs", str(tmp_path), str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PATH": os.path.dirname(sys.executable)})
+    if shutil.which("compute-sanitizer", path=os.path.dirname(sys.executable)) is None:
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert "compute-sanitizer (the CUDA toolkit) is not on PATH" in done.stderr
