@@ -15,7 +15,8 @@ bias as its cast's backward would. The backward reads the weight before the opti
 changes it in place: its version counter moves only after the backward is over.
 
 Not traced by torch.compile (its backward stores into a Python object): a model that uses
-it compiles its trunk only (model/boxnet.py's compile_whole).
+it compiles its trunk only (model/build.py's compile_whole, which the update_in_gemm
+speed-up sets).
 """
 
 import torch

@@ -283,5 +283,6 @@ if INTERPRETED:
 
 
 def first_block(images, weight, bias, out_dtype=torch.float32, channels_last=False):
-    """The block as BoxNet runs it (model/boxnet.py, --triton-first-block)."""
+    """The block as BoxNet runs it with --triton-first-block (training/speedups/
+    triton_first_block.py)."""
     return first_block_op(images, weight, bias, out_dtype, channels_last)

@@ -61,8 +61,8 @@ from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
 from kernels.trunk.window import first_max, pooled_pixels
 
 C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
-# Launch shapes for bf16 and fp16 (bench/second_block_probe.py times the alternatives on
-# the device).
+# Launch shapes for bf16 and fp16, the fastest timed on the H100 at the model's size
+# (results/archive/step.md).
 BLOCK = 128             # pooled pixels per block (the dots' M), forward and weight grad
 NUM_WARPS = 4
 WGRAD_PROGRAMS = 528    # 4 per H100 SM: enough to fill it, few partial sums to add
@@ -449,5 +449,6 @@ if INTERPRETED:
 
 
 def second_block(x, weight, bias):
-    """The block as BoxNet runs it (model/boxnet.py, --triton-second-block)."""
+    """The block as BoxNet runs it with --triton-second-block (training/speedups/
+    triton_second_block.py)."""
     return second_block_op(x, weight, bias)[0]
