@@ -40,8 +40,11 @@ def test_the_workers_share_the_suite_and_report_it_as_one(tmp_path):
     (suite / "test_a.py").write_text(SUITE)
     (suite / "test_b.py").write_text(SUITE.replace("1 == 2", "2 == 2"))
     logs = tmp_path / "logs"
+    # --rootdir: else pytest takes the common ancestor of the suite and of the folder it
+    # runs in (the repository), and the tests' names depend on where the clone lies.
     done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers", "3",
-                           "--marker", "", "--no-sanitizer", "--logs", str(logs), str(suite)],
+                           "--marker", "", "--no-sanitizer", "--logs", str(logs),
+                           f"--rootdir={suite}", str(suite)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
