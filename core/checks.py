@@ -87,7 +87,7 @@ def check_list(pred: torch.Tensor, targets) -> None:
 def check_conv_block(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                      c_in: int, c_out: int) -> None:
     """A Triton conv 3x3 -> 2x2 max-pool -> ReLU block's inputs beyond x's dtype (kernels/
-    triton_first_block.py, triton_second_block.py): poolable sizes, the conv's weight and
+    trunk/first_block.py, second_block.py): poolable sizes, the conv's weight and
     bias, fp32 (fp64 for gradcheck) parameters, one device."""
     if x.shape[2] % 2 or x.shape[3] % 2:
         raise InputError(f"{name} pools 2x2: H and W must be even, got {tuple(x.shape[2:])}")

@@ -23,11 +23,6 @@ TRAIN_PHASES = FORWARD_PHASES + ("loss_backward", "backward", "optimizer")
 GRAPH_PHASES = ("data", "copy", "graph")
 PHASES = TRAIN_PHASES + ("graph",)
 
-# The strategies whose tensors keep their shapes from step to step: a CUDA graph can
-# replay their step. The ragged and packed ones (their target shapes change with every
-# batch) cannot be captured.
-STATIC_SHAPE = tuple(s for s in STRATEGIES if s not in RAGGED + PACKED)
-
 
 def phases_of(mode: str, graphed: bool = False) -> tuple[str, ...]:
     if graphed:
