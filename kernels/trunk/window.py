@@ -1,6 +1,6 @@
-"""What the Triton conv blocks share about a 2x2 max-pool window (kernels/
-triton_first_block.py, triton_second_block.py, triton_conv_pool.py and its backward,
-triton_conv_pool_bwd.py)."""
+"""What the Triton conv blocks share about a 2x2 max-pool window (first_block.py,
+second_block.py, conv_pool.py and its backward, conv_pool_bwd.py), and the pool code of a
+window whose ReLU passes no gradient (DEAD)."""
 
 import triton
 import triton.language as tl
