@@ -40,7 +40,7 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
         model = _kept["model"]
         with torch.no_grad():
             for p, p0 in zip(_state(model), _kept["initial"]):
-                p.copy_(p0, non_blocking=True)
+                _rows(p).copy_(p0, non_blocking=True)
                 p.grad = None
         return model, _kept["runner"]
     forget_kept_model()
@@ -55,8 +55,8 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
         model.flat_features = torch.compile(model.flat_features)  # the head runs eager
     if reuse:
         pin = device.type == "cuda"
-        initial = [p.detach().to("cpu", copy=True).pin_memory() if pin else
-                   p.detach().clone() for p in _state(model)]
+        initial = [_rows(p).detach().to("cpu", copy=True).pin_memory() if pin else
+                   _rows(p).detach().clone() for p in _state(model)]
         _kept.update(key=key, model=model, runner=runner, initial=initial)
     return model, runner
 
@@ -65,6 +65,14 @@ def _state(model) -> list:
     """What a run changes: the parameters, and the buffers (lin1's fp32 master weights
     under the bf16 shadow)."""
     return list(model.parameters()) + list(model.buffers())
+
+
+def _rows(tensor):
+    """A sharded tensor's part on this rank (a DTensor's local rows under --parallel zero
+    or tp), else the tensor: a DTensor cannot be pinned (aten.is_pinned has no sharding
+    rule), and this rank's rows are all that it restores."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
 
 
 def kept_model():

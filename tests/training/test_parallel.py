@@ -219,3 +219,35 @@ def test_the_shadow_sgd_updates_each_ranks_rows(tmp_path, design):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{design} step relative error" in proc.stdout, proc.stdout
 
+
+
+KEPT_ON_SHARDS = """
+import sys
+import train
+from model import forget_kept_model
+from training.ranks import from_env, stop
+
+args = sys.argv[1:]
+first = train.run(train.parse_config(args + ["--run-name", "first"]), reuse=True)
+second = train.run(train.parse_config(args + ["--run-name", "second"]), reuse=True)
+forget_kept_model()
+if from_env().main:  # rank 0 alone returns the run's record
+    assert second["losses"] == first["losses"], (first["losses"], second["losses"])
+    print("kept model restored", second["losses"])
+stop()
+"""
+
+
+@pytest.mark.parametrize("design", ("zero", "tp"))
+def test_a_kept_sharded_model_starts_each_run_from_the_same_weights(tmp_path, design):
+    """make scaling and make throughput keep one model a process (train.run's reuse): under
+    a sharded design each rank restores its own rows of lin1, and the second run trains
+    as the first did."""
+    script = tmp_path / "kept.py"
+    script.write_text(KEPT_ON_SHARDS)
+    proc = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2",
+                           str(script), *RANK_ARGS, "--mode", "train", "--parallel", design,
+                           "--out-dir", str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "kept model restored" in proc.stdout, proc.stdout
