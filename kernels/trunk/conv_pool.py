@@ -62,6 +62,13 @@ C_IN, C_OUT = 16, 64    # conv3's channels: the kernel is written for this block
 BLOCK_P, NUM_WARPS = 64, 4
 PROGRAMS = 264
 STAGES = 1
+# fp32 ("ieee": no tensor cores) runs its dots as FMAs, whose operand layout copies the
+# weight tiles to every thread. At 64 pixels and 4 warps ptxas spilled a 55,728-byte stack
+# frame a thread, and the CUDA driver reserves the largest frame launched for every
+# thread the GPU holds, for the process's life: 15 GB of the H100. 16 pixels and 8 warps
+# keep it to 920 bytes (0.25 GB; bench/kernel_stack.py). The model's bf16 step never
+# runs fp32.
+FP32_BLOCK, FP32_WARPS = 16, 8
 
 
 @triton.jit
@@ -189,10 +196,12 @@ def conv_pool_bias_relu_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     B, _, H, W = x.shape
     y, code = _outputs(x)
     n_pooled = code.shape[0]
-    programs = min(triton.cdiv(n_pooled, BLOCK_P), PROGRAMS)
+    block, warps = (FP32_BLOCK, FP32_WARPS) if x.dtype == torch.float32 else (BLOCK_P,
+                                                                               NUM_WARPS)
+    programs = min(triton.cdiv(n_pooled, block), PROGRAMS)
     launch(_conv_pool_fwd_kernel, (programs,), x, weight, bias, y, code, n_pooled, H, W,
            H // 2, W // 2, *x.stride(), *weight.stride(), *y.stride(), CI=C_IN, CO=C_OUT,
-           BLOCK=BLOCK_P, STAGES=STAGES, num_warps=NUM_WARPS, **_meta(x))
+           BLOCK=block, STAGES=STAGES, num_warps=warps, **_meta(x))
     return y, code
 
 

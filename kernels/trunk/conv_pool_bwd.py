@@ -78,9 +78,13 @@ PROGRAMS = 264          # persistent: 2 per H100 SM, each making its weight tile
 # 368 KB of shared memory, where the H100 has 227 KB.
 STAGES = 1
 # fp32 ("ieee": no tensor cores) unrolls its products into FMAs, whose compile time grows
-# with the tile (as in kernels/trunk/second_block.py): smaller blocks for it. The model's
-# bf16 step never runs it.
-FP32_BLOCK = 16
+# with the tile (as in kernels/trunk/second_block.py), and whose operand layout copies
+# tiles to every thread: ptxas spilled 7,040 (input gradient) and 9,120 (weight) bytes of
+# stack a thread at 16 pixels and 4 warps, which the CUDA driver reserves for every
+# thread the GPU holds while the process lives (kernels/trunk/conv_pool.py). Smaller
+# blocks and 8 warps for it: 6,656 and 40 bytes (1.8 and 0.01 GB on the H100;
+# bench/kernel_stack.py). The model's bf16 step never runs it.
+FP32_BLOCK, FP32_WARPS = 16, 8
 PARTIALS = 3 * C_OUT * 4 * C_IN + C_OUT  # per program: A_0, A_1, A_2, then dL/dbias
 
 
@@ -318,6 +322,10 @@ def _block(x: torch.Tensor, block: int) -> int:
     return FP32_BLOCK if x.dtype == torch.float32 else block
 
 
+def _warps(x: torch.Tensor, warps: int) -> int:
+    return FP32_WARPS if x.dtype == torch.float32 else warps
+
+
 def _input_grad(grad, code, x, weight) -> torch.Tensor:
     B, _, H, W = x.shape
     dx = empty_4d(tuple(x.shape), x.dtype, x.device, is_nhwc(x))
@@ -326,7 +334,8 @@ def _input_grad(grad, code, x, weight) -> torch.Tensor:
     launch(_conv_pool_xgrad_kernel, (_programs(n_pooled, block),), grad, code,
            weight, dx, n_pooled, H // 2, W // 2, *grad.stride(), *weight.stride(),
            *dx.stride(), CI=C_IN, CO=C_OUT, BLOCK=block, DOT=_dot_dtype(x),
-           ROUND=TL_DTYPE[x.dtype], PRECISION="ieee", STAGES=STAGES, num_warps=XGRAD_WARPS)
+           ROUND=TL_DTYPE[x.dtype], PRECISION="ieee", STAGES=STAGES,
+           num_warps=_warps(x, XGRAD_WARPS))
     return dx
 
 
@@ -340,7 +349,7 @@ def _weight_sums(grad, code, x) -> torch.Tensor:
     launch(_conv_pool_wgrad_kernel, (programs,), x, grad, code, part, n_pooled, H, W,
            H // 2, W // 2, *x.stride(), *grad.stride(), CI=C_IN, CO=C_OUT,
            BLOCK=block, DOT=_dot_dtype(x), PRECISION="ieee", STAGES=STAGES,
-           num_warps=WGRAD_WARPS)
+           num_warps=_warps(x, WGRAD_WARPS))
     return part.sum(0)
 
 
