@@ -15,7 +15,7 @@ on small CPU tensors in fp32, bf16 and fp16, NCHW and NHWC.
 
     python3 bench/kernel_stack.py [--only 'conv_pool fp32'] [--max-frame BYTES]
 
-Exit 1 if any kernel's frame is over --max-frame (tests/kernels/trunk/test_stack.py
+Exit 1 if any kernel's frame is over --max-frame (tests/kernels/trunk/test_stack_frames.py
 runs it so in CI).
 """
 
