@@ -59,7 +59,7 @@ from profiling.trace_summary import summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
 from training import speedups
 from training.ddp import knobs
-from training.ranks import Ranks
+from training.ranks import Ranks, launcher_gone
 
 
 @contextlib.contextmanager
@@ -399,6 +399,9 @@ class ProfiledRun:
         at = (f"after step {self.done} of {self.total}" if self.done == self.total else
               f"at step {self.done + 1} of {self.total}")
         reason = interruption(exc) if interrupted else one_line(exc)
+        gone = launcher_gone()  # then whatever this rank met first is not the cause
+        if gone:
+            interrupted, status, reason = False, "failed", gone
         self.writer.close()
         if self.ranks.distributed:
             # A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and
@@ -429,6 +432,7 @@ class ProfiledRun:
         """Gzips and summarizes the profiled steps that completed; None if that fails."""
         try:
             gzip_traces(self.dir, self.ranks.worker_name())
+            self._drop_other_ranks_plain_traces()
             record = self._summary(status, profiled, reason=reason,
                                    completed_steps=self.done, planned_steps=self.total)
             self._write(record, exc if status == "failed" else None)
@@ -437,10 +441,18 @@ class ProfiledRun:
             return None
         return f"{run_folder.display(marked)} holds the {profiled} profiled steps that completed"
 
+    def _drop_other_ranks_plain_traces(self) -> None:
+        """Rank 0, keeping an early end's folder: the other ranks' plain traces go. Each
+        drops its own as it ends early, but one that does so after rank 0 renamed the
+        folder finds nothing, and its trace stayed unpacked in the -failed folder."""
+        for rank in range(1, self.ranks.world):
+            remove_plain_traces(self.dir, f"rank{rank}")
+
     def _keep_error_only(self, reason, exc) -> str | None:
         """A bug before any profiled step: its traceback, in a folder marked failed."""
         try:
             remove_plain_traces(self.dir, self.ranks.worker_name())
+            self._drop_other_ranks_plain_traces()
             self._write({"status": "failed", "reason": reason, "completed_steps": self.done,
                          "planned_steps": self.total, "config": dataclasses.asdict(self.cfg)},
                         exc)

@@ -32,7 +32,7 @@ def gzip_traces(run_dir: Path, worker: str = "*") -> list[Path]:
             os.replace(partial, packed)
         finally:
             partial.unlink(missing_ok=True)
-        plain.unlink()
+        plain.unlink(missing_ok=True)  # rank 0 may drop it in its early end
         written.append(packed)
     return written
 

@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -57,6 +58,9 @@ def parse(argv: list[str]) -> tuple[int, list[str], list[str]]:
             endpoint = rest[1]
         rest = rest[2:]
     if nodes == 1:
+        if endpoint:
+            raise UserError(f"--rdzv {endpoint} meets several hosts: give --nnodes too "
+                            "(NODES=H), or leave it out to run on this host alone")
         return nproc, ["--standalone"], rest
     host, _, port = endpoint.rpartition(":")
     if not (host and port.isdigit()):
@@ -78,13 +82,16 @@ def first_failure(failures: dict) -> int:
     """The rank whose end ended the job. A rank that loses its peer fails too, often at
     the same poll of torchrun's, with a line about the peer or about its own data
     workers (the SIGTERM torchrun sends reaches them); torchrun's choice, the earliest
-    timestamp in whole seconds with rank 0 winning a tie, then named the wrong rank. So:
-    a rank killed by a signal other than torchrun's SIGTERM, then one that stopped on a
-    user error (exit 2), then the earliest, lowest rank first."""
+    timestamp in whole seconds with rank 0 winning a tie, then named the wrong rank
+    (rank 1 exiting at its start was reported as 'rank 0 failed: killed by SIGTERM'). So:
+    a rank killed by a signal other than torchrun's SIGTERM, then one that ended on its
+    own (exit 2, a user error, first), and last those torchrun stopped (SIGTERM, or 130:
+    the run's own end on it); the earliest, lowest rank first within each."""
     def order(rank):
         failure = failures[rank]
         killed = failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
-        return (not killed, failure.exitcode != 2, failure.timestamp, rank)
+        stopped = failure.exitcode in (-signal.SIGTERM, 130)
+        return (not killed, stopped, failure.exitcode != 2, failure.timestamp, rank)
     return min(failures, key=order)
 
 
@@ -112,6 +119,8 @@ def quiet_torchrun() -> None:
 
 
 def launch(nproc: int, rendezvous: list[str], script: list[str]) -> int:
+    if "-h" in script or "--help" in script:  # once, not once a rank
+        return subprocess.call([sys.executable, *script])
     quiet_torchrun()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

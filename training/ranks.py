@@ -7,13 +7,26 @@ here touches torch.distributed then, and the run is exactly the single-process o
 """
 
 import os
+import shutil
+import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 # The launcher's folder where each rank leaves its one-line error (training/launch.py).
 ERRORS_ENV = "RAGGED_RANK_ERRORS"
+# How often a rank looks for its launcher, and how long its early end may then take
+# before it exits regardless (its main thread may be stuck in a collective).
+WATCH_S, GRACE_S = 0.5, 30.0
+_LAUNCHER: dict = {}  # the pid of the launcher this rank watches
+
+
+class LauncherGone(RuntimeError):
+    """The launcher that started this rank ended without stopping it (SIGKILL: the OOM
+    killer, a scheduler's escalation, kill -9)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +63,7 @@ class Ranks:
             # The step's collectives finish in milliseconds; a rank that waits minutes is
             # waiting for a dead peer, which torchrun kills sooner anyway.
             dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=5))
+            _watch_the_launcher()
         return device
 
     def share(self, value):
@@ -81,7 +95,10 @@ class Ranks:
         folder = os.environ.get(ERRORS_ENV)
         if not (self.distributed and folder):
             return False
-        Path(folder, f"rank{self.rank}.txt").write_text(line + "\n")
+        try:
+            Path(folder, f"rank{self.rank}.txt").write_text(line + "\n")
+        except OSError:  # the launcher is gone and a rank removed its folder
+            return False
         return True
 
 
@@ -96,6 +113,51 @@ def _bind_defaults_before_the_group() -> None:
     exception', 1 run in ~20 on 2 CPU cores, seen in a core dump). Imported first, the
     defaults are None, and destroy_process_group joins the threads while Python lives."""
     import torch.distributed.nn.functional  # noqa: F401
+
+
+def _watch_the_launcher() -> None:
+    """Ends this rank, as a failed run, within WATCH_S of its launcher's death.
+
+    torchrun's agent (in training/launch.py's process) starts the ranks in process groups
+    of their own and stops them when it ends by a signal it can catch; killed by SIGKILL it
+    stops nothing, and the ranks trained on for ~100 s, then wrote a folder that looked
+    complete. Nothing tells a process its parent died but its parent pid changing (Linux's
+    PR_SET_PDEATHSIG fires when the parent *thread* that started it ends, which torchrun
+    does not promise to keep), so a thread polls it. The main thread is interrupted by
+    SIGUSR1, whose handler raises LauncherGone: the run ends as a failure, its profiled
+    steps kept in a -failed folder. The launcher's folder of rank lines, which no one will
+    read now, is removed."""
+    parent = os.getppid()
+    if parent == 1 or threading.current_thread() is not threading.main_thread():
+        return
+    _LAUNCHER["pid"] = parent
+
+    def gone(signum, frame):
+        raise LauncherGone(launcher_gone())
+    signal.signal(signal.SIGUSR1, gone)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(WATCH_S)
+        folder = os.environ.pop(ERRORS_ENV, None)
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(GRACE_S)
+        os._exit(1)
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def launcher_gone() -> str | None:
+    """What ended this rank's run if its launcher has died (its parent pid changed), else
+    None. The ranks of a dead launcher meet their end in whatever they were doing: the
+    one whose watch fires first ends its run and closes its sockets, and its peer, in the
+    step's all-reduce, meets 'Connection closed by peer' or a line of DDP's source before
+    its own watch fires. This names the cause for either."""
+    parent = _LAUNCHER.get("pid")
+    if parent is None or os.getppid() == parent:
+        return None
+    return f"the launcher (pid {parent}) ended without stopping the job: this rank stopped"
 
 
 def from_env() -> Ranks:

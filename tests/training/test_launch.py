@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -370,8 +371,94 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     (["--nproc", "2", "--nnodes", "2", "--rdzv", "nowhere", "train.py"],
      "NODES=2 needs RDZV=HOST:PORT, an address every host reaches (the first host's, "
      "say), not 'nowhere'"),
+    (["--nproc", "2", "--rdzv", "h:29500", "train.py"],
+     "--rdzv h:29500 meets several hosts: give --nnodes too (NODES=H), or leave it out to "
+     "run on this host alone"),
 ])
 def test_bad_launcher_arguments_are_one_line(args, message):
     done = subprocess.run([sys.executable, "-m", "training.launch", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and our_lines(done.stderr) == [f"error: {message}"]
+
+
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie (its new parent may not reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_killed_launcher_ends_its_ranks_within_seconds(tmp_path):
+    """SIGKILL to the launcher (the OOM killer, a scheduler's escalation, kill -9) leaves
+    torchrun no time to stop the ranks, which sit in process groups of their own: they
+    trained on for about 100 s and wrote a folder that looked complete. Each rank now
+    watches its parent (training/ranks.py) and ends as a failed run, its profiled steps
+    kept; the launcher's folder of rank lines goes too (conftest checks that)."""
+    proc = _launch(tmp_path, "--steps", "100000", "--run-name", "job")
+    for line in proc.stdout:
+        if "step 3/" in line:
+            break
+    ranks = _ranks_of(proc.pid)
+    assert set(ranks) == {0, 1}, ranks
+    os.kill(proc.pid, signal.SIGKILL)
+    killed = time.time()
+    proc.communicate(timeout=60)
+    while not all(_ended(pid) for pid in ranks.values()) and time.time() - killed < 60:
+        time.sleep(0.1)
+    took = time.time() - killed
+    print(f"the ranks ended {took:.1f} s after their launcher was killed")
+    assert all(_ended(pid) for pid in ranks.values()), "a rank outlived its launcher"
+    assert took < 10
+    assert [p.name for p in tmp_path.iterdir()] == ["job-failed"]
+    summary = json.loads((tmp_path / "job-failed" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "the launcher (pid" in summary["reason"] and "ended without stopping" in \
+        summary["reason"], summary["reason"]
+
+
+EXITS_AT_START = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+def test_the_rank_that_failed_is_the_one_blamed(tmp_path):
+    """Rank 1 exits at its start; torchrun stops rank 0 by SIGTERM in the same second,
+    and its tie-break (the earliest whole second, rank 0 first) blamed rank 0: 'rank 0
+    failed: killed by SIGTERM', 6 runs of 6. The rank that ended on its own is named."""
+    script = tmp_path / "exits.py"
+    script.write_text(EXITS_AT_START)
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2",
+                           str(script)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert our_lines(proc.stderr)[-1] == ("error: rank 1 failed: exited with code 3 (see its "
+                                          "output above); every rank was stopped"), proc.stderr
+    assert time.time() - t0 < 30  # rank 0 did not sleep its minute out
+
+
+def test_the_order_of_blame():
+    from training.launch import first_failure
+
+    def failure(exitcode, timestamp):
+        return SimpleNamespace(exitcode=exitcode, timestamp=timestamp)
+    term = -signal.SIGTERM
+    assert first_failure({0: failure(term, 5), 1: failure(3, 5)}) == 1
+    assert first_failure({0: failure(130, 5), 1: failure(1, 6)}) == 1
+    assert first_failure({0: failure(1, 5), 1: failure(2, 5)}) == 1  # a user error first
+    assert first_failure({0: failure(1, 6), 1: failure(-signal.SIGKILL, 7)}) == 1
+    assert first_failure({0: failure(1, 5), 1: failure(1, 5)}) == 0
+    assert first_failure({0: failure(term, 5), 1: failure(term, 4)}) == 1
+
+
+@pytest.mark.parametrize("script", [["train.py"], ["-m", "studies.scaling"]])
+def test_help_under_the_launcher_is_printed_once(script):
+    """Every rank printed its help: twice on two ranks."""
+    done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", *script,
+                           "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("usage:") == 1, done.stdout
