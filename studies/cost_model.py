@@ -22,6 +22,7 @@ The model, per rank and step (B samples a rank, lin1 F -> H, lin2 H -> O, bf16 =
 
 import argparse
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,6 +172,30 @@ def chart(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _check_machine(args) -> None:
+    """The machine's numbers: whole hosts, and bandwidths that are positive numbers (0
+    divided by zero; a negative one gave negative times; nan made ddp best everywhere)."""
+    if args.gpus_per_host < 1:
+        raise UserError(f"--gpus-per-host must be 1 or more, not {args.gpus_per_host}")
+    for flag, value in (("--nvlink-gbs", args.nvlink_gbs), ("--network-gbs", args.network_gbs)):
+        if not (math.isfinite(value) and value > 0):
+            raise UserError(f"{flag} must be a positive number of GB/s, not {value}")
+
+
+def cannot_apply(design: str, n: int, hidden: int, per_host: int) -> str | None:
+    """Why --parallel `design` refuses n GPUs at lin1's `hidden` rows (the rules of
+    training/parallel.check), or None: the sharded designs split the rows evenly over
+    their ranks (tp2d over a host's), and tp2d needs whole hosts."""
+    if design == "ddp":
+        return None
+    parts = min(n, per_host) if design == "tp2d" else n
+    if design == "tp2d" and n % parts:
+        return f"{n} GPUs are not whole hosts of {parts}"
+    if hidden % parts:
+        return f"lin1's {hidden} rows do not split evenly over {parts} ranks"
+    return None
+
+
 def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="make costmodel", description=__doc__.split("\n\n")[0],
                                  allow_abbrev=False)
@@ -189,21 +214,30 @@ def _main(argv=None) -> int:
         raise UserError(f"--measured {args.measured} and --worlds {args.worlds}: {exc}") from None
     if any(n < 2 for n in worlds):
         raise UserError("--worlds are numbers of GPUs, 2 or more")
+    _check_machine(args)
     s = Shape()
     # What a hidden collective can run beside, from the one-GPU step's kernels: the conv
     # forward (~2 ms) for zero's all-gather; the backward after lin1's (~7 ms) otherwise.
     window = {"forward": 2.0, "backward": 7.0, "hidden": 7.0, "hidden-across": 7.0}
+    refused = {(d, n): why for n in worlds for d in DESIGNS
+               if (why := cannot_apply(d, n, s.hidden, args.gpus_per_host))}
     rows = [predict(d, n, measured, s, args.gpus_per_host, args.nvlink_gbs,
-                    args.network_gbs, window) for n in worlds for d in DESIGNS]
+                    args.network_gbs, window) for n in worlds for d in DESIGNS
+            if (d, n) not in refused]
     print(f"Measured on: {measured.get('device')}, torch {measured.get('torch')}; NVLink "
           f"{args.nvlink_gbs:.0f} GB/s inside a host of {args.gpus_per_host}, network "
           f"{args.network_gbs:.0f} GB/s across; contention {CONTENTION:.2f}\n")
     print(table(rows))
+    for (d, n), why in refused.items():
+        print(f"not predicted: {d} on {n} GPUs ({why}; --parallel {d} refuses it)")
     print("\nBest design at each N: " + ", ".join(
         f"{n}: {max((r for r in rows if r['GPUs'] == n), key=lambda r: r['scaling'])['design']}"
         for n in worlds))
     if args.chart:
-        chart(rows, Path(args.chart), f"predicted from {measured.get('device')}")
+        try:
+            chart(rows, Path(args.chart), f"predicted from {measured.get('device')}")
+        except OSError as exc:
+            raise UserError(f"--chart {args.chart}: {exc.strerror or exc}") from None
         print(f"written: {args.chart}")
     return 0
 

@@ -27,6 +27,7 @@ rate there.
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import time
@@ -157,6 +158,8 @@ def _main(argv) -> int:
     ranks = from_env()  # make throughput GPUS=N: every rank makes the same runs, in step
     base, given = base_config(train_args, PER_RUN, REFUSAL)
     check_epoch(base, given, ranks.world)
+    if against is not None:
+        check_against(args.against, against, base)
     padded = run_fields(base, given, "padded", args.ragged_seconds, ranks.world)
     train.validate(run_config(base, **padded), ranks.world)
     out = ranks_out(ranks, args.out, "throughput", "throughput")  # rank 0 writes the table
@@ -189,7 +192,7 @@ def _main(argv) -> int:
         raise UserError(f"none of the {len(plan)} strategies could run here ({reasons}); "
                         "nothing written")
     if against is not None:
-        add_scaling(rows, against)
+        add_scaling(rows, against["rates"])
     write_tables(out, rows, skipped, runs)
     return outcome(skipped, "steps run", len(rows), "runs")
 
@@ -224,18 +227,47 @@ def _run_all(out: Path, base, given: dict, plan, ragged_seconds: float, rows: li
 
 
 def rates_in(folder: Path) -> dict:
-    """Strategy -> sustained samples/s of another make throughput's table (throughput.csv);
-    one line if it holds none."""
+    """Another make throughput's table (throughput.csv): {"rates": strategy -> sustained
+    samples/s, "folders": its run folders}; one line if it holds no rate, or one that is
+    not a positive number."""
     table = folder / "throughput.csv"
     if not table.is_file():
         raise UserError(f"--against {display(folder)}: no throughput.csv there (a make "
                         "throughput folder, one GPU's, say)")
     with table.open(newline="") as f:
-        rates = {row["strategy"]: float(row["sustained samples/s"])
-                 for row in csv.DictReader(f) if row.get("sustained samples/s")}
+        rows = [row for row in csv.DictReader(f) if row.get("sustained samples/s")]
+    rates = {}
+    for row in rows:
+        text = row["sustained samples/s"]
+        try:
+            rate = float(text)
+        except ValueError:
+            rate = math.nan
+        if not (math.isfinite(rate) and rate > 0):  # a negative one printed -242.24x
+            raise UserError(f"--against {display(folder)}: {row.get('strategy')}'s sustained "
+                            f"rate is {text!r}, not a positive number of samples/s")
+        rates[row["strategy"]] = rate
     if not rates:
         raise UserError(f"--against {display(folder)}: its table has no sustained rate")
-    return rates
+    return {"rates": rates, "folders": [row.get("run folder") or "" for row in rows]}
+
+
+def check_against(folder: Path, against: dict, base) -> None:
+    """One line if --against's runs are of another workload or step (another batch or
+    image size, say): the settings --scaling-baseline checks, read from the first of its
+    run folders that still holds a summary.json (none: nothing to check against)."""
+    from profiling import alike
+    from profiling.scaling import SETTINGS
+    here = {"config": dataclasses.asdict(base)}
+    for name in against["folders"]:
+        summary = Path(name) / "summary.json"
+        if summary.is_file():
+            diffs = alike.differences(json.loads(summary.read_text()), here, SETTINGS)
+            if diffs:
+                raise UserError(f"--against {display(folder)} ran another workload "
+                                f"({alike.describe(diffs)}): give one GPU's make throughput "
+                                "of the same settings")
+            return
 
 
 def add_scaling(rows: list, against: dict) -> None:

@@ -56,3 +56,31 @@ def test_the_command_prints_the_table_and_the_choice(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| tp | 2 |" in out and "Best design at each N: 2: tp" in out
     assert (tmp_path / "m.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpus-per-host", "0"], "--gpus-per-host must be 1 or more, not 0"),
+    (["--nvlink-gbs", "0"], "--nvlink-gbs must be a positive number of GB/s, not 0.0"),
+    (["--network-gbs", "-5"], "--network-gbs must be a positive number of GB/s, not -5.0"),
+    (["--network-gbs", "nan"], "--network-gbs must be a positive number of GB/s, not nan"),
+    (["--worlds", "2", "--chart", "/proc/x.png"], "--chart /proc/x.png: "),
+])
+def test_bad_machine_numbers_and_charts_are_one_line(capsys, args, message):
+    """They raised ZeroDivisionError, printed negative times, made ddp best everywhere
+    (nan) or gave a traceback (a chart that cannot be written)."""
+    assert cm.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_a_design_that_refuses_the_world_is_not_predicted(capsys):
+    """3 GPUs: lin1's 16384 rows do not split over 3, and --parallel tp refuses it; the
+    model predicted tp best there."""
+    assert cm.main(["--worlds", "3,8"]) == 0
+    out = capsys.readouterr().out
+    assert "| tp | 3 |" not in out and "| zero | 3 |" not in out and "| ddp | 3 |" in out
+    assert ("not predicted: tp on 3 GPUs (lin1's 16384 rows do not split evenly over 3 "
+            "ranks; --parallel tp refuses it)") in out
+    assert "Best design at each N: 3: ddp" in out
+    assert cm.cannot_apply("tp2d", 12, 16384, 8) == "12 GPUs are not whole hosts of 8"
+    assert cm.cannot_apply("tp2d", 16, 16384, 8) is None

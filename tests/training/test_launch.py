@@ -269,6 +269,31 @@ def test_make_throughput_against_a_folder_without_a_table_is_one_line(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("rate", ["fast", "-242.5", "nan"])
+def test_make_throughput_against_a_rate_that_is_not_one_is_one_line(tmp_path, rate):
+    """A rate that is no number gave a traceback; a negative one printed -242.24x."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "throughput.csv").write_text(
+        f"strategy,sustained samples/s\npadded,{rate}\n")
+    done = _throughput(tmp_path / "x", "--against", str(tmp_path / "one"))
+    assert done.returncode == 2 and our_lines(done.stderr) == [
+        f"error: --against {tmp_path / 'one'}: padded's sustained rate is {rate!r}, not a "
+        "positive number of samples/s"], done.stderr
+
+
+def test_make_throughput_against_another_workload_is_one_line(tmp_path):
+    """A table of another image size was taken, where --scaling-baseline refuses one."""
+    one = _throughput(tmp_path / "one")
+    assert one.returncode == 0, one.stderr[-3000:]
+    done = _throughput(tmp_path / "x", "--against", str(tmp_path / "one"), "--image-size",
+                       "64")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert our_lines(done.stderr) == [
+        f"error: --against {tmp_path / 'one'} ran another workload (image size 32 there, 64 "
+        "here): give one GPU's make throughput of the same settings"], done.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_make_scaling_runs_every_design_on_the_same_batches(tmp_path):
     """make scaling GPUS=2: one run per --parallel design, rank 0's table; the same seed
     and batches, so every design's first losses agree (tests/training/test_parallel.py checks them
