@@ -59,7 +59,7 @@ from profiling.trace_summary import summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
 from training import speedups
 from training.ddp import knobs
-from training.ranks import Ranks, launcher_gone
+from training.ranks import Ranks, launcher_gone, peer_gone, stop_watching
 
 
 @contextlib.contextmanager
@@ -399,7 +399,10 @@ class ProfiledRun:
         at = (f"after step {self.done} of {self.total}" if self.done == self.total else
               f"at step {self.done + 1} of {self.total}")
         reason = interruption(exc) if interrupted else one_line(exc)
-        gone = launcher_gone()  # then whatever this rank met first is not the cause
+        stop_watching()
+        # A dead launcher or peer: what this rank met first (a closed socket, a line of
+        # DDP's hook) is not the cause.
+        gone = launcher_gone() or (self.ranks.distributed and peer_gone(exc))
         if gone:
             interrupted, status, reason = False, "failed", gone
         self.writer.close()

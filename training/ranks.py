@@ -142,10 +142,20 @@ def _watch_the_launcher() -> None:
         folder = os.environ.pop(ERRORS_ENV, None)
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
-        os.kill(os.getpid(), signal.SIGUSR1)
+        if not _LAUNCHER.get("ending"):
+            os.kill(os.getpid(), signal.SIGUSR1)
         time.sleep(GRACE_S)
         os._exit(1)
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def stop_watching() -> None:
+    """The run is ending already (a peer's closed socket came first): the launcher's
+    death must not raise into its early end, which then dropped the folder it was
+    keeping (3 runs in 20). The watch stays, to exit a rank stuck past GRACE_S."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    _LAUNCHER["ending"] = True
 
 
 def launcher_gone() -> str | None:
@@ -158,6 +168,27 @@ def launcher_gone() -> str | None:
     if parent is None or os.getppid() == parent:
         return None
     return f"the launcher (pid {parent}) ended without stopping the job: this rank stopped"
+
+
+# What gloo and NCCL say when the rank at the other end of a collective has ended.
+PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe",
+             "remote process exited", "communicator was aborted")
+
+
+def peer_gone(exc: BaseException) -> str | None:
+    """The line of a rank whose collective failed because another rank ended, else None.
+    The error's own message is gloo's paragraph, or, through DDP's communication hook, a
+    traceback whose last line (what one_line keeps) was a line of our source:
+    '.../training/ddp.py(125): <lambda>'. Which rank ended and how, the launcher says."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc).lower()
+        for marker in PEER_GONE:
+            if marker in text:
+                return f"another rank ended ({marker}); this rank stopped"
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def from_env() -> Ranks:

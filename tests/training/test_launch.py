@@ -363,6 +363,9 @@ def test_a_killed_rank_ends_the_job_within_seconds(tmp_path, workers):
     assert [p.name for p in tmp_path.iterdir()] in (["job-failed"], ["job-interrupted"])
     summary = json.loads(next(tmp_path.glob("job-*/summary.json")).read_text())
     assert summary["status"] in ("failed", "interrupted")
+    if summary["status"] == "failed":  # rank 0 met the closed socket before the SIGTERM
+        # Not gloo's paragraph, nor the line of DDP's hook it once was.
+        assert summary["reason"].startswith("another rank ended (connection "), summary
 
 
 def _ctrl_c_as_a_terminal_gives_it():
@@ -487,3 +490,19 @@ def test_help_under_the_launcher_is_printed_once(script):
                            "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("usage:") == 1, done.stdout
+
+
+def test_a_peers_end_is_named_as_such():
+    from training.ranks import peer_gone
+    gloo = RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:6063: "
+                        "Connection reset by peer. This is typically caused by ...")
+    assert peer_gone(gloo) == ("another rank ended (connection reset by peer); this rank "
+                               "stopped")
+    try:
+        try:
+            raise gloo
+        except RuntimeError as inner:
+            raise RuntimeError("  /work/main/training/ddp.py(125): <lambda>") from inner
+    except RuntimeError as hook:
+        assert peer_gone(hook).startswith("another rank ended (connection reset")
+    assert peer_gone(ValueError("a NaN loss")) is None
