@@ -402,7 +402,8 @@ class ProfiledRun:
         stop_watching()
         # A dead launcher or peer: what this rank met first (a closed socket, a line of
         # DDP's hook) is not the cause.
-        gone = launcher_gone() or (self.ranks.distributed and peer_gone(exc))
+        gone = launcher_gone() or (self.ranks.distributed and not interrupted and
+                                   peer_gone(exc))
         if gone:
             interrupted, status, reason = False, "failed", gone
         self.writer.close()

@@ -173,8 +173,9 @@ def chart(rows: list[dict], path: Path, title: str) -> None:
 
 
 def _check_machine(args) -> None:
-    """The machine's numbers: whole hosts, and bandwidths that are positive numbers (0
-    divided by zero; a negative one gave negative times; nan made ddp best everywhere)."""
+    """The machine's numbers: whole hosts, and bandwidths that are positive numbers (a 0
+    raised ZeroDivisionError, a negative one gave negative times, nan made ddp best
+    everywhere)."""
     if args.gpus_per_host < 1:
         raise UserError(f"--gpus-per-host must be 1 or more, not {args.gpus_per_host}")
     for flag, value in (("--nvlink-gbs", args.nvlink_gbs), ("--network-gbs", args.network_gbs)):

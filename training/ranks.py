@@ -179,15 +179,18 @@ def peer_gone(exc: BaseException) -> str | None:
     """The line of a rank whose collective failed because another rank ended, else None.
     The error's own message is gloo's paragraph, or, through DDP's communication hook, a
     traceback whose last line (what one_line keeps) was a line of our source:
-    '.../training/ddp.py(125): <lambda>'. Which rank ended and how, the launcher says."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        text = str(exc).lower()
-        for marker in PEER_GONE:
-            if marker in text:
-                return f"another rank ended ({marker}); this rank stopped"
+    '.../training/ddp.py(125): <lambda>'. Which rank ended and how, the launcher says.
+    None where a Ctrl-C or SIGTERM is in the chain: every rank got it, and the peer that
+    ended first on it is not this rank's cause."""
+    chain = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
         exc = exc.__cause__ or exc.__context__
+    if any(isinstance(e, KeyboardInterrupt) for e in chain):
+        return None
+    for marker in PEER_GONE:
+        if any(marker in str(e).lower() for e in chain):
+            return f"another rank ended ({marker}); this rank stopped"
     return None
 
 

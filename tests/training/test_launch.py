@@ -506,3 +506,11 @@ def test_a_peers_end_is_named_as_such():
     except RuntimeError as hook:
         assert peer_gone(hook).startswith("another rank ended (connection reset")
     assert peer_gone(ValueError("a NaN loss")) is None
+    try:  # a Ctrl-C met while the peer, which got it too, had already closed its socket
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise gloo from None
+    except RuntimeError as after_ctrl_c:
+        assert after_ctrl_c.__context__ is not None
+        assert peer_gone(after_ctrl_c) is None
