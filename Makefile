@@ -19,16 +19,19 @@ ARGS ?=
 # GPUS=N > 1: N ranks under torchrun (training/launch.py), one per GPU, or N CPU processes
 # (gloo) on a machine without GPUs; --batch-size stays per rank.
 # NODES=H > 1: H hosts, each running the same command with its own GPUS, meeting at
-# RDZV=host:port (torchrun's c10d rendezvous; the first host's address, say).
+# RDZV=host:port (torchrun's c10d rendezvous; the first host's address, say), each waiting
+# at most RDZV_WAIT seconds for the others.
 GPUS ?= 1
 NODES ?= 1
 RDZV ?=
+RDZV_WAIT ?= 300
 ifeq ($(GPUS)$(NODES),11)
 LAUNCH := $(PYTHON)
 else ifeq ($(NODES),1)
 LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS)
 else
-LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS) --nnodes $(NODES) --rdzv "$(RDZV)"
+LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS) --nnodes $(NODES) --rdzv "$(RDZV)" \
+	--wait $(RDZV_WAIT)
 endif
 
 .PHONY: profile compare ladder sweep throughput scaling costmodel test test-gpu test-browser lint tensorboard setup clean-build

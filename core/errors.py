@@ -15,7 +15,12 @@ the project's own (core/commands.py turns a command's errors into its exit).
 """
 
 import errno
+import os
 import sys
+from pathlib import Path
+
+# The launcher's folder where each rank of a job leaves its one line (training/launch.py).
+ERRORS_ENV = "RAGGED_RANK_ERRORS"
 
 
 class ProjectError(Exception):
@@ -128,4 +133,21 @@ def write_failure(exc: OSError) -> str:
 
 
 def print_error(line: str) -> None:
-    print(f"error: {line}", file=sys.stderr)
+    """A command's one line on stderr; on a rank of training/launch.py's job, left for the
+    launcher instead, which prints the line of the rank that failed first: one speaker,
+    once, where every rank of a study printed its own and two could interleave."""
+    if not leave_for_launcher(line):
+        print(f"error: {line}", file=sys.stderr)
+
+
+def leave_for_launcher(line: str) -> bool:
+    """Leaves this rank's line in the launcher's folder; False where no launcher asked
+    for it (one process, or a launcher gone and its folder removed)."""
+    folder = os.environ.get(ERRORS_ENV)
+    if not folder or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    try:
+        Path(folder, f"rank{os.environ.get('RANK', '0')}.txt").write_text(line + "\n")
+    except OSError:
+        return False
+    return True

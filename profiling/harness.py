@@ -57,7 +57,7 @@ from profiling.table import format_table
 from profiling.trace_events import find_trace, load_trace, quiet_cpu_profiler
 from profiling.trace_summary import summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
-from training import speedups
+from training import job_notes, speedups
 from training.ddp import knobs
 from training.ranks import Ranks, launcher_gone, peer_gone, stop_watching
 
@@ -169,8 +169,9 @@ class ProfiledRun:
         from torch.utils.tensorboard import SummaryWriter
         ranks = self.ranks
         # Rank 0 names the folder (never an existing one); every rank writes into it.
-        made = run_folder.new_run_dir(self.out_dir, self.run_name) if ranks.main else None
-        self.dir = ranks.share(made)
+        self.dir = ranks.share(lambda: run_folder.new_run_dir(self.out_dir, self.run_name))
+        if ranks.main:  # for the launcher, should this process die unable to mark it
+            job_notes.running(self.dir, dataclasses.asdict(self.cfg), self.total)
         self.writer = SummaryWriter(str(self.dir)) if ranks.main else _NoScalars()
         self.profiler = make_profiler(self.cfg, self.dir, self.cuda, ranks.worker_name())
         self.profiler.__enter__()
@@ -369,6 +370,7 @@ class ProfiledRun:
             self.writer.add_scalar(f"phase_gpu_ms/{name}", p["gpu_ms"], 0)
         self.writer.close()
         self._write(record)
+        job_notes.settled()
         print(record["table"])
         if "distributed" in record:
             print(format_ranks(record))
@@ -406,6 +408,11 @@ class ProfiledRun:
                                    peer_gone(exc))
         if gone:
             interrupted, status, reason = False, "failed", gone
+        elif interrupted and self.ranks.distributed and job_notes.stopped_after_a_failure():
+            # torchrun's SIGTERM after another rank failed, not the user's: met before the
+            # peer's closed socket, it labelled the run -interrupted (a race).
+            interrupted, status = False, "failed"
+            reason = "another rank failed; the launcher stopped this one"
         self.writer.close()
         if self.ranks.distributed:
             # A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and
@@ -414,7 +421,10 @@ class ProfiledRun:
             ignore_stop_signals()
             if not self.ranks.main:
                 remove_plain_traces(self.dir, self.ranks.worker_name())
+                self.ranks.let_go(self.dir.name)
                 raise (RunInterrupted if interrupted else RunFailed)(f"{reason} {at}") from exc
+            if interrupted:  # every rank is alive and ending: none may be writing into
+                self.ranks.wait_for_others(self.dir.name)  # the folder as it is renamed
         profiled = self._profiled_done()
         kept = None
         if profiled:
@@ -426,6 +436,7 @@ class ProfiledRun:
             where = "nothing kept"
         else:
             where = kept
+        job_notes.settled()
         if interrupted:
             raise RunInterrupted(f"{reason} {at}; {where}") from exc
         if user_error and kept is None:

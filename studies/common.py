@@ -60,7 +60,7 @@ def ranks_out(ranks, out: Path | None, kind: str, prefix: str) -> Path:
     if ranks.distributed:
         import torch
         ranks.start(torch.cuda.is_available())
-    return ranks.share(fresh_out(out, kind, prefix) if ranks.main else None)
+    return ranks.share(lambda: fresh_out(out, kind, prefix))
 
 
 def discard_out(out: Path) -> None:

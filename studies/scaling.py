@@ -109,9 +109,7 @@ def _main(argv) -> int:
     except KeyboardInterrupt as exc:
         if not ranks.main:
             raise
-        raise keep_interrupted(out, exc, f"{len(rows)} of {len(designs)} designs finished",
-                               (lambda folder: write_table(folder, rows, failed))
-                               if rows else None) from None
+        raise _keep_partial(out, rows, failed, len(designs), exc) from None
     stop()  # every rank done with the process group (train.main does the same)
     if not ranks.main:
         return 0
@@ -119,9 +117,25 @@ def _main(argv) -> int:
     return 1 if failed or not rows else 0
 
 
-def write_table(out: Path, rows: list, failed: list) -> None:
+def _keep_partial(out: Path, rows: list, failed: list, planned: int, exc):
+    """The table of the designs that finished before Ctrl-C or SIGTERM, in
+    <out>-interrupted/ (studies/common.keep_interrupted), its run folders where they now
+    are; the error to raise."""
+    def write_partial(folder: Path):
+        for row in rows:  # the runs moved with the folder
+            row["run folder"] = display(folder.absolute() / Path(row["run folder"]).name)
+        write_table(folder, rows, failed, note=f"**Interrupted** after {len(rows)} of "
+                    f"{planned} designs: the rows below are those that ended.")
+    return keep_interrupted(out, exc, f"{len(rows)} of {planned} designs finished",
+                            write_partial if rows else None)
+
+
+def write_table(out: Path, rows: list, failed: list, note: str = "") -> None:
+    """scaling.md and scaling.csv; `note` opens the table."""
     table = markdown_of_dicts(COLUMNS, rows + failed,
                               left={"design", "strategy", "scaling", "run folder"})
+    if note:
+        table = f"{note}\n\n{table}"
     write_whole(out / "scaling.md", table + "\n")
     write_whole(out / "scaling.csv", csv_text(COLUMNS, rows + failed))
     print(table)

@@ -13,7 +13,11 @@ When a rank fails (an exception, a user error in its batch, a killed process), t
 stops every other rank within its monitor interval (0.1 s); this launcher then prints the
 line of the rank that failed first, as that rank left it (training/ranks.py), instead of
 torchrun's report, and exits with its code: 2 for a user error, 130 for Ctrl-C, 1
-otherwise. Ctrl-C stops every rank.
+otherwise. Ctrl-C stops every rank. The ranks tell it what it needs through its folder
+(training/job_notes.py): each rank's line, rank 0's run folder in progress (marked
+-failed here if rank 0 dies unable to), and, from here, that the ranks are being stopped
+after a failure rather than a Ctrl-C. Several hosts wait for each other within a bound,
+and a Ctrl-C while they wait is honoured (training/rendezvous.py).
 """
 
 import logging
@@ -23,14 +27,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from core.commands import run_command
-from core.errors import UserError, report_errors
-from training.ranks import ERRORS_ENV
+from core.errors import ERRORS_ENV, UserError, one_line, report_errors
+from training import job_notes, rendezvous
 
-USAGE = ("usage: python3 -m training.launch --nproc N [--nnodes H --rdzv HOST:PORT] SCRIPT "
-         "[ARGS...]")
+EVERY = "; every rank was stopped"
+USAGE = ("usage: python3 -m training.launch --nproc N [--nnodes H --rdzv HOST:PORT "
+         "[--wait SECONDS]] SCRIPT [ARGS...]")
 
 
 def _whole(value: str, what: str) -> int:
@@ -43,17 +50,36 @@ def _whole(value: str, what: str) -> int:
     return number
 
 
-def parse(argv: list[str]) -> tuple[int, list[str], list[str]]:
-    """(ranks on this host, torchrun's rendezvous arguments, the script and its args)."""
+@dataclass(frozen=True)
+class Meeting:
+    """Several hosts meeting at `endpoint` (make profile NODES=H RDZV=HOST:PORT), each
+    waiting at most wait_s for the others (RDZV_WAIT)."""
+    nodes: int
+    endpoint: str
+    wait_s: int = rendezvous.WAIT_S
+
+    def torchrun_args(self) -> list[str]:
+        port = self.endpoint.rpartition(":")[2]
+        # The job's id: every host of one job gives the same, from the endpoint.
+        return [f"--nnodes={self.nodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id=ragged-{port}",
+                f"--rdzv-conf={rendezvous.conf(self.wait_s)}"]
+
+
+def parse(argv: list[str]) -> tuple[int, Meeting | None, list[str]]:
+    """(ranks on this host, the hosts' meeting or None for this host alone, the script
+    and its args)."""
     if len(argv) < 3 or argv[0] != "--nproc":
         raise UserError(USAGE)
     nproc, rest = _whole(argv[1], "GPUS"), argv[2:]
-    nodes, endpoint = 1, ""
-    while rest and rest[0] in ("--nnodes", "--rdzv"):
+    nodes, endpoint, wait_s = 1, "", rendezvous.WAIT_S
+    while rest and rest[0] in ("--nnodes", "--rdzv", "--wait"):
         if len(rest) < 3:
             raise UserError(USAGE)
         if rest[0] == "--nnodes":
             nodes = _whole(rest[1], "NODES")
+        elif rest[0] == "--wait":
+            wait_s = _whole(rest[1], "RDZV_WAIT")
         else:
             endpoint = rest[1]
         rest = rest[2:]
@@ -61,14 +87,12 @@ def parse(argv: list[str]) -> tuple[int, list[str], list[str]]:
         if endpoint:
             raise UserError(f"--rdzv {endpoint} meets several hosts: give --nnodes too "
                             "(NODES=H), or leave it out to run on this host alone")
-        return nproc, ["--standalone"], rest
+        return nproc, None, rest
     host, _, port = endpoint.rpartition(":")
     if not (host and port.isdigit()):
         raise UserError(f"NODES={nodes} needs RDZV=HOST:PORT, an address every host reaches "
                         f"(the first host's, say), not {endpoint!r}")
-    # The job's id: every host of one job gives the same, from the endpoint.
-    return nproc, [f"--nnodes={nodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-                   f"--rdzv-id=ragged-{port}"], rest
+    return nproc, Meeting(nodes, endpoint, wait_s), rest
 
 
 def check_devices(nproc: int) -> None:
@@ -105,53 +129,98 @@ def explain(rank: int, failure, folder: Path) -> tuple[str, int]:
     else:
         line = f"exited with code {failure.exitcode} (see its output above)"
     code = failure.exitcode if failure.exitcode in (1, 2, 130) else 1
-    return f"rank {rank} failed: {line}; every rank was stopped", code
+    return f"rank {rank} failed: {line}{EVERY}", code
+
+
+def say_why_ranks_stop(folder: Path) -> None:
+    """Has torchrun's agent leave training/job_notes.py's stopping.txt before it stops the
+    ranks because one failed: its SIGTERM is the same as after a Ctrl-C, and a rank that
+    cannot tell them apart labelled the run -interrupted or -failed by a race. The agent
+    stops them in _stop_workers on a failure (after Ctrl-C it calls _shutdown alone), a
+    method of torch 2.11's agent and 2.13's alike; where a torch lacks it, the race stays."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    stop = getattr(LocalElasticAgent, "_stop_workers", None)
+    if stop is None or getattr(stop, "says_why", False):
+        return
+
+    def stop_workers(agent, *args, **kwargs):
+        job_notes.stop_after_a_failure(Path(os.environ[ERRORS_ENV]))
+        return stop(agent, *args, **kwargs)
+    stop_workers.says_why = True
+    LocalElasticAgent._stop_workers = stop_workers
 
 
 def quiet_torchrun() -> None:
     """torchrun's agent logs each rank it stops, the signal it got and a report of the
     failure, which the one line replaces. Its modules set their loggers' levels from
-    LOGLEVEL when imported, so this runs before they are."""
+    LOGLEVEL when imported, so this runs before they are. torch's C++ side logs its
+    store's failed reads, with a stack of 30 frames, when another host's launcher ends
+    first (the tp2d refusal on uneven hosts printed 67 lines): only its errors are kept,
+    here and in the ranks (TORCH_CPP_LOG_LEVEL=INFO shows them all again)."""
     os.environ["LOGLEVEL"] = "CRITICAL"
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def launch(nproc: int, rendezvous: list[str], script: list[str]) -> int:
+def launch(nproc: int, meeting: Meeting | None, script: list[str]) -> int:
     if "-h" in script or "--help" in script:  # once, not once a rank
         return subprocess.call([sys.executable, *script])
     quiet_torchrun()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import get_args_parser, run
     quiet_torchrun()  # and the loggers those imports made
     check_devices(nproc)
+    if meeting is not None and (unresolved := rendezvous.check_host(meeting.endpoint)):
+        raise UserError(unresolved)
     folder = Path(tempfile.mkdtemp(prefix="ragged-ranks-"))
     os.environ[ERRORS_ENV] = str(folder)
     # torchrun would set 1 thread per rank and print a banner saying so.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     # --log-dir: torchrun's per-rank error files go under the folder removed below, not
     # into a /tmp/torchelastic_* folder of their own that no one removes.
-    args = get_args_parser().parse_args([*rendezvous, f"--nproc-per-node={nproc}",
-                                         "--max-restarts=0", f"--log-dir={folder / 'torchrun'}",
-                                         *script])
+    args = get_args_parser().parse_args([
+        *(meeting.torchrun_args() if meeting else ["--standalone"]),
+        f"--nproc-per-node={nproc}", "--max-restarts=0", f"--log-dir={folder / 'torchrun'}",
+        *script])
+    say_why_ranks_stop(folder)
+    if meeting is not None:
+        rendezvous.watch(meeting.endpoint, meeting.nodes, meeting.wait_s,
+                         lambda: shutil.rmtree(folder, ignore_errors=True))
     try:
         run(args)
         return 0
     except ChildFailedError as exc:
         rank = first_failure(exc.failures)
-        failure = exc.failures[rank]
-        line, code = explain(rank, failure, folder)
-        print(f"error: {line}", file=sys.stderr)
-        return code
+        line, code = explain(rank, exc.failures[rank], folder)
+        settled = job_notes.settle(folder, line.removesuffix(EVERY))
+        return say(f"{line}; {settled}" if settled else line, code)
+    except RendezvousError as exc:
+        said = str(exc).strip() and f": {one_line(exc)}"  # the timeout's message is empty
+        return say(f"the rendezvous at {meeting.endpoint} did not complete in "
+                   f"{meeting.wait_s} s{said} (the other hosts did not all join; "
+                   "RDZV_WAIT=seconds to wait longer)", 1)
     except (KeyboardInterrupt, SignalException):
+        if meeting is not None and not rendezvous.STARTED.is_set():
+            return say(f"stopped while waiting for the rendezvous at {meeting.endpoint}; "
+                       "no rank had started", 130)
         main_line = folder / "rank0.txt"
         where = main_line.read_text().strip() if main_line.exists() else "interrupted"
-        print(f"error: {where}; every rank was stopped", file=sys.stderr)
-        return 130
+        settled = job_notes.settle(folder, f"{where}; rank 0 did not mark its run folder")
+        return say(f"{where}{EVERY}" + (f"; {settled}" if settled else ""), 130)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def say(line: str, code: int) -> int:
+    """The launcher's one line; if the rendezvous watch spoke first, it is ending the
+    process with its own code: wait for that."""
+    if not rendezvous.speak_once(line):
+        time.sleep(rendezvous.GRACE_S * 5)
+    return code
 
 
 def main(argv=None) -> int:

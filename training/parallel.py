@@ -37,7 +37,7 @@ Nothing here imports torch at import time (train.py --help works without it).
 """
 
 from core.errors import UserError
-from training.ranks import per_host
+from training.ranks import hosts, per_host
 
 PARALLEL = ("ddp", "zero", "tp", "tp2d")
 HELP = ("several GPUs: ddp (lin1 replicated, its gradient all-reduced), zero (lin1's weight, "
@@ -62,7 +62,8 @@ def check(cfg, world: int) -> None:
     parts = world
     if cfg.parallel == "tp2d":
         parts = per_host()
-        if world % parts:
+        # A host of 1 in a job of 3 on 2 hosts divides 3 too: the host count tells.
+        if world % parts or (hosts() or world // parts) * parts != world:
             raise UserError(f"{flag} needs the same number of ranks on every host: this "
                             f"host runs {parts} of the job's {world}")
     if cfg.hidden % parts:

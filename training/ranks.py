@@ -12,16 +12,31 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
-# The launcher's folder where each rank leaves its one-line error (training/launch.py).
-ERRORS_ENV = "RAGGED_RANK_ERRORS"
+from core.errors import ERRORS_ENV, ProjectError, leave_for_launcher, one_line
+
 # How often a rank looks for its launcher, and how long its early end may then take
 # before it exits regardless (its main thread may be stuck in a collective).
 WATCH_S, GRACE_S = 0.5, 30.0
+LET_GO_S = 5.0  # how long rank 0 waits for the others to let go of a folder it renames
 _LAUNCHER: dict = {}  # the pid of the launcher this rank watches
+
+
+class RankRefused(ProjectError):
+    """Rank 0 refused before the ranks' work began (Ranks.share): every rank ends on its
+    line, the same one, with its exit code."""
+
+    def __init__(self, line: str, code: int):
+        super().__init__(line)
+        self.exit_code = code
+
+
+class PeerGone(ProjectError):
+    """Another rank ended while this one waited for it in a collective outside the step
+    (joining the group, sharing the run folder, gathering the summaries)."""
 
 
 class LauncherGone(RuntimeError):
@@ -62,19 +77,41 @@ class Ranks:
             _bind_defaults_before_the_group()
             # The step's collectives finish in milliseconds; a rank that waits minutes is
             # waiting for a dead peer, which torchrun kills sooner anyway.
-            dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(minutes=5))
+            with _peers_alive():
+                dist.init_process_group("nccl" if cuda else "gloo",
+                                        timeout=timedelta(minutes=5))
             _watch_the_launcher()
         return device
 
-    def share(self, value):
-        """Rank 0's value, on every rank (a picklable object; a collective: every rank
-        calls it at the same point)."""
+    def share(self, make):
+        """make() on rank 0, its value on every rank (picklable; a collective: every rank
+        calls it at the same point). Where rank 0's make() refuses (a ProjectError:
+        --out is a file, the run folder cannot be made), every rank raises its line: the
+        others would otherwise meet rank 0's closed socket in the broadcast and print
+        gloo's traceback of 25-35 lines."""
         if not self.distributed:
-            return value
+            return make()
         import torch.distributed as dist
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+
+        from core.errors import ProjectError
+        box, refusal = [None], None
+        if self.main:
+            try:
+                box = [("value", make())]
+            except ProjectError as exc:
+                refusal, box = exc, [("refused", (one_line(exc), exc.exit_code))]
+        with _peers_alive():
+            dist.broadcast_object_list(box, src=0)
+        kind, value = box[0]
+        if kind == "value":
+            return value
+        # Every rank is here and ends on the refusal: leave the group together, or gloo's
+        # threads end in the interpreter's shutdown ('terminate called without an active
+        # exception', SIGABRT: see _bind_defaults_before_the_group).
+        stop()
+        if refusal is not None:
+            raise refusal
+        raise RankRefused(*value)
 
     def gather(self, value) -> list:
         """Every rank's value, in rank order, on every rank (a collective)."""
@@ -82,8 +119,34 @@ class Ranks:
             return [value]
         import torch.distributed as dist
         out = [None] * self.world
-        dist.all_gather_object(out, value)
+        with _peers_alive():
+            dist.all_gather_object(out, value)
         return out
+
+    def let_go(self, name: str) -> None:
+        """This rank, ending early, is done with the run folder `name`: rank 0 may rename
+        it (wait_for_others)."""
+        store = _store()
+        if store is not None:
+            try:
+                store.set(f"let-go/{name}/{self.rank}", "1")
+            except RuntimeError:  # the launcher, which holds the store, is gone
+                pass
+
+    def wait_for_others(self, name: str) -> None:
+        """Rank 0, about to rename the run folder `name` after a Ctrl-C or SIGTERM (every
+        rank alive: after a failure one is dead and never lets go): waits until every
+        other rank has let go of it, LET_GO_S at most. Renamed
+        under a rank still exporting its trace at the profiled window's end, kineto's own
+        rename failed with an ERROR line on stderr (1 Ctrl-C in 20 under load)."""
+        store = _store()
+        if store is None:
+            return
+        try:
+            store.wait([f"let-go/{name}/{rank}" for rank in range(1, self.world)],
+                       timedelta(seconds=LET_GO_S))
+        except RuntimeError:  # a timeout (DistStoreError), or the store's host gone
+            pass
 
     def worker_name(self) -> str:
         """The trace's worker name: TensorBoard's plugin tells the ranks apart by it."""
@@ -92,14 +155,20 @@ class Ranks:
     def leave_error(self, line: str) -> bool:
         """Leaves this rank's one-line error for the launcher, which prints the line of
         the rank that failed first; False when no launcher asked for it."""
-        folder = os.environ.get(ERRORS_ENV)
-        if not (self.distributed and folder):
-            return False
-        try:
-            Path(folder, f"rank{self.rank}.txt").write_text(line + "\n")
-        except OSError:  # the launcher is gone and a rank removed its folder
-            return False
-        return True
+        return self.distributed and leave_for_launcher(line)
+
+
+def _store():
+    """The process group's store (under torchrun, its agent's: it outlives every rank), or
+    None where no group exists or this torch cannot give it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return None
+    get = getattr(dist.distributed_c10d, "_get_default_store", None)
+    try:
+        return get() if get is not None else None
+    except (RuntimeError, ValueError):
+        return None
 
 
 def _bind_defaults_before_the_group() -> None:
@@ -172,6 +241,7 @@ def launcher_gone() -> str | None:
 
 # What gloo and NCCL say when the rank at the other end of a collective has ended.
 PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe",
+             "connection was likely closed",
              "remote process exited", "communicator was aborted")
 
 
@@ -194,6 +264,20 @@ def peer_gone(exc: BaseException) -> str | None:
     return None
 
 
+@contextmanager
+def _peers_alive():
+    """Another rank's end, met here, as its one line (PeerGone, exit 1): gloo's paragraph
+    or a C++ traceback of 25-35 lines otherwise buried the line of the rank that failed
+    (the launcher's: it names that rank)."""
+    try:
+        yield
+    except RuntimeError as exc:  # torch's DistError and gloo's errors are RuntimeErrors
+        line = peer_gone(exc)
+        if line is None:
+            raise
+        raise PeerGone(line) from exc
+
+
 def from_env() -> Ranks:
     """This process's place, from the variables torchrun sets."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -205,6 +289,13 @@ def from_env() -> Ranks:
 def per_host() -> int:
     """The ranks on this host (torchrun's LOCAL_WORLD_SIZE; the whole world without it)."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
+def hosts() -> int | None:
+    """The hosts of the job (torchrun's GROUP_WORLD_SIZE: each host's launcher is one
+    group), or None where no launcher said."""
+    given = os.environ.get("GROUP_WORLD_SIZE")
+    return int(given) if given else None
 
 
 def stop() -> None:

@@ -105,6 +105,14 @@ def test_tp2d_needs_the_same_ranks_on_every_host(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="--parallel tp2d needs the same number of ranks on "
                                         "every host: this host runs 2 of the job's 3"):
         train.validate(cfg, 3)
+    # A host of one rank in a job of three on two hosts: 3 divides by 1, the host count
+    # tells (that host printed 67 lines of C++ trace where the other refused).
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    with pytest.raises(UserError, match="this host runs 1 of the job's 3"):
+        train.validate(cfg, 3)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("GROUP_WORLD_SIZE")
     with pytest.raises(UserError, match="over each host.s ranks: --hidden must be a multiple "
                                         "of 2"):
         train.validate(train.parse_config(RANK_ARGS + ["--parallel", "tp2d", "--hidden",
@@ -142,11 +150,14 @@ def test_several_hosts_need_a_rendezvous_address():
     from training.launch import parse
     with pytest.raises(UserError, match="NODES=2 needs RDZV=HOST:PORT"):
         parse(["--nproc", "2", "--nnodes", "2", "train.py"])
-    nproc, rendezvous, script = parse(["--nproc", "2", "--nnodes", "2", "--rdzv", "h:29500",
-                                       "train.py", "--loss", "padded"])
+    nproc, meeting, script = parse(["--nproc", "2", "--nnodes", "2", "--rdzv", "h:29500",
+                                    "--wait", "40", "train.py", "--loss", "padded"])
     assert nproc == 2 and script == ["train.py", "--loss", "padded"]
-    assert "--rdzv-backend=c10d" in rendezvous and "--rdzv-endpoint=h:29500" in rendezvous
-    assert parse(["--nproc", "2", "train.py"])[1] == ["--standalone"]
+    args = meeting.torchrun_args()
+    assert "--rdzv-backend=c10d" in args and "--rdzv-endpoint=h:29500" in args
+    # torchrun's join timeout is the wait; a store read waits no longer than it.
+    assert "--rdzv-conf=join_timeout=40,read_timeout=40" in args
+    assert parse(["--nproc", "2", "train.py"])[1] is None  # this host alone
 
 
 SHADOW_ON_SHARDS = """
