@@ -408,9 +408,11 @@ class ProfiledRun:
                                    peer_gone(exc))
         if gone:
             interrupted, status, reason = False, "failed", gone
-        elif interrupted and self.ranks.distributed and job_notes.stopped_after_a_failure():
-            # torchrun's SIGTERM after another rank failed, not the user's: met before the
-            # peer's closed socket, it labelled the run -interrupted (a race).
+        elif interrupted and self.ranks.distributed and \
+                job_notes.stopped_for_a_failure(str(exc)):
+            # torchrun's SIGTERM after another rank failed, not the user's: it labelled
+            # the run -interrupted (under gloo when met before the peer's closed socket,
+            # under NCCL always).
             interrupted, status = False, "failed"
             reason = "another rank failed; the launcher stopped this one"
         self.writer.close()

@@ -1,28 +1,35 @@
 """What the ranks of a job and their launcher (training/launch.py) tell each other through
 the launcher's folder ($RAGGED_RANK_ERRORS), beside each rank's one line (core/errors.py):
 
-    run.json      rank 0's run in progress: its folder, config and planned steps, written
-                  when the folder is made, removed once the folder is settled (complete,
-                  or marked by rank 0's early end)
-    stopping.txt  the launcher is stopping the ranks because one failed (not Ctrl-C)
+    run.json          rank 0's run in progress: its folder, config and planned steps,
+                      written when the folder is made, removed once it is settled
+                      (complete, or marked by rank 0's early end)
+    interrupted.txt   the launcher got Ctrl-C or SIGTERM: the user's, not a failure's
 
 Why: a rank 0 killed by SIGKILL cannot mark its own folder, which was left with no suffix
 and no summary; the launcher, which outlives it, marks it -failed with its own line. And
-the ranks torchrun stops after another failed get the same SIGTERM as after a Ctrl-C; a
-rank 0 that met the SIGTERM before its peer's closed socket labelled the run
--interrupted, one that met the socket first -failed (a race). The launcher writes
-stopping.txt before torchrun sends any SIGTERM, so a stopped rank reads why.
+torchrun stops the other ranks with SIGTERM both after one failed (SubprocessContext's
+poll closes them at once) and after the user's Ctrl-C or SIGTERM; a rank 0 that met that
+SIGTERM before its peer's closed socket labelled the run -interrupted, one that met the
+socket first -failed (a race), and under NCCL, where a dead peer's all-reduce just hangs,
+always -interrupted (seen on two H100s). The launcher's handler writes interrupted.txt
+before torchrun sends anything, so a rank stopped by SIGTERM without it was stopped for a
+failure. Ctrl-C in a terminal reaches the ranks too, as SIGINT: always the user's.
 
 Files, not collectives: the writer may be dead, and the readers are other processes.
 """
 
 import json
 import os
+import time
 from pathlib import Path
 
 from core.errors import ERRORS_ENV
 
-RUN, STOPPING = "run.json", "stopping.txt"
+RUN, INTERRUPTED = "run.json", "interrupted.txt"
+# How long a rank stopped by SIGTERM looks for the launcher's note: a SIGTERM sent to
+# the whole process group reaches the ranks as the launcher's handler writes it.
+NOTE_WAIT_S = 0.5
 
 
 def _folder() -> Path | None:
@@ -57,19 +64,27 @@ def settled() -> None:
 # -- every rank's side ----------------------------------------------------------------
 
 
-def stopped_after_a_failure() -> bool:
-    """Whether the SIGTERM this rank got is the launcher stopping the job because
-    another rank failed (not the user's Ctrl-C or SIGTERM)."""
+def stopped_for_a_failure(signal_name: str) -> bool:
+    """Whether this rank's interrupt (`signal_name`: "SIGTERM", or "" for Ctrl-C) is
+    torchrun stopping the job because another rank failed: a SIGTERM on a rank of the
+    launcher's job, with no note that the launcher itself was signalled."""
     folder = _folder()
-    return folder is not None and (folder / STOPPING).exists()
+    if folder is None or signal_name != "SIGTERM":
+        return False
+    deadline = time.monotonic() + NOTE_WAIT_S
+    while not (folder / INTERRUPTED).exists():
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 # -- the launcher's side --------------------------------------------------------------
 
 
-def stop_after_a_failure(folder: Path) -> None:
-    """Said before the ranks are stopped because one failed."""
-    (folder / STOPPING).write_text("a rank failed\n")
+def note_the_users_signal(folder: Path) -> None:
+    """Said by the launcher's signal handler, before torchrun stops the ranks."""
+    (folder / INTERRUPTED).write_text("the launcher got Ctrl-C or SIGTERM\n")
 
 
 def settle(folder: Path, line: str) -> str:

@@ -132,22 +132,24 @@ def explain(rank: int, failure, folder: Path) -> tuple[str, int]:
     return f"rank {rank} failed: {line}{EVERY}", code
 
 
-def say_why_ranks_stop(folder: Path) -> None:
-    """Has torchrun's agent leave training/job_notes.py's stopping.txt before it stops the
-    ranks because one failed: its SIGTERM is the same as after a Ctrl-C, and a rank that
-    cannot tell them apart labelled the run -interrupted or -failed by a race. The agent
-    stops them in _stop_workers on a failure (after Ctrl-C it calls _shutdown alone), a
-    method of torch 2.11's agent and 2.13's alike; where a torch lacks it, the race stays."""
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    stop = getattr(LocalElasticAgent, "_stop_workers", None)
-    if stop is None or getattr(stop, "says_why", False):
+def note_the_users_signal(folder: Path) -> None:
+    """Has the launcher's handler of Ctrl-C and SIGTERM leave training/job_notes.py's
+    interrupted.txt before torchrun stops the ranks, so that a rank stopped by SIGTERM can
+    tell the user's stop from torchrun's after a failure. torchrun's PContext.start
+    installs its module's _terminate_process_handler by name (torch 2.11 and 2.13 alike);
+    where a torch has none, every SIGTERM reads as the user's, as before."""
+    from torch.distributed.elastic.multiprocessing import api
+    handler = getattr(api, "_terminate_process_handler", None)
+    if handler is None or getattr(handler, "notes", False):
         return
 
-    def stop_workers(agent, *args, **kwargs):
-        job_notes.stop_after_a_failure(Path(os.environ[ERRORS_ENV]))
-        return stop(agent, *args, **kwargs)
-    stop_workers.says_why = True
-    LocalElasticAgent._stop_workers = stop_workers
+    def terminate(signum, frame):
+        errors = os.environ.get(ERRORS_ENV)
+        if errors:
+            job_notes.note_the_users_signal(Path(errors))
+        handler(signum, frame)
+    terminate.notes = True
+    api._terminate_process_handler = terminate
 
 
 def quiet_torchrun() -> None:
@@ -186,7 +188,7 @@ def launch(nproc: int, meeting: Meeting | None, script: list[str]) -> int:
         *(meeting.torchrun_args() if meeting else ["--standalone"]),
         f"--nproc-per-node={nproc}", "--max-restarts=0", f"--log-dir={folder / 'torchrun'}",
         *script])
-    say_why_ranks_stop(folder)
+    note_the_users_signal(folder)
     if meeting is not None:
         rendezvous.watch(meeting.endpoint, meeting.nodes, meeting.wait_s,
                          lambda: shutil.rmtree(folder, ignore_errors=True))

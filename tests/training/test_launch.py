@@ -460,6 +460,21 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     assert not any(Path(f"/proc/{pid}").exists() for pid in ranks.values())
 
 
+def test_sigterm_to_the_launcher_alone_is_an_interrupt(tmp_path):
+    """torchrun stops the ranks with SIGTERM after the launcher's SIGTERM as after a
+    failure; the launcher's note tells them apart (training/job_notes.py)."""
+    proc = _launch(tmp_path, "--active", "2000", "--run-name", "job")
+    for line in proc.stdout:
+        if "step 3/" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = _finish(proc, timeout=60)
+    assert code == 130 and len(err) == 1 and err[0].startswith("error: interrupted ("), err
+    assert [p.name for p in tmp_path.iterdir()] == ["job-interrupted"]
+    summary = json.loads((tmp_path / "job-interrupted" / "summary.json").read_text())
+    assert summary["status"] == "interrupted", summary
+
+
 @pytest.mark.parametrize("args,message", [
     (["--nproc", "0", "train.py"], "GPUS must be at least 1, not 0"),
     (["--nproc", "two", "train.py"], "GPUS must be a whole number, not 'two'"),
