@@ -140,14 +140,20 @@ def print_error(line: str) -> None:
         print(f"error: {line}", file=sys.stderr)
 
 
+def launcher_folder() -> Path | None:
+    """The launcher's folder, on a rank of training/launch.py's job; None otherwise."""
+    folder = os.environ.get(ERRORS_ENV)
+    return Path(folder) if folder and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+
+
 def leave_for_launcher(line: str) -> bool:
     """Leaves this rank's line in the launcher's folder; False where no launcher asked
     for it (one process, or a launcher gone and its folder removed)."""
-    folder = os.environ.get(ERRORS_ENV)
-    if not folder or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    folder = launcher_folder()
+    if folder is None:
         return False
     try:
-        Path(folder, f"rank{os.environ.get('RANK', '0')}.txt").write_text(line + "\n")
+        (folder / f"rank{os.environ.get('RANK', '0')}.txt").write_text(line + "\n")
     except OSError:
         return False
     return True

@@ -20,11 +20,10 @@ Files, not collectives: the writer may be dead, and the readers are other proces
 """
 
 import json
-import os
 import time
 from pathlib import Path
 
-from core.errors import ERRORS_ENV
+from core.errors import launcher_folder
 
 RUN, INTERRUPTED = "run.json", "interrupted.txt"
 # How long a rank stopped by SIGTERM looks for the launcher's note: a SIGTERM sent to
@@ -32,18 +31,12 @@ RUN, INTERRUPTED = "run.json", "interrupted.txt"
 NOTE_WAIT_S = 0.5
 
 
-def _folder() -> Path | None:
-    """The launcher's folder, on a rank of a job; None otherwise."""
-    folder = os.environ.get(ERRORS_ENV)
-    return Path(folder) if folder and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-
-
 # -- rank 0's side --------------------------------------------------------------------
 
 
 def running(run_dir: Path, config: dict, planned_steps: int) -> None:
     """Rank 0 has made its run folder: what the launcher needs to mark it if rank 0 dies."""
-    folder = _folder()
+    folder = launcher_folder()
     if folder is None:
         return
     note = {"run_dir": str(run_dir.absolute()), "config": config,
@@ -56,7 +49,7 @@ def running(run_dir: Path, config: dict, planned_steps: int) -> None:
 
 def settled() -> None:
     """Rank 0's folder is final (complete, marked or removed): the launcher leaves it."""
-    folder = _folder()
+    folder = launcher_folder()
     if folder is not None:
         (folder / RUN).unlink(missing_ok=True)
 
@@ -68,7 +61,7 @@ def stopped_for_a_failure(signal_name: str) -> bool:
     """Whether this rank's interrupt (`signal_name`: "SIGTERM", or "" for Ctrl-C) is
     torchrun stopping the job because another rank failed: a SIGTERM on a rank of the
     launcher's job, with no note that the launcher itself was signalled."""
-    folder = _folder()
+    folder = launcher_folder()
     if folder is None or signal_name != "SIGTERM":
         return False
     deadline = time.monotonic() + NOTE_WAIT_S

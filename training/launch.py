@@ -11,13 +11,14 @@ rendezvous at --rdzv (a host:port every host reaches; the first launcher there h
 each host starting its own --nproc ranks (they may differ), the world being their sum.
 When a rank fails (an exception, a user error in its batch, a killed process), torchrun
 stops every other rank within its monitor interval (0.1 s); this launcher then prints the
-line of the rank that failed first, as that rank left it (training/ranks.py), instead of
+line of the rank that failed first, as that rank left it (core/errors.py), instead of
 torchrun's report, and exits with its code: 2 for a user error, 130 for Ctrl-C, 1
 otherwise. Ctrl-C stops every rank. The ranks tell it what it needs through its folder
 (training/job_notes.py): each rank's line, rank 0's run folder in progress (marked
--failed here if rank 0 dies unable to), and, from here, that the ranks are being stopped
-after a failure rather than a Ctrl-C. Several hosts wait for each other within a bound,
-and a Ctrl-C while they wait is honoured (training/rendezvous.py).
+-failed here if rank 0 dies unable to), and, from here, that the launcher itself got
+Ctrl-C or SIGTERM, so that a rank stopped without that note was stopped for a failure.
+Several hosts wait for each other within a bound, and a Ctrl-C while they wait is
+honoured (training/rendezvous.py).
 """
 
 import logging
@@ -132,7 +133,7 @@ def explain(rank: int, failure, folder: Path) -> tuple[str, int]:
     return f"rank {rank} failed: {line}{EVERY}", code
 
 
-def note_the_users_signal(folder: Path) -> None:
+def note_the_users_signal() -> None:
     """Has the launcher's handler of Ctrl-C and SIGTERM leave training/job_notes.py's
     interrupted.txt before torchrun stops the ranks, so that a rank stopped by SIGTERM can
     tell the user's stop from torchrun's after a failure. torchrun's PContext.start
@@ -188,7 +189,7 @@ def launch(nproc: int, meeting: Meeting | None, script: list[str]) -> int:
         *(meeting.torchrun_args() if meeting else ["--standalone"]),
         f"--nproc-per-node={nproc}", "--max-restarts=0", f"--log-dir={folder / 'torchrun'}",
         *script])
-    note_the_users_signal(folder)
+    note_the_users_signal()
     if meeting is not None:
         rendezvous.watch(meeting.endpoint, meeting.nodes, meeting.wait_s,
                          lambda: shutil.rmtree(folder, ignore_errors=True))

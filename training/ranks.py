@@ -92,8 +92,6 @@ class Ranks:
         if not self.distributed:
             return make()
         import torch.distributed as dist
-
-        from core.errors import ProjectError
         box, refusal = [None], None
         if self.main:
             try:
@@ -136,9 +134,9 @@ class Ranks:
     def wait_for_others(self, name: str) -> None:
         """Rank 0, about to rename the run folder `name` after a Ctrl-C or SIGTERM (every
         rank alive: after a failure one is dead and never lets go): waits until every
-        other rank has let go of it, LET_GO_S at most. Renamed
-        under a rank still exporting its trace at the profiled window's end, kineto's own
-        rename failed with an ERROR line on stderr (1 Ctrl-C in 20 under load)."""
+        other rank has let go of it, LET_GO_S at most. Renamed under a rank still
+        exporting its trace at the profiled window's end, kineto's own rename failed with
+        an ERROR line on stderr (1 Ctrl-C in 20 under load)."""
         store = _store()
         if store is None:
             return
