@@ -6,6 +6,7 @@ A process that torchrun did not start (no WORLD_SIZE, or 1) is a world of one: n
 here touches torch.distributed then, and the run is exactly the single-process one.
 """
 
+import atexit
 import os
 import shutil
 import signal
@@ -81,6 +82,7 @@ class Ranks:
                 dist.init_process_group("nccl" if cuda else "gloo",
                                         timeout=timedelta(minutes=5))
             _watch_the_launcher()
+            atexit.register(_leave_after_an_early_end)
         return device
 
     def share(self, make):
@@ -305,6 +307,21 @@ def stop() -> None:
     if dist is not None and dist.is_available() and dist.is_initialized():
         _forget_what_holds_the_group()
         dist.barrier()
+        dist.destroy_process_group()
+
+
+def _leave_after_an_early_end() -> None:
+    """At exit, a gloo group that an early end left joined is freed while Python lives,
+    without waiting for the others (one may be dead): its threads ended in the
+    interpreter's shutdown otherwise, and a rank aborted ('terminate called without an
+    active exception', 1 make scaling Ctrl-C in 20 under load; see
+    _bind_defaults_before_the_group). Not NCCL's: a communicator a dead peer left hung
+    may not be destroyed without blocking, and torchrun stops those ranks anyway."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return  # stop() left it, or there was none
+    if dist.get_backend() == "gloo":
+        _forget_what_holds_the_group()
         dist.destroy_process_group()
 
 
