@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from core.cli import config_parser, option
+from core.commands import leave
 from core.errors import ProjectError, UserError, exit_code, one_line
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
@@ -391,4 +392,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

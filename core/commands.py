@@ -39,4 +39,20 @@ def run_command(main, unwritten: str, stop_signals: bool = True) -> None:
         print_error(str(exc) if isinstance(exc, StudyInterrupted)
                     else f"{str(exc) or 'interrupted'}; {unwritten}")
         code = exit_code(exc)
+    leave(code)
+
+
+_LEAVING: dict[str, int] = {}
+
+
+def leave(code: int) -> None:
+    """sys.exit(code), the code noted first: an exit hook that must end the process
+    itself, skipping the interpreter's shutdown (training/ranks.py's, whose process group
+    cannot be freed), exits with the command's own code."""
+    _LEAVING["code"] = code
     sys.exit(code)
+
+
+def leaving_code() -> int:
+    """The code the command is leaving with; 1 where it left another way."""
+    return _LEAVING.get("code", 1)

@@ -5,6 +5,7 @@ the launcher's folder ($RAGGED_RANK_ERRORS), beside each rank's one line (core/e
                       written when the folder is made, removed once it is settled
                       (complete, or marked by rank 0's early end)
     interrupted.txt   the launcher got Ctrl-C or SIGTERM: the user's, not a failure's
+    stopping.txt      torchrun stops the ranks because one failed (no interrupted.txt)
 
 Why: a rank 0 killed by SIGKILL cannot mark its own folder, which was left with no suffix
 and no summary; the launcher, which outlives it, marks it -failed with its own line. And
@@ -15,6 +16,10 @@ socket first -failed (a race), and under NCCL, where a dead peer's all-reduce ju
 always -interrupted (seen on two H100s). The launcher's handler writes interrupted.txt
 before torchrun sends anything, so a rank stopped by SIGTERM without it was stopped for a
 failure. Ctrl-C in a terminal reaches the ranks too, as SIGINT: always the user's.
+torchrun's close is wrapped to leave stopping.txt before it sends its SIGTERM, so that a
+rank stopped for a failure knows at once (it waited NOTE_WAIT_S for a note that never
+came: 0.5 s of the 4 s a killed rank's job may take, under load); the wait is left to a
+SIGTERM sent to the whole process group, which reaches a rank with no note yet.
 
 Files, not collectives: the writer may be dead, and the readers are other processes.
 """
@@ -25,7 +30,7 @@ from pathlib import Path
 
 from core.errors import launcher_folder
 
-RUN, INTERRUPTED = "run.json", "interrupted.txt"
+RUN, INTERRUPTED, STOPPING = "run.json", "interrupted.txt", "stopping.txt"
 # How long a rank stopped by SIGTERM looks for the launcher's note: a SIGTERM sent to
 # the whole process group reaches the ranks as the launcher's handler writes it.
 NOTE_WAIT_S = 0.5
@@ -66,7 +71,7 @@ def stopped_for_a_failure(signal_name: str) -> bool:
         return False
     deadline = time.monotonic() + NOTE_WAIT_S
     while not (folder / INTERRUPTED).exists():
-        if time.monotonic() > deadline:
+        if (folder / STOPPING).exists() or time.monotonic() > deadline:
             return True
         time.sleep(0.05)
     return False
@@ -77,7 +82,21 @@ def stopped_for_a_failure(signal_name: str) -> bool:
 
 def note_the_users_signal(folder: Path) -> None:
     """Said by the launcher's signal handler, before torchrun stops the ranks."""
-    (folder / INTERRUPTED).write_text("the launcher got Ctrl-C or SIGTERM\n")
+    _leave(folder / INTERRUPTED, "the launcher got Ctrl-C or SIGTERM\n")
+
+
+def note_a_failures_stop(folder: Path) -> None:
+    """Said by the launcher as torchrun begins to stop the ranks: for a failure, unless
+    the user's signal was noted first (then the stop is the user's)."""
+    if not (folder / INTERRUPTED).exists():
+        _leave(folder / STOPPING, "a rank failed; torchrun stops the others\n")
+
+
+def _leave(note: Path, text: str) -> None:
+    try:
+        note.write_text(text)
+    except OSError:  # the folder was removed (a rendezvous given up): no rank to tell
+        pass
 
 
 def settle(folder: Path, line: str) -> str:

@@ -133,24 +133,31 @@ def explain(rank: int, failure, folder: Path) -> tuple[str, int]:
     return f"rank {rank} failed: {line}{EVERY}", code
 
 
-def note_the_users_signal() -> None:
-    """Has the launcher's handler of Ctrl-C and SIGTERM leave training/job_notes.py's
-    interrupted.txt before torchrun stops the ranks, so that a rank stopped by SIGTERM can
-    tell the user's stop from torchrun's after a failure. torchrun's PContext.start
-    installs its module's _terminate_process_handler by name (torch 2.11 and 2.13 alike);
-    where a torch has none, every SIGTERM reads as the user's, as before."""
+def note_why_ranks_stop() -> None:
+    """Has torchrun leave training/job_notes.py's notes before it stops the ranks with
+    SIGTERM, so that a rank can tell the user's stop from one after another rank failed:
+    its handler of Ctrl-C and SIGTERM leaves interrupted.txt, and its PContext.close (which
+    SubprocessContext's poll calls at once on a failure) leaves stopping.txt unless the
+    user's note is there. PContext.start installs the module's _terminate_process_handler
+    by name (torch 2.11 and 2.13 alike); where a torch has neither, a SIGTERM without a
+    note reads, after job_notes.NOTE_WAIT_S, as a failure's."""
     from torch.distributed.elastic.multiprocessing import api
     handler = getattr(api, "_terminate_process_handler", None)
-    if handler is None or getattr(handler, "notes", False):
-        return
-
-    def terminate(signum, frame):
-        errors = os.environ.get(ERRORS_ENV)
-        if errors:
-            job_notes.note_the_users_signal(Path(errors))
-        handler(signum, frame)
-    terminate.notes = True
-    api._terminate_process_handler = terminate
+    if handler is not None and not getattr(handler, "notes", False):
+        def terminate(signum, frame):
+            if folder := os.environ.get(ERRORS_ENV):
+                job_notes.note_the_users_signal(Path(folder))
+            handler(signum, frame)
+        terminate.notes = True
+        api._terminate_process_handler = terminate
+    close = getattr(api.PContext, "close", None)
+    if close is not None and not getattr(close, "notes", False):
+        def stop(self, *args, **kwargs):
+            if folder := os.environ.get(ERRORS_ENV):
+                job_notes.note_a_failures_stop(Path(folder))
+            return close(self, *args, **kwargs)
+        stop.notes = True
+        api.PContext.close = stop
 
 
 def quiet_torchrun() -> None:
@@ -189,7 +196,7 @@ def launch(nproc: int, meeting: Meeting | None, script: list[str]) -> int:
         *(meeting.torchrun_args() if meeting else ["--standalone"]),
         f"--nproc-per-node={nproc}", "--max-restarts=0", f"--log-dir={folder / 'torchrun'}",
         *script])
-    note_the_users_signal()
+    note_why_ranks_stop()
     if meeting is not None:
         rendezvous.watch(meeting.endpoint, meeting.nodes, meeting.wait_s,
                          lambda: shutil.rmtree(folder, ignore_errors=True))

@@ -23,6 +23,7 @@ from core.errors import ERRORS_ENV, ProjectError, leave_for_launcher, one_line
 # before it exits regardless (its main thread may be stuck in a collective).
 WATCH_S, GRACE_S = 0.5, 30.0
 LET_GO_S = 5.0  # how long rank 0 waits for the others to let go of a folder it renames
+LEAVE_S = 2.0  # how long an early end waits, at exit, for its gloo group to be freed
 _LAUNCHER: dict = {}  # the pid of the launcher this rank watches
 
 
@@ -316,13 +317,33 @@ def _leave_after_an_early_end() -> None:
     interpreter's shutdown otherwise, and a rank aborted ('terminate called without an
     active exception', 1 make scaling Ctrl-C in 20 under load; see
     _bind_defaults_before_the_group). Not NCCL's: a communicator a dead peer left hung
-    may not be destroyed without blocking, and torchrun stops those ranks anyway."""
+    may not be destroyed without blocking, and torchrun stops those ranks anyway.
+
+    Freeing it waits for its queued collectives, and one may never finish: a Ctrl-C
+    met rank 0 with DDP's all-reduce queued and rank 1 before its own, or in another
+    collective. Each rank then waited in gloo's destructor for the other's message, up
+    to the group's 5 min timeout, until torchrun killed it 30 s after the Ctrl-C (rank 0
+    never renamed its folder: 1 Ctrl-C in 20 under load). The group is freed on a
+    daemon thread instead, LEAVE_S at most; past that the rank ends at once with its
+    command's code, as the interpreter's shutdown beside the blocked thread aborted it
+    (4 in 12: 'terminate called without an active exception'). Its peer's collective
+    then meets the closed socket, and its own freeing ends (tests/training/test_leave.py).
+    Only stdout and stderr are flushed: the rank has already marked its run folder."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not (dist.is_available() and dist.is_initialized()):
         return  # stop() left it, or there was none
     if dist.get_backend() == "gloo":
+        import threading
         _forget_what_holds_the_group()
-        dist.destroy_process_group()
+        freeing = threading.Thread(target=dist.destroy_process_group, daemon=True,
+                                   name="leave the process group")
+        freeing.start()
+        freeing.join(LEAVE_S)
+        if freeing.is_alive():
+            from core.commands import leaving_code
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(leaving_code())
 
 
 def _forget_what_holds_the_group() -> None:

@@ -1,0 +1,79 @@
+"""How a rank stopped by SIGTERM tells the user's stop from torchrun's after a failure
+(training/job_notes.py), without a process: the notes the launcher's wrapped handler and
+close leave, and how long a rank waits for them."""
+
+import time
+
+import pytest
+
+from core.errors import ERRORS_ENV
+from training import job_notes
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    monkeypatch.setenv(ERRORS_ENV, str(tmp_path))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    return tmp_path
+
+
+def _timed(signal_name):
+    start = time.monotonic()
+    failure = job_notes.stopped_for_a_failure(signal_name)
+    return failure, time.monotonic() - start
+
+
+def test_a_stop_for_a_failure_is_known_at_once(folder):
+    """Before the close note, a rank waited NOTE_WAIT_S for a note that never came."""
+    job_notes.note_a_failures_stop(folder)
+    failure, took = _timed("SIGTERM")
+    assert failure and took < job_notes.NOTE_WAIT_S / 2, took
+
+
+def test_the_users_signal_noted_first_is_never_a_failure(folder):
+    job_notes.note_the_users_signal(folder)
+    job_notes.note_a_failures_stop(folder)  # torchrun's close after the user's signal
+    assert not (folder / job_notes.STOPPING).exists()
+    assert _timed("SIGTERM")[0] is False
+
+
+def test_a_sigterm_without_a_note_waits_then_reads_as_a_failure(folder):
+    failure, took = _timed("SIGTERM")
+    assert failure and took >= job_notes.NOTE_WAIT_S, took
+
+
+def test_ctrl_c_and_one_process_are_never_a_failure(folder, monkeypatch):
+    job_notes.note_a_failures_stop(folder)
+    assert _timed("")[0] is False  # SIGINT from a terminal: the user's
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert _timed("SIGTERM")[0] is False
+
+
+def test_a_removed_folder_takes_no_note(tmp_path):
+    gone = tmp_path / "gone"
+    job_notes.note_a_failures_stop(gone)
+    job_notes.note_the_users_signal(gone)
+    assert not gone.exists()
+
+
+def test_the_launcher_wraps_torchruns_close_to_leave_the_note(folder, monkeypatch):
+    from torch.distributed.elastic.multiprocessing import api
+
+    from training.launch import note_why_ranks_stop
+    monkeypatch.setattr(api.PContext, "close", api.PContext.close)  # restored after
+    monkeypatch.setattr(api, "_terminate_process_handler", api._terminate_process_handler)
+    note_why_ranks_stop()
+    wrapped = api.PContext.close
+    note_why_ranks_stop()  # once, however often called
+    assert api.PContext.close is wrapped and api._terminate_process_handler.notes
+
+    class Closing(api.PContext):  # only what close itself touches
+        def __init__(self):
+            self._tail_logs, self.filtered_stdout, self.filtered_stderr = [], None, None
+
+        def _close(self, death_sig, timeout=30):
+            self.closed = death_sig
+
+        _start = _poll = pids = lambda self: None
+    Closing().close()
+    assert (folder / job_notes.STOPPING).exists()

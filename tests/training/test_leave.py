@@ -1,0 +1,49 @@
+"""A rank that ends early leaves its gloo group at exit within training/ranks.LEAVE_S,
+with its own exit code, even where a collective it queued can never finish: the case a
+Ctrl-C makes when it meets one rank after queueing DDP's all-reduce and the other before
+(or in another collective). Freeing the group waited for that collective: up to the
+group's 5 min timeout, until torchrun killed the rank."""
+
+import os
+import subprocess
+import sys
+import time
+
+from tests.helpers import REPO
+from tests.training.test_distributed import _free_port
+
+# Two ranks queue collectives that do not match (an all-reduce, a broadcast), as DDP's
+# bucket and a rank interrupted elsewhere do, then end as an early end does: the group
+# still joined, leaving with code 130 as train.py and the studies do (core.commands).
+RANK = """
+import os, sys, time, torch, torch.distributed as dist
+from training.ranks import Ranks
+rank = int(os.environ["RANK"])
+Ranks(rank, 2).start(cuda=False)
+t = torch.ones(4)
+dist.all_reduce(t, async_op=True) if rank == 0 else dist.broadcast(t, 1, async_op=True)
+time.sleep(0.5)
+print("queued", flush=True)
+from core.commands import leave
+leave(130)
+"""
+
+
+def test_an_early_end_leaves_a_group_with_a_collective_that_never_finishes():
+    port, env = _free_port(), {**os.environ, "MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2"}
+    start = time.monotonic()
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**env, "MASTER_PORT": str(port), "RANK": str(rank)})
+             for rank in (0, 1)]
+    try:
+        ends = [rank.communicate(timeout=60) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    took = time.monotonic() - start
+    for rank, (out, err) in zip(ranks, ends):
+        assert rank.returncode == 130 and out == "queued\n", (rank.returncode, out, err)
+        assert "terminate called" not in err, err
+    print(f"both ranks ended {took:.1f} s after they started")
+    assert took < 20, "a rank waited for a collective that could never finish"
