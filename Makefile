@@ -1,5 +1,6 @@
 # Set-up happens on demand: where python3 already has torch, triton and tensorboard (the
-# GPU machine) nothing is installed; elsewhere a .venv gets requirements-cpu.txt once.
+# GPU machine) nothing is installed; elsewhere a .venv gets requirements-cpu.txt once
+# (and requirements-hta.txt, without its dependencies).
 HAVE_DEPS := $(shell python3 -c "import torch, triton, tensorboard" >/dev/null 2>&1 && echo yes)
 ifeq ($(HAVE_DEPS),yes)
 PYTHON := python3
@@ -34,7 +35,7 @@ LAUNCH := $(PYTHON) -m training.launch --nproc $(GPUS) --nnodes $(NODES) --rdzv 
 	--wait $(RDZV_WAIT)
 endif
 
-.PHONY: profile compare ladder sweep throughput scaling costmodel test test-gpu test-browser lint tensorboard setup clean-build
+.PHONY: profile compare ladder sweep throughput scaling costmodel ncu test test-gpu test-browser lint tensorboard setup clean-build
 
 profile: $(SETUP)
 	$(LAUNCH) train.py --loss $(LOSS) --backend $(BACKEND) --mode $(MODE) $(ARGS)
@@ -71,6 +72,13 @@ scaling: $(SETUP)
 costmodel: $(SETUP)
 	$(PYTHON) -m studies.cost_model $(ARGS)
 
+# The loss kernels of a short run through Nsight Compute (studies/ncu.py), on the GPU
+# machine: make ncu LOSS=kernel BACKEND=cuda (LOSS and BACKEND only where given: the
+# default strategy, padded, has no kernel of its own).
+ncu: $(SETUP)
+	$(PYTHON) -m studies.ncu $(if $(filter-out file,$(origin LOSS)),--loss $(LOSS),) \
+	  $(if $(filter-out file,$(origin BACKEND) $(origin KERNEL)),--backend $(BACKEND),) $(ARGS)
+
 # The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
 # test-browser's.
 test: $(SETUP)
@@ -103,9 +111,10 @@ tensorboard: $(SETUP)
 setup: $(SETUP)
 
 # PIP_CONSTRAINT, where set, narrows the versions (CI pins triton: .ci/constraints.txt).
-.venv/.installed: requirements-cpu.txt
+.venv/.installed: requirements-cpu.txt requirements-hta.txt
 	python3 -m venv .venv
 	.venv/bin/pip install -q -r requirements-cpu.txt
+	.venv/bin/pip install -q --no-deps -r requirements-hta.txt
 	touch $@
 
 clean-build:

@@ -65,6 +65,8 @@ class Config:
     settle: int = option(2, "first steps left out of the sustained rate (compile, cuDNN "
                          "tuning; with a CUDA graph, every --wait step)")
     compile: bool = option(True, "torch.compile the model")
+    torch_trace: str = option("", "a folder for torch.compile's structured log, what tlparse "
+                              "reads (graphs, guards, recompiles); '' for none")
     amp: bool = option(True, "bf16 autocast for the forward (CUDA only)")
     pin_memory: bool = option(True, "pinned host memory for the batches (CUDA only)")
     loader: str = option("ring", "ring: the workers write each batch's images into a ring "
@@ -273,6 +275,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     import losses
     from data import SyntheticFaces
     from data.loader import make_loader, own_rate
+    from profiling import compile_account
     from profiling.harness import ProfiledRun
     from profiling.step_reader import StepReader
     from training.distributed import GlobalBatch, RankShare
@@ -290,6 +293,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                          cfg.batch_size, cfg.num_workers, strategy.collate,
                          pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores,
                          sampler=RankShare.of(cfg, ranks), ring=cfg.loader == "ring")
+    if cfg.torch_trace:
+        compile_account.trace_to(cfg.torch_trace)
     t_model = time.perf_counter()
     model, runner, optimizer = speedups.build(cfg, used, device, reuse,
                                               *ddp.wrapper(cfg, ranks, device))

@@ -31,10 +31,9 @@ from kernels.lin1.dw_update import (  # noqa: E402
     dw_update_step,
 )
 from kernels.lin1.shadow_sgd import shadow_sgd_step  # noqa: E402
+from profiling.flops import peak_of  # noqa: E402
 from training import speedups  # noqa: E402
 
-# Dense bf16 tensor-core peak (no sparsity) and HBM bandwidth, from the data sheets.
-PEAKS = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12)}
 TILES = [dict(GPU_CONFIG)] + [
     dict(BLOCK_H=bh, BLOCK_F=bf, BLOCK_K=64, GROUP_H=8, SPLIT=split, num_warps=w,
          num_stages=st)
@@ -44,11 +43,12 @@ TILES = [dict(GPU_CONFIG)] + [
 
 
 def peaks() -> tuple[float, float]:
+    """The dense bf16 peak and HBM bandwidth of this GPU (profiling/flops.py's PEAKS)."""
     name = torch.cuda.get_device_name()
-    for key, value in PEAKS.items():
-        if key in name:
-            return value
-    sys.exit(f"error: no peaks known for {name}: add them to PEAKS")
+    peak = peak_of(name)
+    if peak is None or peak.hbm_bytes_per_s is None:
+        sys.exit(f"error: no peaks known for {name}: add them to profiling/flops.py's PEAKS")
+    return peak.bf16_flops, peak.hbm_bytes_per_s
 
 
 # lin1's phases by name: the step's table picks them from lin1_phases' rows.

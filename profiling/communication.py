@@ -92,3 +92,20 @@ def communication(events: list[dict], phases: tuple[str, ...],
         "by_phase_ms": {p: us / steps / 1e3 for p, us in sorted(by_phase.items())},
         "collectives": count / steps,
     }
+
+
+def idle_by_stream(events: list[dict]) -> dict:
+    """Each GPU stream's idle time (µs) between its first and last activity (kernels,
+    copies, memsets) in the trace: its span less the union of its activities. The sum of
+    HolisticTraceAnalysis's idle-time breakdown of a stream (host wait, kernel wait,
+    other), which tests/profiling/test_hta.py checks it against."""
+    by_stream = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in GPU_CATS:
+            start = float(e["ts"])
+            by_stream[e.get("args", {}).get("stream")].append((start, start + float(e["dur"])))
+    idle = {}
+    for stream, intervals in by_stream.items():
+        merged = merge(intervals)
+        idle[stream] = merged[-1][1] - merged[0][0] - length(merged)
+    return idle

@@ -48,7 +48,7 @@ from core.errors import (
 from core.files import write_whole
 from core.names import FUSED
 from core.signals import STOP_SIGNALS, ignore_stop_signals
-from profiling import run_folder
+from profiling import compile_account, flops, run_folder
 from profiling.communication import communication
 from profiling.environment import environment
 from profiling.scaling import combine, format_ranks, scaling
@@ -173,6 +173,7 @@ class ProfiledRun:
         if ranks.main:  # for the launcher, should this process die unable to mark it
             job_notes.running(self.dir, dataclasses.asdict(self.cfg), self.total)
         self.writer = SummaryWriter(str(self.dir)) if ranks.main else _NoScalars()
+        self.compiled_before = compile_account.begin()  # this run's compiles: what comes after
         self.profiler = make_profiler(self.cfg, self.dir, self.cuda, ranks.worker_name())
         self.profiler.__enter__()
         if self.cuda:
@@ -327,6 +328,12 @@ class ProfiledRun:
         rate = sustained(self.step_times, first, self.cfg.batch_size * self.ranks.world)
         busy = self._busy_fraction(summary)
         wait = data_wait(self.step_times, first)
+        model_flops = self._model_flops(summary, rate, env["device"])
+        table += "\n" + flops.describe(model_flops, "the step's GPU time", env["device"])
+        first_ms = sum(t["host_ms"] for t in self.step_times[:self.cfg.settle])
+        compiled = compile_account.account(self.compiled_before, first_ms)
+        if compiled:
+            table += "\n" + compile_account.describe(compiled, self.cfg.settle)
         if rate:
             loader = self.facts.get("batches", {}).get("loader_rate")
             table += "\n" + describe(rate, busy, wait, loader, self.cfg.batch_size)
@@ -335,12 +342,26 @@ class ProfiledRun:
                 **self.facts,
                 "environment": env, "trace": trace.name, "table": table,
                 "step_times": self.step_times, "sustained": rate, "gpu_busy_fraction": busy,
-                "data_wait": wait,
+                "data_wait": wait, "flops": model_flops, "compile": compiled,
                 "steps_run": self.done,
                 "losses": self.losses,
                 "peak_gpu_memory_gb": (torch.cuda.max_memory_allocated() / 1e9 if self.cuda
                                        else None),
                 **summary}
+
+    def _model_flops(self, summary: dict, rate: dict | None, device: str) -> dict:
+        """The model's FLOPs a step of this rank's batch (profiling/flops.py) and the MFU
+        over the step's GPU time; with a sustained rate, also the MFU at that rate (each
+        rank's share of the job's samples: every --parallel design does a rank's batch's
+        FLOPs a rank, tp's shards of the global batch included)."""
+        cfg = self.cfg
+        per_step = flops.step_flops(cfg.batch_size, cfg.image_size, cfg.max_boxes, cfg.hidden)
+        gpu_s = summary["step"]["gpu_ms"] / 1e3 if self.cuda else None
+        account = flops.utilisation(per_step, gpu_s, device if self.cuda else None)
+        if rate and self.cuda:
+            step_s = cfg.batch_size * self.ranks.world / rate["samples_per_s"]
+            account["sustained_mfu"] = flops.utilisation(per_step, step_s, device)["mfu"]
+        return account
 
     def _busy_fraction(self, summary: dict) -> float | None:
         """The profiled steps' GPU work on their busiest stream (its kernels, copies and

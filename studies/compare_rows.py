@@ -3,8 +3,10 @@ make compare (studies/compare.py) runs the strategies and writes them out.
 
 Per run: each phase's CPU and GPU time per step, the loss's launches (forward and, in
 train mode, backward), host-to-device copies and syncs per step, peak GPU memory, the step
-time, and the loss's speed-up over the loop strategy (host time in the loss ranges) when a
-loop run of the same mode is among the inputs. Peak GPU memory is over the whole run.
+time, the model's FLOPs a step with their rate and MFU over the step's GPU time
+(profiling/flops.py), and the loss's speed-up over the loop strategy (host time in the
+loss ranges) when a loop run of the same mode is among the inputs. Peak GPU memory is
+over the whole run.
 
 Runs that differ in more than strategy and mode (batch, image size, ...:
 profiling/alike.py) are still set side by side, but each differing field becomes a column,
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from core.errors import UserError
 from core.names import PHASES
-from profiling import alike
+from profiling import alike, flops
 
 
 def load_summary(path: Path) -> dict:
@@ -39,7 +41,7 @@ def _loss_time(summary: dict, key: str) -> float | None:
 COLUMNS = (["strategy", "mode", *alike.FIELDS, "profiled steps"]
            + [f"{p} {unit} ms" for p in PHASES for unit in ("CPU", "GPU")]
            + ["loss launches", "loss bwd launches", "H2D copies", "syncs", "peak GPU GB",
-              "step CPU ms", "step GPU ms", "loss speed-up vs loop", "CUDA graph",
+              "step CPU ms", "step GPU ms", *flops.COLUMNS, "loss speed-up vs loop", "CUDA graph",
               "run folder"])
 
 
@@ -72,6 +74,7 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
             "peak GPU GB": s.get("peak_gpu_memory_gb"),
             "step CPU ms": s["step"]["cpu_ms"],
             "step GPU ms": s["step"]["gpu_ms"] if on_gpu else None,
+            **flops.cells(s.get("flops")),
             # Summaries from before the speed-ups have no "speedups": no graph there.
             "CUDA graph": "yes" if (s.get("speedups") or {}).get("on", {}).get("cuda_graph")
             else "no",

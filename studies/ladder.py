@@ -29,6 +29,7 @@ from core.files import write_whole
 from core.names import PHASES, describe, parse_variants
 from core.tables import csv_text, markdown_of_dicts
 from kernels.giou.cuda_extension import unavailable_reason
+from profiling import flops
 from profiling.run_folder import display
 from studies.charts import ladder_chart
 from studies.common import (
@@ -49,7 +50,7 @@ GOAL_MS = 30.0  # the step's goal on the H100, drawn on the chart
 # Set per rung: given in ARGS they would make the rungs the same.
 PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir", "baseline", *SPEEDUPS)
 REFUSAL = "is set per rung by make ladder; choose strategies with --strategies"
-COLUMNS = (["strategy", "rung", "step GPU ms", "step CPU ms", "saved GPU ms"]
+COLUMNS = (["strategy", "rung", "step GPU ms", "step CPU ms", "saved GPU ms", *flops.COLUMNS]
            + [f"{p} GPU ms" for p in PHASES]
            + ["launches", "peak GPU GB", "first losses", "run folder"])
 
@@ -203,7 +204,8 @@ def ladder_rows(runs: dict, skipped: list[dict]) -> list[dict]:
         row = {"strategy": strategy, "rung": rung, "step GPU ms": step_gpu,
                "step CPU ms": s["step"]["cpu_ms"],
                "saved GPU ms": (previous[strategy] - step_gpu
-                                if on_gpu and strategy in previous else None)}
+                                if on_gpu and strategy in previous else None),
+               **flops.cells(s.get("flops"))}
         for phase, p in s["phases"].items():
             row[f"{phase} GPU ms"] = p["gpu_ms"] if on_gpu else None
         row.update({

@@ -47,13 +47,17 @@ def row_of(summary: dict, folder: Path) -> dict:
                   hidden=cfg["hidden"], out=cfg["max_boxes"] * 4)
     optimizer = (summary.get("phases") or {}).get("optimizer") or {}
     scale = job.get("scaling")
+    # GPU figures only where there is a GPU: gloo's ranks have no NCCL or GPU time to
+    # measure, and the 0.000 printed there read as a measurement.
+    on_gpu = summary.get("peak_gpu_memory_gb") is not None
     return {"design": cfg["parallel"], "GPUs": world,
             "strategy": describe(cfg["loss"], cfg["backend"]),
             "step median ms": rate.get("step_ms_median"), "step p95 ms": rate.get("step_ms_p95"),
-            "NCCL ms": comm.get("comm_ms"), "exposed NCCL ms": comm.get("exposed_ms"),
+            "NCCL ms": comm.get("comm_ms") if on_gpu else None,
+            "exposed NCCL ms": comm.get("exposed_ms") if on_gpu else None,
             "sent GB per rank (model)": sent_per_rank(cfg["parallel"], world, shape,
                                                       g=per_host()) / 1e9,
-            "optimizer GPU ms": optimizer.get("gpu_ms"),
+            "optimizer GPU ms": optimizer.get("gpu_ms") if on_gpu else None,
             "peak GB": summary.get("peak_gpu_memory_gb"),
             "samples/s": rate.get("samples_per_s"),
             "scaling": f"{scale['factor']:.2f}x" if scale else None,

@@ -12,7 +12,8 @@ Per run, from its summary.json: **sustained samples/s** (the global batch over t
 device step times of every step after --settle; host wall time on a CPU), the **GPU's own
 rate** (the batch over the profiled steps' GPU work on their busiest stream: what it could
 take if never left waiting; a copy a step ahead, on its own stream, is not in it), their
-ratio, the median and 95th-percentile step, the busiest stream's busy fraction over the
+ratio, the model's TFLOP/s a GPU and MFU at the sustained rate (profiling/flops.py), the
+median and 95th-percentile step, the busiest stream's busy fraction over the
 profiled steps, and the host's wait for the loader over every step after --settle.
 Written under profiles/throughput-<UTC time>/: throughput.md, throughput.csv,
 throughput.png (the rates) and steps.png (every run's step times over the run, the steps a
@@ -60,8 +61,8 @@ PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir")
 REFUSAL = ("is set per run by make throughput; choose runs with --strategies and the "
            "folder with --out")
 COLUMNS = ["strategy", "steps run", "sustained samples/s", "GPU's rate samples/s", "share",
-           "step median ms", "step p95 ms", "GPU busy", "data wait ms", "steps waited",
-           "timer", "budget", "loader", "copy", "run folder"]
+           "TFLOP/s a GPU", "MFU %", "step median ms", "step p95 ms", "GPU busy",
+           "data wait ms", "steps waited", "timer", "budget", "loader", "copy", "run folder"]
 # With --against: each strategy's sustained rate over its rate in the other table.
 SCALING = "scaling"
 
@@ -123,10 +124,16 @@ def row_of(summary: dict, folder: Path) -> dict:
     own = batch / gpu_ms * 1e3 if gpu_ms else None
     busy = summary.get("gpu_busy_fraction")
     wait = summary.get("data_wait") or {}
+    model = summary.get("flops") or {}
+    sustained_mfu = model.get("sustained_mfu")
     return {
         "strategy": describe(cfg["loss"], cfg["backend"]), "steps run": summary["steps_run"],
         "sustained samples/s": rate.get("samples_per_s"), "GPU's rate samples/s": own,
         "share": (f"{rate['samples_per_s'] / own * 100:.1f} %" if own and rate else None),
+        # The model's FLOPs at the sustained rate, a GPU's share (profiling/flops.py).
+        "TFLOP/s a GPU": (model["tflop"] * rate["samples_per_s"] / batch
+                          if model and rate and sustained_mfu is not None else None),
+        "MFU %": None if sustained_mfu is None else sustained_mfu * 100,
         "step median ms": rate.get("step_ms_median"), "step p95 ms": rate.get("step_ms_p95"),
         "GPU busy": None if busy is None else f"{busy * 100:.1f} %",
         "data wait ms": wait.get("total_ms"), "steps waited": wait.get("steps_waited"),

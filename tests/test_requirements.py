@@ -37,3 +37,21 @@ def test_requirements_resolve_on_the_public_index(tmp_path):
         if "==" in pin:
             assert installed["triton"]["version"] == pin.split("==")[1].split(";")[0].strip()
     assert {"triton", "tensorboard", "torch-tb-profiler", "pytest"} <= set(installed)
+
+
+def test_hta_resolves_without_its_dependencies(tmp_path):
+    """make installs requirements-hta.txt with --no-deps: its pin must exist on the index,
+    and what it needs to read a trace must be in requirements-cpu.txt."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--quiet",
+         "--ignore-installed", "--no-deps", "--report", str(tmp_path / "r.json"), "-r",
+         str(REPO / "requirements-hta.txt")],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    if done.returncode and "connection" in done.stderr.lower() and not os.environ.get("CI"):
+        pytest.skip("the public package index cannot be reached from here")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (hta,) = json.loads((tmp_path / "r.json").read_text())["install"]
+    assert hta["metadata"]["name"].lower() == "holistictraceanalysis"
+    ours = (REPO / "requirements-cpu.txt").read_text().split()
+    assert {"pandas", "plotly", "pydot", "pyyaml", "psutil"} <= set(ours)

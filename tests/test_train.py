@@ -13,6 +13,7 @@ import pytest
 
 import train
 from core.errors import UserError
+from profiling import flops
 from tests.helpers import REPO, TINY, cli, one_line_and_nothing_written, our_lines
 
 
@@ -41,6 +42,12 @@ def test_profile_run_writes_trace_and_summary(tmp_path, loss, mode):
     for key in ("device", "torch", "triton", "cuda", "commit", "date"):
         assert key in summary["environment"]
     assert "| loss" in summary["table"]
+    # The model's FLOPs are counted on a CPU too; its MFU is the GPU's alone.
+    cfg = summary["config"]
+    assert summary["flops"]["tflop"] * 1e12 == flops.step_flops(
+        cfg["batch_size"], cfg["image_size"], cfg["max_boxes"], cfg["hidden"])
+    assert summary["flops"]["mfu"] is None and "MFU -: no GPU time" in summary["table"]
+    assert summary["compile"] is None  # the CPU preset does not compile
 
 
 def test_a_second_run_leaves_the_first_untouched(tmp_path):

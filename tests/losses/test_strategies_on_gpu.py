@@ -8,6 +8,7 @@ import torch
 import losses
 import train
 from kernels.giou import giou_loss
+from profiling import flops
 from tests.cases import make_case
 from tests.helpers import SMALL, kernels_launched
 
@@ -38,9 +39,23 @@ def test_short_profile_run(tmp_path, loss, kernel, mode):
 
 
 def test_compiled_model_profile_run(tmp_path):
-    args = [a for a in SMALL if a != "--no-compile"] + ["--compile", "--out-dir", str(tmp_path)]
+    """And the run's account of it (profiling/compile_account.py, on this torch) and of
+    its FLOPs (profiling/flops.py): graphs compiled in the first steps, --torch-trace's
+    log written, an MFU on a GPU whose peak is known."""
+    trace = tmp_path / "tlparse-in"
+    args = [a for a in SMALL if a != "--no-compile"] + [
+        "--compile", "--out-dir", str(tmp_path / "runs"), "--torch-trace", str(trace)]
     record = train.run(train.parse_config(args))
     assert record["phases"]["forward"]["gpu_ms"] > 0
+    compiled = record["compile"]
+    assert compiled["graphs"] >= 1 and 0 < compiled["compile_s"] * 1e3 <= \
+        compiled["first_steps_ms"], compiled
+    assert any(trace.iterdir())
+    model = record["flops"]
+    assert model["tflop"] > 0 and model["tflop_per_s"] > 0
+    if flops.peak_of(torch.cuda.get_device_name()) is not None:
+        assert 0 < model["mfu"] < 1 and 0 < model["sustained_mfu"] < 1, model
+        assert "MFU " in record["table"]
 
 
 def _grad_once(loss_fn, case):

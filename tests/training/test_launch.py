@@ -308,6 +308,10 @@ def test_make_scaling_runs_every_design_on_the_same_batches(tmp_path):
         rows = list(csv.DictReader(f))
     assert [r["design"] for r in rows] == ["ddp", "zero", "tp", "tp2d"]
     assert all(r["GPUs"] == "2" and float(r["samples/s"]) > 0 for r in rows), rows
+    # No GPU, no GPU figures: these columns printed 0.000, which read as measured.
+    gpu_only = ("NCCL ms", "exposed NCCL ms", "optimizer GPU ms", "peak GB")
+    assert all(r[c] == "" for r in rows for c in gpu_only), rows
+    assert "0.000" not in (tmp_path / "sc" / "scaling.md").read_text()
     # The cost model's bytes: tp's gathered features are far fewer than lin1's gradient.
     sent = {r["design"]: float(r["sent GB per rank (model)"]) for r in rows}
     assert sent["tp"] < sent["ddp"] and sent["zero"] > 0, sent

@@ -1,0 +1,113 @@
+"""The model's FLOPs a step, and how much of the GPU's peak a run turns into them (MFU).
+
+Counted, not modelled: torch.utils.flop_counter.FlopCounterMode runs the plain model's
+forward and backward once, on the "meta" device (shapes only: no memory, no kernels, a
+second on a CPU even at hidden 16384), at the run's batch and shapes. It counts what
+torch's matmuls and convolutions do (2 FLOPs a multiply-add, the backward's input and
+weight gradients as autograd asks for them: the first convolution has no input gradient),
+so the figure is the same with every speed-up on or off: the step's speed-ups and our
+Triton and CUDA ops change how fast the FLOPs go, not how many the model needs (the fused
+kernels would count as zero). The loss and the optimizer are elementwise: FlopCounterMode
+counts none of their operations (tests/test_flops.py holds both facts), which is the usual
+convention for MFU. At the GPU preset (batch 1024, 256 x 256, hidden 16384):
+
+    lin1   3 GEMMs x 2 x 1024 x 65,536 x 16,384          6.60 TFLOP
+    convs  forward 0.41, backward 0.82                  1.23 TFLOP
+    lin2   3 GEMMs x 2 x 1024 x 16,384 x 1,024          0.10 TFLOP
+    step                                                7.93 TFLOP
+
+MFU is those FLOPs over a time, against the device's dense bf16 tensor-core peak: the
+step's GPU time in a run's table (how well the GPU is used while it works), the sustained
+rate in make throughput (what a user gets). '-' on a device whose peak is not in PEAKS.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class Peak:
+    bf16_flops: float  # dense (no 2:4 sparsity) bf16 tensor-core FLOP/s, data sheet
+    hbm_bytes_per_s: float | None  # memory bandwidth, data sheet
+
+
+# Matched in this order against torch.cuda.get_device_name(): the PCIe and NVL H100s
+# before the SXM's plain "H100".
+PEAKS = {
+    "H100 PCIe": Peak(756e12, 2.0e12),
+    "H100 NVL": Peak(835e12, 3.9e12),
+    "H100": Peak(989e12, 3.35e12),
+    "H200": Peak(989e12, 4.8e12),
+    "A100": Peak(312e12, None),  # 40 and 80 GB parts differ in bandwidth
+}
+
+
+def peak_of(device_name: str | None) -> Peak | None:
+    """The device's peaks, None where unknown (a CPU, or a GPU not in PEAKS)."""
+    for key, peak in PEAKS.items():
+        if device_name and key in device_name:
+            return peak
+    return None
+
+
+@lru_cache(maxsize=16)
+def step_flops(batch: int, image_size: int, capacity: int, hidden: int) -> int:
+    """FLOPs of one training step of the plain model at these shapes (module docstring)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from model.boxnet import BoxNet
+    with torch.device("meta"):
+        model = BoxNet(image_size, capacity, hidden)
+        images = torch.empty(batch, 1, image_size, image_size, dtype=torch.uint8)
+    with FlopCounterMode(display=False) as counter:
+        model(images).float().sum().backward()  # the loss: none of its FLOPs are counted
+    return counter.get_total_flops()
+
+
+def utilisation(flops: float, seconds: float | None, device_name: str | None) -> dict:
+    """summary.json's account of `flops` done in `seconds`: the rate (TFLOP/s) and the MFU
+    against the device's peak; None for what cannot be known."""
+    peak = peak_of(device_name)
+    rate = flops / seconds if seconds else None
+    return {"tflop": flops / 1e12,
+            "tflop_per_s": rate / 1e12 if rate else None,
+            "peak_tflop_per_s": peak.bf16_flops / 1e12 if peak else None,
+            "mfu": rate / peak.bf16_flops if rate and peak else None}
+
+
+# The columns of make compare, ladder and throughput (cells()).
+COLUMNS = ("model TFLOP/step", "TFLOP/s", "MFU %")
+
+
+def cells(account: dict | None) -> dict:
+    """A run's FLOPs columns from its summary's account; None ('-') where it has none (a
+    summary from before they were counted) or no GPU time (a CPU run)."""
+    account = account or {}
+    mfu = account.get("mfu")
+    return dict(zip(COLUMNS, (account.get("tflop"), account.get("tflop_per_s"),
+                              None if mfu is None else mfu * 100)))
+
+
+def mfu_text(mfu: float | None) -> str:
+    return "-" if mfu is None else f"{mfu * 100:.1f} %"
+
+
+def rate_text(tflop_per_s: float | None) -> str:
+    return "-" if tflop_per_s is None else f"{tflop_per_s:.0f}"
+
+
+def describe(account: dict, over: str, device_name: str) -> str:
+    """The line under a table: 'model: 7.93 TFLOP a step; over <over> 365 TFLOP/s, MFU
+    36.9 % of the H100's dense bf16 peak (989 TFLOP/s)'."""
+    line = f"model: {account['tflop']:.3g} TFLOP a step (forward and backward, FlopCounterMode)"
+    if account["mfu"] is None:
+        why = ("no GPU time" if account["tflop_per_s"] is None
+               else f"no dense bf16 peak known for {device_name} (profiling/flops.py)")
+        return f"{line}; MFU -: {why}"
+    line = (f"{line}; over {over} {rate_text(account['tflop_per_s'])} TFLOP/s, MFU "
+            f"{mfu_text(account['mfu'])} of the dense bf16 peak "
+            f"({account['peak_tflop_per_s']:.0f} TFLOP/s)")
+    if account.get("sustained_mfu") is not None:
+        line += f"; at the sustained rate {mfu_text(account['sustained_mfu'])}"
+    return line

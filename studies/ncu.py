@@ -1,0 +1,184 @@
+"""make ncu: the loss kernels of a short training run through Nsight Compute, one table.
+
+    python3 -m studies.ncu [--loss kernel --backend cuda] [--out DIR] [train.py options...]
+
+Runs train.py (a few steps at the GPU preset unless ARGS say otherwise) under `ncu`,
+which replays each launch of the GIoU kernels (Triton's and the CUDA extension's: names
+matching KERNELS) with a fixed metric set, every other kernel running as usual:
+
+    duration              gpu__time_duration.sum
+    DRAM % of peak        dram__throughput.avg.pct_of_peak_sustained_elapsed
+    achieved occupancy    sm__warps_active.avg.pct_of_peak_sustained_active
+    registers a thread    launch__registers_per_thread
+
+The table (ncu.md, ncu.csv: per kernel, the mean over its profiled launches) lands in
+profiles/ncu-<strategy>-<UTC time>/ beside the run folder and ncu's own report
+(report.ncu-rep, for the Nsight Compute GUI). The steps' times in that run are not
+figures: ncu serialises the kernels it profiles and replays them.
+
+Refused in one line: without a GPU or without ncu (exit 2); where ncu may not read the
+GPU's counters (ERR_NVGPUCTRPERM: a driver setting, exit 1); where no kernel matched (a
+strategy without a fused kernel: loop, padded, concat, compiled, nested; exit 2).
+"""
+
+import argparse
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from core.commands import command, run_command
+from core.errors import ProjectError, UserError
+from core.files import write_whole
+from core.names import FUSED, describe
+from core.tables import csv_text, markdown_of_dicts
+from profiling.run_folder import check_out_dir, display, new_run_dir, utc_stamp
+
+KERNELS = r"regex:giou|packed_(fwd|bwd|finalize)"
+METRICS = {
+    "gpu__time_duration.sum": "duration us",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM % of peak",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved occupancy %",
+    "launch__registers_per_thread": "registers a thread",
+}
+COLUMNS = ["kernel", "launches profiled", *METRICS.values(), "block", "grid"]
+# A short run: the profiled window's launches (a step's forward and backward kernels);
+# not compiled (Inductor's compiling and autotuning would run under ncu too).
+RUN_ARGS = ["--wait", "1", "--warmup", "0", "--active", "2", "--no-compile"]
+PERMISSION = "ERR_NVGPUCTRPERM"
+
+
+class CountersRefused(ProjectError):
+    exit_code = 1
+
+
+def find_ncu() -> str:
+    """ncu's path: on PATH, else where the CUDA toolkit puts it."""
+    for candidate in (shutil.which("ncu"), "/usr/local/cuda/bin/ncu"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise UserError("make ncu needs Nsight Compute's `ncu`, which is not on PATH nor in "
+                    "/usr/local/cuda/bin: install the CUDA toolkit's nsight-compute")
+
+
+def ncu_command(ncu: str, out: Path, train_args: list[str]) -> list[str]:
+    return [ncu, "--target-processes", "all", "--kernel-name", KERNELS,
+            "--metrics", ",".join(METRICS), "--csv", "--page", "raw",
+            "--log-file", str(out / "ncu-raw.csv"), "--export", str(out / "report"),
+            sys.executable, "train.py", *RUN_ARGS, "--out-dir", str(out), *train_args]
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def short_name(name: str) -> str:
+    """'void giou_fwd_kernel<true, c10::BFloat16, ...>(...)' -> 'giou_fwd_kernel<true, ...>'"""
+    name = name.removeprefix("void ")
+    return name.split("(")[0] if "(" in name else name
+
+
+def read_raw(text: str) -> list[dict]:
+    """ncu's --csv --page raw output: a header of metric names, a row of their units, one
+    row a profiled launch; the ==PROF== lines ncu writes around them are not CSV. Each
+    launch's dict carries the units under "_units"."""
+    table = list(csv.reader(line for line in text.splitlines() if line.startswith('"')))
+    if not table:
+        return []
+    header, body = table[0], table[1:]
+    units = {}
+    if body and not body[0][0].strip():  # the units row has no launch ID
+        units, body = dict(zip(header, body[0])), body[1:]
+    return [{**dict(zip(header, row)), "_units": units} for row in body]
+
+
+def _in_us(value: float, unit: str) -> float:
+    return value * {"ns": 1e-3, "nsecond": 1e-3, "usecond": 1.0, "us": 1.0,
+                    "msecond": 1e3, "ms": 1e3}.get(unit.strip(), 1e-3)
+
+
+def kernel_rows(launches: list[dict]) -> list[dict]:
+    """One row a kernel: the mean of each metric over its profiled launches."""
+    by_kernel = defaultdict(list)
+    for launch in launches:
+        by_kernel[short_name(launch["Kernel Name"])].append(launch)
+    rows = []
+    for name, group in by_kernel.items():
+        row = {"kernel": name, "launches profiled": len(group),
+               "block": group[0].get("Block Size"), "grid": group[0].get("Grid Size")}
+        for metric, column in METRICS.items():
+            values = [_number(g.get(metric, "")) for g in group]
+            values = [v for v in values if v is not None]
+            if not values:
+                row[column] = None
+                continue
+            mean = sum(values) / len(values)
+            if metric == "gpu__time_duration.sum":
+                mean = _in_us(mean, group[0]["_units"].get(metric, "ns"))
+            row[column] = mean
+        rows.append(row)
+    return sorted(rows, key=lambda r: -(r["duration us"] or 0))
+
+
+def _refusal(output: str) -> str | None:
+    if PERMISSION in output:
+        return ("ncu may not read this GPU's performance counters (ERR_NVGPUCTRPERM): run "
+                "it as root, or load the driver with NVreg_RestrictProfilingToAdminUsers=0")
+    return None
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="make ncu", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--loss", default="kernel", help="a fused strategy: "
+                        + ", ".join(FUSED))
+    parser.add_argument("--backend", default="triton", choices=("triton", "cuda"))
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the folder (default profiles/ncu-<strategy>-<UTC time>)")
+    return parser.parse_known_args(argv)
+
+
+def _main(argv) -> int:
+    args, train_args = _parse(argv)
+    if args.loss not in FUSED:
+        raise UserError(f"make ncu profiles the fused loss kernels: LOSS={args.loss} has "
+                        f"none; choose one of {', '.join(FUSED)}")
+    import torch
+    if not torch.cuda.is_available():
+        raise UserError("make ncu needs a GPU: Nsight Compute profiles CUDA kernels")
+    ncu = find_ncu()
+    name = describe(args.loss, args.backend).replace("/", "-")
+    out = args.out or new_run_dir(check_out_dir("profiles"), f"ncu-{name}-{utc_stamp()}")
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = ncu_command(ncu, out, ["--loss", args.loss, "--backend", args.backend,
+                                 *train_args])
+    print(f"[ncu] {' '.join(cmd)}", flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    raw = out / "ncu-raw.csv"
+    output = done.stdout + done.stderr + (raw.read_text() if raw.exists() else "")
+    if refusal := _refusal(output):
+        raise CountersRefused(refusal)
+    if done.returncode:
+        tail = "; ".join(line for line in output.splitlines()[-3:] if line.strip())
+        raise ProjectError(f"the run under ncu failed (exit {done.returncode}): {tail}")
+    rows = kernel_rows(read_raw(raw.read_text())) if raw.exists() else []
+    if not rows:
+        raise UserError(f"ncu profiled no kernel matching {KERNELS} in that run")
+    table = markdown_of_dicts(COLUMNS, rows, left={"kernel", "block", "grid"})
+    write_whole(out / "ncu.md", f"{name}: the loss kernels under Nsight Compute, the mean "
+                f"of each kernel's profiled launches\n\n{table}\n")
+    write_whole(out / "ncu.csv", csv_text(COLUMNS, rows))
+    print(table)
+    print(f"written: {display(out / 'ncu.md')}, ncu.csv and report.ncu-rep")
+    return 0
+
+
+main = command(_main)
+
+if __name__ == "__main__":
+    run_command(main, "the ncu table was not written")

@@ -1,0 +1,106 @@
+"""make ncu (studies/ncu.py) on CPU: ncu's raw CSV read into one row a kernel, and each
+refusal one line with its exit code; the run itself is the GPU machine's."""
+
+import subprocess
+import sys
+
+import pytest
+
+from studies import ncu
+from tests.helpers import REPO, SMALL, our_lines
+
+# make ncu's run at the GPU tests' small size (its own short schedule kept).
+SMALL_ARGS = SMALL[:SMALL.index("--wait")]
+
+# ncu --csv --page raw as it writes it, written by hand in its format: its ==PROF==
+# lines, a header of metric names, a row of units, a row a launch (two launches of one
+# kernel, one of another).
+RAW = (REPO / "tests" / "fixtures" / "ncu_raw_example.csv").read_text()
+
+
+def test_the_raw_csv_is_one_row_a_kernel_slowest_first():
+    rows = ncu.kernel_rows(ncu.read_raw(RAW))
+    assert [r["kernel"] for r in rows] == [
+        "giou_bwd_kernel<false, c10::BFloat16, float, float>",
+        "giou_fwd_kernel<false, c10::BFloat16, float, float>"]
+    bwd, fwd = rows
+    assert bwd["duration us"] == 1020.0 and bwd["launches profiled"] == 1
+    assert fwd["launches profiled"] == 2 and fwd["duration us"] == pytest.approx(12.5)
+    assert fwd["DRAM % of peak"] == pytest.approx(42.5)
+    assert fwd["achieved occupancy %"] == pytest.approx(62.0)
+    assert fwd["registers a thread"] == 40 and fwd["block"] == "(256, 1, 1)"
+
+
+def test_nanoseconds_are_read_as_such():
+    raw = RAW.replace('"usecond"', '"nsecond"')
+    (fwd,) = [r for r in ncu.kernel_rows(ncu.read_raw(raw)) if "fwd" in r["kernel"]]
+    assert fwd["duration us"] == pytest.approx(0.0125)
+
+
+def test_no_csv_is_no_rows():
+    assert ncu.read_raw("==PROF== nothing profiled\n") == []
+
+
+def _make_ncu(*args):
+    done = subprocess.run([sys.executable, "-m", "studies.ncu", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    return done.returncode, our_lines(done.stderr)
+
+
+def test_a_strategy_without_a_kernel_is_refused():
+    code, err = _make_ncu("--loss", "padded")
+    assert code == 2 and err == ["error: make ncu profiles the fused loss kernels: "
+                                 "LOSS=padded has none; choose one of kernel, conditional, "
+                                 "packed"], err
+
+
+def test_without_a_gpu_it_is_one_line():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code, err = _make_ncu("--loss", "kernel")
+    assert code == 2 and err == ["error: make ncu needs a GPU: Nsight Compute profiles "
+                                 "CUDA kernels"], err
+
+
+def test_without_ncu_it_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(ncu.os, "access", lambda path, mode: False)
+    with pytest.raises(ncu.UserError, match="make ncu needs Nsight Compute's `ncu`"):
+        ncu.find_ncu()
+
+
+def test_counters_the_driver_keeps_from_the_user_are_one_line(monkeypatch, tmp_path, capsys):
+    """What ncu prints where NVreg_RestrictProfilingToAdminUsers is on: exit 1, one line."""
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\necho '==ERROR== ERR_NVGPUCTRPERM - The user does not have "
+                    "permission to access NVIDIA GPU Performance Counters'\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert ncu.main(["--loss", "kernel", "--out", str(tmp_path / "out")]) == 1
+    err = our_lines(capsys.readouterr().err)
+    assert err == ["error: ncu may not read this GPU's performance counters "
+                   "(ERR_NVGPUCTRPERM): run it as root, or load the driver with "
+                   "NVreg_RestrictProfilingToAdminUsers=0"], err
+
+
+@pytest.mark.gpu
+def test_make_ncu_on_the_gpu(tmp_path):
+    """The real thing, where ncu is installed and may read the counters: a table of the
+    fused kernels' forward, finalize and backward launches."""
+    if not any(ncu.os.access(p, ncu.os.X_OK) for p in
+               filter(None, (ncu.shutil.which("ncu"), "/usr/local/cuda/bin/ncu"))):
+        pytest.skip("ncu is not installed here")
+    out = tmp_path / "ncu"
+    done = subprocess.run([sys.executable, "-m", "studies.ncu", "--loss", "kernel",
+                           "--backend", "cuda", "--out", str(out), *SMALL_ARGS],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    if done.returncode == 1 and "ERR_NVGPUCTRPERM" in done.stderr:
+        pytest.skip(our_lines(done.stderr)[0])
+    assert done.returncode == 0, done.stderr[-3000:]
+    with (out / "ncu.csv").open() as f:
+        kernels = [row["kernel"] for row in ncu.csv.DictReader(f)]
+    assert {k.split("<")[0] for k in kernels} >= {"giou_fwd_kernel", "giou_bwd_kernel",
+                                                  "giou_finalize_kernel"}, kernels
+    assert (out / "report.ncu-rep").is_file()
