@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -79,8 +80,11 @@ def _number(text: str) -> float | None:
 
 
 def short_name(name: str) -> str:
-    """'void giou_fwd_kernel<true, c10::BFloat16, ...>(...)' -> 'giou_fwd_kernel<true, ...>'"""
+    """'void <unnamed>::giou_fwd_kernel<0, c10::BFloat16, ...>(...)' ->
+    'giou_fwd_kernel<0, c10::BFloat16, ...>' (ncu names the anonymous namespace)."""
     name = name.removeprefix("void ")
+    for namespace in ("<unnamed>::", "(anonymous namespace)::"):
+        name = name.replace(namespace, "")
     return name.split("(")[0] if "(" in name else name
 
 
@@ -158,7 +162,14 @@ def _main(argv) -> int:
     cmd = ncu_command(ncu, out, ["--loss", args.loss, "--backend", args.backend,
                                  *train_args])
     print(f"[ncu] {' '.join(cmd)}", flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    # ncu leaves a folder of its own (nvidia/) in the temporary folder: a private one,
+    # removed after.
+    scratch = tempfile.mkdtemp(prefix="ncu-")
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True,
+                              env={**os.environ, "TMPDIR": scratch})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     raw = out / "ncu-raw.csv"
     output = done.stdout + done.stderr + (raw.read_text() if raw.exists() else "")
     if refusal := _refusal(output):

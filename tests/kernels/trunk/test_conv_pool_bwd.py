@@ -138,7 +138,10 @@ def test_bad_inputs_fail_in_one_line(change, message):
 def test_the_model_size_matches_the_backward_it_replaces():
     """At the GPU preset's size (B=64 of its [16, 64, 64] inputs), bf16 NHWC: the same
     gradients as the pool's kernel and cuDNN's but where the sums' order moves a
-    rounding, and within bf16 rounding of float64."""
+    rounding, and within bf16 rounding of float64. Each weight's gradient sums 262,144
+    products in fp32 here, so its order moves many bf16 roundings by a step: dL/dw and
+    dL/dbias are held to one bf16 step (2^-8, norm-relative), where the small shapes'
+    1e-3 failed once in a fresh draw on an H200 (1.41e-3)."""
     x, weight, bias = _inputs((64, 64, 64), torch.bfloat16, "cuda", True)
     weight = weight.to(memory_format=torch.channels_last)
     grad = torch.randn(64, 64, 32, 32, device="cuda").to(torch.bfloat16)
@@ -146,8 +149,9 @@ def test_the_model_size_matches_the_backward_it_replaces():
     got = _grads(x, weight, bias, grad, True)
     old = _grads(x, weight, bias, grad, False)
     expected = _float64(x, weight, bias, grad, torch.bfloat16)
-    for actual, before, ref, tol in zip(got, old, expected, TOL[torch.bfloat16] + (1e-3,),
-                                        strict=True):
+    step = 2.0 ** -8
+    for actual, before, ref, tol in zip(got, old, expected,
+                                        (TOL[torch.bfloat16][0], step, step), strict=True):
         assert rel_err(actual, ref) < tol and rel_err(actual, before) < TOL_OLD
 
 
