@@ -16,9 +16,12 @@ convention for MFU. At the GPU preset (batch 1024, 256 x 256, hidden 16384):
     lin2   3 GEMMs x 2 x 1024 x 16,384 x 1,024          0.10 TFLOP
     step                                                7.93 TFLOP
 
-MFU is those FLOPs over a time, against the device's dense bf16 tensor-core peak: the
-step's GPU time in a run's table (how well the GPU is used while it works), the sustained
-rate in make throughput (what a user gets). '-' on a device whose peak is not in PEAKS.
+MFU is those FLOPs over a time, against the device's dense bf16 tensor-core peak: in a
+run's table the step's device time, its GPU work on its busiest stream (the step's GPU
+time summed over every stream counts the copy ahead's ~1 ms on its side stream, which runs
+beside the compute: 4.5 % too long a step); at the sustained rate, in the footer and make
+throughput, the device's step boundaries (what a user gets). '-' on a device whose peak
+is not in PEAKS.
 """
 
 from dataclasses import dataclass

@@ -329,7 +329,7 @@ class ProfiledRun:
         busy = self._busy_fraction(summary)
         wait = data_wait(self.step_times, first)
         model_flops = self._model_flops(summary, rate, env["device"])
-        table += "\n" + flops.describe(model_flops, "the step's GPU time", env["device"])
+        table += "\n" + flops.describe(model_flops, "the step's device time", env["device"])
         first_ms = sum(t["host_ms"] for t in self.step_times[:self.cfg.settle])
         compiled = compile_account.account(self.compiled_before, first_ms)
         if compiled:
@@ -351,12 +351,13 @@ class ProfiledRun:
 
     def _model_flops(self, summary: dict, rate: dict | None, device: str) -> dict:
         """The model's FLOPs a step of this rank's batch (profiling/flops.py) and the MFU
-        over the step's GPU time; with a sustained rate, also the MFU at that rate (each
-        rank's share of the job's samples: every --parallel design does a rank's batch's
-        FLOPs a rank, tp's shards of the global batch included)."""
+        over the step's device time (its busiest stream's GPU work: profiling/flops.py
+        says why not its GPU time summed over streams); with a sustained rate, also the
+        MFU at that rate (each rank's share of the job's samples: every --parallel design
+        does a rank's batch's FLOPs a rank, tp's shards of the global batch included)."""
         cfg = self.cfg
         per_step = flops.step_flops(cfg.batch_size, cfg.image_size, cfg.max_boxes, cfg.hidden)
-        gpu_s = summary["step"]["gpu_ms"] / 1e3 if self.cuda else None
+        gpu_s = summary["step"]["busiest_stream_ms"] / 1e3 if self.cuda else None
         account = flops.utilisation(per_step, gpu_s, device if self.cuda else None)
         if rate and self.cuda:
             step_s = cfg.batch_size * self.ranks.world / rate["samples_per_s"]

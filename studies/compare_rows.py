@@ -3,7 +3,7 @@ make compare (studies/compare.py) runs the strategies and writes them out.
 
 Per run: each phase's CPU and GPU time per step, the loss's launches (forward and, in
 train mode, backward), host-to-device copies and syncs per step, peak GPU memory, the step
-time, the model's FLOPs a step with their rate and MFU over the step's GPU time
+time, the model's FLOPs a step with their rate and MFU over the step's device time
 (profiling/flops.py), and the loss's speed-up over the loop strategy (host time in the
 loss ranges) when a loop run of the same mode is among the inputs. Peak GPU memory is
 over the whole run.

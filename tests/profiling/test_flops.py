@@ -75,7 +75,7 @@ def test_an_unknown_device_has_no_peak_and_no_mfu(name):
     assert flops.peak_of(name) is None
     account = flops.utilisation(7.93e12, 0.0217, name)
     assert account["mfu"] is None and account["peak_tflop_per_s"] is None
-    line = flops.describe(account, "the step's GPU time", name or "cpu")
+    line = flops.describe(account, "the step's device time", name or "cpu")
     assert line.endswith("MFU -: no dense bf16 peak known for "
                          f"{name or 'cpu'} (profiling/flops.py)"), line
 
@@ -84,9 +84,9 @@ def test_mfu_is_the_rate_over_the_peak():
     account = flops.utilisation(7.927e12, 0.0217, "NVIDIA H100 80GB HBM3")
     assert account["tflop_per_s"] == pytest.approx(365.3, abs=0.05)
     assert account["mfu"] == pytest.approx(7.927e12 / 0.0217 / 989e12)
-    line = flops.describe(account, "the step's GPU time", "NVIDIA H100 80GB HBM3")
+    line = flops.describe(account, "the step's device time", "NVIDIA H100 80GB HBM3")
     assert line == ("model: 7.93 TFLOP a step (forward and backward, FlopCounterMode); "
-                    "over the step's GPU time 365 TFLOP/s, MFU 36.9 % of the dense bf16 "
+                    "over the step's device time 365 TFLOP/s, MFU 36.9 % of the dense bf16 "
                     "peak (989 TFLOP/s)")
 
 
