@@ -135,6 +135,22 @@ def _memory_worth_profiling(cfg) -> bool:
 # (ProfiledRun._worth_a_line).
 LINE_EVERY_STEP_UP_TO = 500
 
+# How long an early end waits for TensorBoard's writer to close (close_within).
+WRITER_CLOSE_S = 2.0
+
+
+def close_within(writer, seconds: float) -> None:
+    """writer.close(), `seconds` at most. A Ctrl-C raised inside the writer's add_scalar,
+    in its queue's Condition, can lose its thread's wakeup; close() then waited in join()
+    for that thread's 120 s flush timer. A rank 0 stuck there past torchrun's 30 s was
+    killed and its folder marked -failed by the launcher (2 Ctrl-C in 20 under load;
+    py-spy: the main thread in _AsyncWriterThread.stop's join, the writer's thread in
+    Queue.get). Past the bound the last steps' scalars may be lost, not the run's folder."""
+    closing = threading.Thread(target=writer.close, daemon=True, name="close the scalars")
+    closing.start()
+    closing.join(seconds)
+
+
 class _NoScalars:
     """The SummaryWriter of ranks other than 0: TensorBoard gets one set of scalars."""
 
@@ -437,7 +453,7 @@ class ProfiledRun:
             # under NCCL always).
             interrupted, status = False, "failed"
             reason = "another rank failed; the launcher stopped this one"
-        self.writer.close()
+        close_within(self.writer, WRITER_CLOSE_S)
         if self.ranks.distributed:
             # A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and
             # torchrun's, which stops every rank once one has ended) must not cut its

@@ -152,3 +152,21 @@ def test_a_signal_as_the_run_starts_to_end_still_marks_its_folder(tmp_path, monk
     assert [p.name for p in tmp_path.iterdir()] == ["run-interrupted"]
     summary = json.loads((tmp_path / "run-interrupted" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["steps"] == 2
+
+
+def test_an_early_end_outlasts_a_scalar_writer_that_never_closes(tmp_path, monkeypatch):
+    """A Ctrl-C inside TensorBoard's add_scalar can leave its writer's close() waiting two
+    minutes (profiling/harness.close_within): the early end goes on without it."""
+    import time
+
+    import torch.utils.tensorboard
+    real = torch.utils.tensorboard.SummaryWriter.close
+    monkeypatch.setattr(torch.utils.tensorboard.SummaryWriter, "close",
+                        lambda self: time.sleep(30) or real(self))
+    make_every_loss_nan(monkeypatch)
+    start = time.monotonic()
+    with pytest.raises(RunFailed, match="the loss is nan at step 1"):
+        train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
+    assert time.monotonic() - start < 15
+    (kept,) = tmp_path.iterdir()
+    assert kept.name.endswith("-failed")
