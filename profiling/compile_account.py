@@ -90,11 +90,16 @@ def _line(reason: str) -> str:
     return " ".join(reason.splitlines()[0].split())
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def describe(acc: dict, settle: int) -> str:
     """The footer's lines."""
-    line = (f"compile: {acc['compile_s']:.1f} s, {acc['graphs']} graphs from "
-            f"{acc['frames_compiled']} frames, {acc['recompiles']} recompiles, "
-            f"{acc['graph_breaks']} graph breaks over the run")
+    line = (f"compile: {acc['compile_s']:.1f} s, {_count(acc['graphs'], 'graph')} from "
+            f"{_count(acc['frames_compiled'], 'frame')}, "
+            f"{_count(acc['recompiles'], 'recompile')}, "
+            f"{_count(acc['graph_breaks'], 'graph break')} over the run")
     if "first_steps_ms" in acc:
         line += (f"; the first {settle} steps took {acc['first_steps_ms'] / 1e3:.1f} s "
                  f"({acc['compile_s']:.1f} s compiling, "
