@@ -5,9 +5,9 @@ from core.errors import UserError
 
 # The loss strategies, in the order tables list them.
 STRATEGIES = ("loop", "concat", "padded", "compiled", "kernel", "conditional", "packed",
-              "nested")
+              "nested", "compiled_packed")
 RAGGED = ("loop", "concat")              # targets stay a list of per-sample tensors
-PACKED = ("packed", "nested")            # every box in one [N, 4] tensor, N per batch
+PACKED = ("packed", "nested", "compiled_packed")  # every box in one [N, 4], N per batch
 FUSED = ("kernel", "conditional", "packed")  # the strategies whose kernel backend is chosen
 BACKENDS = ("triton", "cuda")            # the fused kernels' implementations
 

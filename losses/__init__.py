@@ -1,7 +1,7 @@
 """The loss strategies for ragged targets, by name (core/names.py lists them).
 
     strategy = losses.get("padded")     # or loop, concat, compiled, kernel, conditional,
-                                        # packed, nested
+                                        # packed, nested, compiled_packed
     images, targets = strategy.collate(samples)
     loss = strategy.loss(pred, strategy.to_device(targets, device))
 
@@ -10,7 +10,7 @@ add its name to core.names.STRATEGIES and one line to _MAKERS.
 """
 
 from core.names import BACKENDS, STRATEGIES
-from losses import compiled, concat, fused, loop, nested, packed, padded
+from losses import compiled, compiled_packed, concat, fused, loop, nested, packed, padded
 from losses.strategy import Strategy
 
 _MAKERS = {
@@ -22,6 +22,7 @@ _MAKERS = {
     "conditional": fused.make_conditional,
     "packed": packed.make,
     "nested": nested.make,
+    "compiled_packed": compiled_packed.make,
 }
 assert tuple(_MAKERS) == STRATEGIES, "core.names.STRATEGIES and _MAKERS must agree"
 

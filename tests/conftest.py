@@ -37,6 +37,18 @@ def cudnn_flags_as_they_were():
 
 
 @pytest.fixture(autouse=True)
+def a_fresh_compiler_for_compiled_packed(request):
+    """Each test of the compiled_packed strategy from a fresh Dynamo: the tests change
+    dtypes, index types and sizes of 0 and 1, each a graph of its own, and one process of
+    them passed Dynamo's recompile limit (8 a function), past which fullgraph raises. A
+    run has one dtype and one index type (losses/compiled_packed.py)."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    if "compiled_packed" in params.values():
+        torch._dynamo.reset()
+    yield
+
+
+@pytest.fixture(autouse=True)
 def gpu_memory_given_back():
     """Every test on a GPU: the memory it freed goes back to the device, not to this
     process's cache. make test-gpu runs several pytest processes on one GPU; in its first

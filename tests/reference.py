@@ -60,10 +60,11 @@ LOSS_TOL = 1e-5
 
 def targets_for(name, case):
     """The case's targets in the layout of strategy `name`."""
+    from core.names import PACKED, RAGGED
     from data.collate import packed_targets
-    if name in ("loop", "concat"):
+    if name in RAGGED:
         return case.targets
-    if name in ("packed", "nested"):
+    if name in PACKED:
         device = case.pred.device
         boxes, index, offsets = (t.to(device) for t in packed_targets(
             [t.cpu() for t in case.targets]))

@@ -9,8 +9,9 @@ from core.names import STRATEGIES as ALL_STRATEGIES
 from tests.cases import KINDS, OFF_GRID, make_case
 from tests.reference import DTYPES, check_against_reference, targets_for
 
-# compiled has its own test (a compile per dtype is slow on CPU).
-STRATEGIES = tuple(s for s in ALL_STRATEGIES if s != "compiled")
+# compiled and compiled_packed have their own tests (a compile per dtype is slow on CPU;
+# tests/losses/test_packed.py runs compiled_packed over the dtypes and shapes).
+STRATEGIES = tuple(s for s in ALL_STRATEGIES if s not in ("compiled", "compiled_packed"))
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
@@ -109,9 +110,9 @@ def test_bad_shapes_are_clear_errors(name):
     strategy = losses.get(name)
     with pytest.raises(InputError, match="predictions must be a \\[batch, slots, 4\\] tensor"):
         strategy.loss(case.pred[..., :3], targets_for(name, case))
-    one_sample = {"packed": "offsets must be a \\[2\\] tensor \\(batch \\+ 1\\), got \\(3,\\)",
-                  "nested": "offsets must be a \\[2\\] tensor \\(batch \\+ 1\\), got \\(3,\\)"}.get(
-        name, "predictions hold 1 samples but the targets hold 2" if name in RAGGED else
-        "padded targets \\(2, 8, 4\\) must have the predictions' shape \\(1, 8, 4\\)")
+    one_sample = ("offsets must be a \\[2\\] tensor \\(batch \\+ 1\\), got \\(3,\\)"
+                  if name in PACKED else
+                  "predictions hold 1 samples but the targets hold 2" if name in RAGGED else
+                  "padded targets \\(2, 8, 4\\) must have the predictions' shape \\(1, 8, 4\\)")
     with pytest.raises(InputError, match=one_sample):
         strategy.loss(case.pred[:1], targets_for(name, case))

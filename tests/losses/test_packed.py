@@ -1,7 +1,8 @@
-"""The packed layouts (losses/packed.py, losses/nested.py): the fused packed kernels on both
-backends and the nested strategy against the float64 reference at the sizes and shapes
-that break things, the collate, the ops' checks, opcheck; on the GPU (make test-gpu)
-gradcheck, the launches per call, no sync and torch.compile."""
+"""The packed layouts (losses/packed.py, losses/nested.py, losses/compiled_packed.py): the
+fused packed kernels on both backends, the nested strategy and Inductor's against the
+float64 reference at the sizes and shapes that break things, the collate, the ops'
+checks, opcheck; on the GPU (make test-gpu) gradcheck, the launches per call, no sync and
+torch.compile."""
 
 import pytest
 import torch
@@ -17,9 +18,14 @@ gpu = pytest.mark.gpu
 # (strategy, backend, device): the Triton kernel and nested everywhere, CUDA on a GPU.
 RUNS = [pytest.param("packed", "triton", "cpu", id="packed-triton-cpu"),
         pytest.param("nested", "triton", "cpu", id="nested-cpu"),
+        pytest.param("compiled_packed", "triton", "cpu", id="compiled-packed-cpu"),
         pytest.param("packed", "triton", "cuda", id="packed-triton-cuda", marks=gpu),
         pytest.param("packed", "cuda", "cuda", id="packed-cuda-cuda", marks=gpu),
-        pytest.param("nested", "triton", "cuda", id="nested-cuda", marks=gpu)]
+        pytest.param("nested", "triton", "cuda", id="nested-cuda", marks=gpu),
+        pytest.param("compiled_packed", "triton", "cuda", id="compiled-packed-cuda",
+                     marks=gpu)]
+
+
 # (backend, device) of the packed kernels.
 KERNELS = [pytest.param(*r.values[1:], id=r.id, marks=r.marks) for r in RUNS
            if r.values[0] == "packed"]
@@ -210,7 +216,7 @@ def test_two_launches_forward_one_backward(backend):
 
 @gpu
 @pytest.mark.parametrize("name,backend", [("packed", "triton"), ("packed", "cuda"),
-                                          ("nested", "triton")])
+                                          ("nested", "triton"), ("compiled_packed", "triton")])
 def test_no_host_device_sync_in_the_loss(name, backend):
     case = make_case("mixed", 64, 256, torch.bfloat16).to("cuda")
     targets = targets_for(name, case)

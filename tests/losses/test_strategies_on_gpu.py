@@ -21,7 +21,8 @@ FUSED = [("triton", False), ("triton", True), ("cuda", False), ("cuda", True)]
                                          ("kernel", "triton"),
                                          ("conditional", "triton"), ("kernel", "cuda"),
                                          ("conditional", "cuda"), ("packed", "triton"),
-                                         ("packed", "cuda"), ("nested", "triton")])
+                                         ("packed", "cuda"), ("nested", "triton"),
+                                         ("compiled_packed", "triton")])
 @pytest.mark.parametrize("mode", ("train", "forward"))
 def test_short_profile_run(tmp_path, loss, kernel, mode):
     record = train.run(train.parse_config(SMALL + ["--loss", loss, "--backend", kernel,
