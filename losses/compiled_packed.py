@@ -37,7 +37,11 @@ def packed_giou_loss(pred, boxes, index, offsets):
     g = boxes.to(dt)
     terms = giou_terms_of(p[:, 0], p[:, 1], p[:, 2], p[:, 3], g[:, 0], g[:, 1], g[:, 2],
                           g[:, 3])
-    return terms.sum() / torch.sym_max(boxes.shape[0], 1)
+    n = boxes.shape[0]
+    # torch.sym_max keeps N unguarded (max() would guard N > 1: a graph each side). A size
+    # Dynamo specialised (0 or 1) is a plain int, and torch 2.11's Dynamo traces no torch.*
+    # call that returns one under fullgraph ("torch.* op returned non-Tensor").
+    return terms.sum() / (torch.sym_max(n, 1) if isinstance(n, torch.SymInt) else max(n, 1))
 
 
 _compiled = {}
