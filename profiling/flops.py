@@ -8,7 +8,7 @@ weight gradients as autograd asks for them: the first convolution has no input g
 so the figure is the same with every speed-up on or off: the step's speed-ups and our
 Triton and CUDA ops change how fast the FLOPs go, not how many the model needs (the fused
 kernels would count as zero). The loss and the optimizer are elementwise: FlopCounterMode
-counts none of their operations (tests/test_flops.py holds both facts), which is the usual
+counts none of their operations (tests/profiling/test_flops.py holds both), which is the usual
 convention for MFU. At the GPU preset (batch 1024, 256 x 256, hidden 16384):
 
     lin1   3 GEMMs x 2 x 1024 x 65,536 x 16,384          6.60 TFLOP
@@ -19,7 +19,7 @@ convention for MFU. At the GPU preset (batch 1024, 256 x 256, hidden 16384):
 MFU is those FLOPs over a time, against the device's dense bf16 tensor-core peak: in a
 run's table the step's device time, its GPU work on its busiest stream (the step's GPU
 time summed over every stream counts the copy ahead's ~1 ms on its side stream, which runs
-beside the compute: 4.5 % too long a step); at the sustained rate, in the footer and make
+beside the compute: a step about 5 % too long); at the sustained rate, in the footer and make
 throughput, the device's step boundaries (what a user gets). '-' on a device whose peak
 is not in PEAKS.
 """
