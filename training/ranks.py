@@ -321,19 +321,19 @@ def _leave_after_an_early_end() -> None:
 
     Freeing it waits for its queued collectives, and one may never finish: a Ctrl-C
     met rank 0 with DDP's all-reduce queued and rank 1 before its own, or in another
-    collective. Each rank then waited in gloo's destructor for the other's message, up
-    to the group's 5 min timeout, until torchrun killed it 30 s after the Ctrl-C (rank 0
-    never renamed its folder: 1 Ctrl-C in 20 under load). The group is freed on a
-    daemon thread instead, LEAVE_S at most; past that the rank ends at once with its
-    command's code, as the interpreter's shutdown beside the blocked thread aborted it
-    (4 in 12: 'terminate called without an active exception'). Its peer's collective
-    then meets the closed socket, and its own freeing ends (tests/training/test_leave.py).
-    Only stdout and stderr are flushed: the rank has already marked its run folder."""
+    collective. Each rank then waits in gloo's destructor for the other's message, up
+    to the group's 5 min timeout, until torchrun kills it 30 s after the Ctrl-C
+    (reproduced with two collectives that do not match: destroy and gloo's abort() then
+    destroy both hung). The group is freed on a daemon thread instead, LEAVE_S at most;
+    past that the rank ends at once with its command's code, as the interpreter's
+    shutdown beside the blocked thread aborted it (4 in 12: 'terminate called without
+    an active exception'). Its peer's collective then meets the closed socket, and its
+    own freeing ends (tests/training/test_leave.py). Only stdout and stderr are flushed:
+    the rank has already marked its run folder."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not (dist.is_available() and dist.is_initialized()):
         return  # stop() left it, or there was none
     if dist.get_backend() == "gloo":
-        import threading
         _forget_what_holds_the_group()
         freeing = threading.Thread(target=dist.destroy_process_group, daemon=True,
                                    name="leave the process group")
