@@ -36,7 +36,8 @@ from core.errors import ProjectError, UserError
 from core.files import write_whole
 from core.names import FUSED, describe
 from core.tables import csv_text, markdown_of_dicts
-from profiling.run_folder import check_out_dir, display, new_run_dir, utc_stamp
+from profiling.run_folder import display
+from studies.common import fresh_out
 
 KERNELS = r"regex:giou|packed_(fwd|bwd|finalize)"
 METRICS = {
@@ -157,8 +158,7 @@ def _main(argv) -> int:
         raise UserError("make ncu needs a GPU: Nsight Compute profiles CUDA kernels")
     ncu = find_ncu()
     name = describe(args.loss, args.backend).replace("/", "-")
-    out = args.out or new_run_dir(check_out_dir("profiles"), f"ncu-{name}-{utc_stamp()}")
-    out.mkdir(parents=True, exist_ok=True)
+    out = fresh_out(args.out, "ncu", f"ncu-{name}")  # never another table's folder
     cmd = ncu_command(ncu, out, ["--loss", args.loss, "--backend", args.backend,
                                  *train_args])
     print(f"[ncu] {' '.join(cmd)}", flush=True)

@@ -104,3 +104,12 @@ def test_make_ncu_on_the_gpu(tmp_path):
     assert {k.split("<")[0] for k in kernels} >= {"giou_fwd_kernel", "giou_bwd_kernel",
                                                   "giou_finalize_kernel"}, kernels
     assert (out / "report.ncu-rep").is_file()
+
+
+def test_an_out_that_holds_a_table_is_never_overwritten(tmp_path, monkeypatch):
+    (tmp_path / "ncu.md").write_text("an earlier table\n")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr(ncu, "find_ncu", lambda: "/bin/false")
+    with pytest.raises(ncu.UserError, match="already holds a ncu"):
+        ncu._main(["--loss", "kernel", "--out", str(tmp_path)])
+    assert (tmp_path / "ncu.md").read_text() == "an earlier table\n"
