@@ -30,6 +30,12 @@ def load_summary(path: Path) -> dict:
 label = alike.strategy
 
 
+def ran_on_gpu(summary: dict) -> bool:
+    """Whether a run had a GPU (its GPU columns hold figures, not '-'): only a GPU run
+    records a peak of GPU memory."""
+    return summary.get("peak_gpu_memory_gb") is not None
+
+
 def _loss_time(summary: dict, key: str) -> float | None:
     """The loss ranges' time; None for a CUDA-graph run, whose loss is inside the replay."""
     p = summary["phases"]
@@ -54,7 +60,7 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
     rows = []
     for s in summaries:
         p, mode = s["phases"], s["config"]["mode"]
-        on_gpu = s.get("peak_gpu_memory_gb") is not None
+        on_gpu = ran_on_gpu(s)
         loop = next((x for x in loops if x["config"]["mode"] == mode
                      and not alike.differences(x, s, apart)), None)
         own_loss = _loss_time(s, "cpu_ms")

@@ -42,7 +42,7 @@ from studies.common import (
     outcome,
     run_config,
 )
-from studies.compare_rows import load_summary
+from studies.compare_rows import load_summary, ran_on_gpu
 from training.speedups import BY_NAME
 from training.speedups import ORDER as SPEEDUPS
 
@@ -199,7 +199,7 @@ def ladder_rows(runs: dict, skipped: list[dict]) -> list[dict]:
     rows, previous = [], {}
     summaries = {key: load_summary(path) for key, path in runs.items()}
     for (strategy, rung), s in summaries.items():
-        on_gpu = s.get("peak_gpu_memory_gb") is not None
+        on_gpu = ran_on_gpu(s)
         step_gpu = s["step"]["gpu_ms"] if on_gpu else None
         row = {"strategy": strategy, "rung": rung, "step GPU ms": step_gpu,
                "step CPU ms": s["step"]["cpu_ms"],

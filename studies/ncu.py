@@ -34,10 +34,10 @@ from pathlib import Path
 from core.commands import command, run_command
 from core.errors import ProjectError, UserError
 from core.files import write_whole
-from core.names import FUSED, describe
+from core.names import BACKENDS, FUSED
 from core.tables import csv_text, markdown_of_dicts
 from profiling.run_folder import display
-from studies.common import fresh_out
+from studies.common import folder_name, fresh_out
 
 KERNELS = r"regex:giou|packed_(fwd|bwd|finalize)"
 METRICS = {
@@ -142,7 +142,7 @@ def _parse(argv):
     parser = argparse.ArgumentParser(prog="make ncu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--loss", default="kernel", help="a fused strategy: "
                         + ", ".join(FUSED))
-    parser.add_argument("--backend", default="triton", choices=("triton", "cuda"))
+    parser.add_argument("--backend", default="triton", choices=BACKENDS)
     parser.add_argument("--out", type=Path, default=None,
                         help="the folder (default profiles/ncu-<strategy>-<UTC time>)")
     return parser.parse_known_args(argv)
@@ -157,7 +157,7 @@ def _main(argv) -> int:
     if not torch.cuda.is_available():
         raise UserError("make ncu needs a GPU: Nsight Compute profiles CUDA kernels")
     ncu = find_ncu()
-    name = describe(args.loss, args.backend).replace("/", "-")
+    name = folder_name(args.loss, args.backend)
     out = fresh_out(args.out, "ncu", f"ncu-{name}")  # never another table's folder
     cmd = ncu_command(ncu, out, ["--loss", args.loss, "--backend", args.backend,
                                  *train_args])

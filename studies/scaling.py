@@ -26,7 +26,7 @@ from core.names import describe, parse_variants
 from core.tables import csv_text, markdown_of_dicts
 from profiling.run_folder import display
 from studies.common import attempt, base_config, keep_interrupted, ranks_out, run_config
-from studies.compare_rows import load_summary
+from studies.compare_rows import load_summary, ran_on_gpu
 from studies.cost_model import Shape, sent_per_rank
 from training.parallel import PARALLEL
 from training.ranks import from_env, per_host, stop
@@ -49,7 +49,7 @@ def row_of(summary: dict, folder: Path) -> dict:
     scale = job.get("scaling")
     # GPU figures only where there is a GPU: gloo's ranks have no NCCL or GPU time to
     # measure, and the 0.000 printed there read as a measurement.
-    on_gpu = summary.get("peak_gpu_memory_gb") is not None
+    on_gpu = ran_on_gpu(summary)
     return {"design": cfg["parallel"], "GPUs": world,
             "strategy": describe(cfg["loss"], cfg["backend"]),
             "step median ms": rate.get("step_ms_median"), "step p95 ms": rate.get("step_ms_p95"),
