@@ -377,7 +377,9 @@ class ProfiledRun:
         account = flops.utilisation(per_step, gpu_s, device if self.cuda else None)
         if rate and self.cuda:
             step_s = cfg.batch_size * self.ranks.world / rate["samples_per_s"]
-            account["sustained_mfu"] = flops.utilisation(per_step, step_s, device)["mfu"]
+            at_rate = flops.utilisation(per_step, step_s, device)
+            account["sustained_tflop_per_s"] = at_rate["tflop_per_s"]
+            account["sustained_mfu"] = at_rate["mfu"]
         return account
 
     def _busy_fraction(self, summary: dict) -> float | None:

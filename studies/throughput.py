@@ -130,9 +130,10 @@ def row_of(summary: dict, folder: Path) -> dict:
         "strategy": describe(cfg["loss"], cfg["backend"]), "steps run": summary["steps_run"],
         "sustained samples/s": rate.get("samples_per_s"), "GPU's rate samples/s": own,
         "share": (f"{rate['samples_per_s'] / own * 100:.1f} %" if own and rate else None),
-        # The model's FLOPs at the sustained rate, a GPU's share (profiling/flops.py).
-        "TFLOP/s a GPU": (model["tflop"] * rate["samples_per_s"] / batch
-                          if model and rate and sustained_mfu is not None else None),
+        # The model's FLOPs at the sustained rate, a GPU's share (the run's own account:
+        # profiling/harness.py, profiling/flops.py).
+        "TFLOP/s a GPU": (model.get("sustained_tflop_per_s")
+                          if sustained_mfu is not None else None),
         "MFU %": None if sustained_mfu is None else sustained_mfu * 100,
         "step median ms": rate.get("step_ms_median"), "step p95 ms": rate.get("step_ms_p95"),
         "GPU busy": None if busy is None else f"{busy * 100:.1f} %",

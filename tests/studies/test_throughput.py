@@ -166,3 +166,20 @@ def test_long_runs_print_fewer_progress_lines(monkeypatch):
     said = [s for s in range(run.total) if run._worth_a_line(s)]
     assert said[:20] == list(range(20)) and {100, 101, 102, 31_249} <= set(said)
     assert len(said) < 31_250 / 100  # one every 2 s at 10 ms a step, and the above
+
+
+def test_a_gpu_runs_row_gives_the_models_rate_at_the_sustained_rate(tmp_path):
+    """Its TFLOP/s a GPU and MFU are the run's own account (profiling/harness.py), '-'
+    without an MFU (a CPU, or a GPU whose peak is unknown)."""
+    from studies.throughput import row_of
+    summary = {"config": {"loss": "padded", "backend": "triton", "batch_size": 1024},
+               "sustained": {"samples_per_s": 47_500.0, "step_ms_median": 21.5,
+                             "step_ms_p95": 21.6, "timer": "device"},
+               "step": {"busiest_stream_ms": 21.4}, "steps_run": 976,
+               "flops": {"tflop": 7.927, "sustained_tflop_per_s": 367.7,
+                         "sustained_mfu": 0.3718}}
+    row = row_of(summary, tmp_path)
+    assert row["TFLOP/s a GPU"] == 367.7 and row["MFU %"] == pytest.approx(37.18)
+    summary["flops"]["sustained_mfu"] = None
+    row = row_of(summary, tmp_path)
+    assert row["TFLOP/s a GPU"] is None and row["MFU %"] is None
