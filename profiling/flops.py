@@ -101,8 +101,9 @@ def rate_text(tflop_per_s: float | None) -> str:
 
 
 def describe(account: dict, over: str, device_name: str) -> str:
-    """The line under a table: 'model: 7.93 TFLOP a step; over <over> 365 TFLOP/s, MFU
-    36.9 % of the H100's dense bf16 peak (989 TFLOP/s)'."""
+    """The line under a table: 'model: 7.93 TFLOP a step (forward and backward,
+    FlopCounterMode); over <over> 365 TFLOP/s, MFU 36.9 % of the dense bf16 peak (989
+    TFLOP/s)', and the MFU at the sustained rate where the run has one."""
     line = f"model: {account['tflop']:.3g} TFLOP a step (forward and backward, FlopCounterMode)"
     if account["mfu"] is None:
         why = ("no GPU time" if account["tflop_per_s"] is None
