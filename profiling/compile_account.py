@@ -7,8 +7,8 @@ its compilation metrics (torch._dynamo.utils.get_compilation_metrics(): one reco
 frame compiled, with its compile id "frame/attempt", its time and, for an attempt past
 the first, the failed guard) and its counters (unique graphs, graph breaks by reason).
 Both are process-wide and make compare runs many runs in one process, so a run takes what
-was added since its start (begin()). Read the same way on torch 2.11 and 2.13; a torch
-without them gives no account rather than a wrong one.
+was added since its start (begin()). Read the same way on torch 2.11 and 2.13 (a torch
+without the compilation metrics would give the counters' graphs and breaks alone).
 
 The compile time is Dynamo's own: each frame's compile (Dynamo, AOTAutograd, Inductor)
 plus the backward graphs' (compiled at their first backward). It is set beside the first
