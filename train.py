@@ -67,6 +67,11 @@ class Config:
     compile: bool = option(True, "torch.compile the model")
     torch_trace: str = option("", "a folder for torch.compile's structured log, what tlparse "
                               "reads (graphs, guards, recompiles); '' for none")
+    memory_snapshot: bool = option(False, "where the GPU memory of the profiled steps goes: "
+                                   "the allocator's snapshot (memory_snapshot.pickle), the "
+                                   "profiler's memory by category (memory.html, the footer); "
+                                   "records shapes and stacks, so host times grow (one "
+                                   "process, CUDA only)")
     amp: bool = option(True, "bf16 autocast for the forward (CUDA only)")
     pin_memory: bool = option(True, "pinned host memory for the batches (CUDA only)")
     loader: str = option("ring", "ring: the workers write each batch's images into a ring "
@@ -184,6 +189,12 @@ def validate(cfg: Config, world: int = 1) -> None:
         if unavailable_reason():
             raise UserError(f"{unavailable_reason()}: use the Triton backend (make: "
                             "BACKEND=triton; train.py: --backend triton)")
+    if cfg.memory_snapshot and not torch.cuda.is_available():
+        raise UserError("--memory-snapshot records the CUDA caching allocator: it needs a "
+                        "CUDA GPU")
+    if cfg.memory_snapshot and world > 1:
+        raise UserError(f"--memory-snapshot records one process; this job has {world} "
+                        "ranks: run it on one GPU")
     if cfg.run_name:
         check_run_name(cfg.run_name)
     check_out_dir(cfg.out_dir)

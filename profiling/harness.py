@@ -48,7 +48,7 @@ from core.errors import (
 from core.files import write_whole
 from core.names import FUSED
 from core.signals import STOP_SIGNALS, ignore_stop_signals
-from profiling import compile_account, flops, run_folder
+from profiling import compile_account, flops, memory_account, memory_page, run_folder
 from profiling.communication import communication
 from profiling.environment import environment
 from profiling.scaling import combine, format_ranks, scaling
@@ -104,10 +104,14 @@ def _signals_deferred(act: bool = True, say=None, what: str | None = "the run's 
                 os.kill(os.getpid(), held[0])
 
 
-def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train") -> torch.profiler.profile:
+def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train",
+                  after_trace=None) -> torch.profiler.profile:
     """wait/warmup/active schedule; the Chrome trace goes into the run folder when the
     active steps end (plain JSON, gzipped afterwards: profiling/trace_writer.py), named
-    for the worker (a rank of a job)."""
+    for the worker (a rank of a job); then after_trace(prof), where given. With
+    --memory-snapshot, shapes and Python stacks as well, which torch.profiler's memory
+    categories need: the host's times grow (the trace records every Python call), the
+    GPU's do not."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -117,8 +121,21 @@ def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train") -> torc
         activities=activities,
         schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
                                          repeat=1),
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(str(run_dir), worker),
-        record_shapes=False, profile_memory=_memory_worth_profiling(cfg), with_stack=False)
+        on_trace_ready=_then(torch.profiler.tensorboard_trace_handler(str(run_dir), worker),
+                             after_trace),
+        record_shapes=cfg.memory_snapshot, profile_memory=_memory_worth_profiling(cfg),
+        with_stack=cfg.memory_snapshot)
+
+
+def _then(first, second):
+    """first, then second (where given), on the same arguments."""
+    if second is None:
+        return first
+
+    def both(*args):
+        first(*args)
+        second(*args)
+    return both
 
 
 def _memory_worth_profiling(cfg) -> bool:
@@ -179,6 +196,8 @@ class ProfiledRun:
         self.step_times: list[dict] = []  # each step's host and device ms, as read
         self.record: dict | None = None
         self.dir: Path | None = None
+        self.memory = None  # --memory-snapshot: the allocator's history over the window
+        self.memory_timeline: dict | None = None  # and the profiler's, by category
 
     # -- the loop's side -------------------------------------------------------------
     def __enter__(self):
@@ -190,10 +209,17 @@ class ProfiledRun:
             job_notes.running(self.dir, dataclasses.asdict(self.cfg), self.total)
         self.writer = SummaryWriter(str(self.dir)) if ranks.main else _NoScalars()
         self.compiled_before = compile_account.begin()  # this run's compiles: what comes after
-        self.profiler = make_profiler(self.cfg, self.dir, self.cuda, ranks.worker_name())
+        after_trace = None
+        if self.cfg.memory_snapshot:  # train.validate: one process on a GPU
+            self.memory = memory_account.AllocatorHistory(self.dir / memory_account.SNAPSHOT)
+            after_trace = self._memory_by_category
+        self.profiler = make_profiler(self.cfg, self.dir, self.cuda, ranks.worker_name(),
+                                      after_trace)
         self.profiler.__enter__()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
+        if self.memory and self.cfg.wait + self.cfg.warmup == 0:
+            self.memory.start()  # the first step is profiled
         self._exiting = False  # __exit__ says why
         return self
 
@@ -261,6 +287,11 @@ class ProfiledRun:
             # host-device sync: once a run, at the profiled window's end, so that its
             # trace holds every kernel of its last step (the host runs a step ahead).
             torch.cuda.synchronize()
+        if self.memory and step + 1 == self.cfg.wait + self.cfg.warmup:
+            self.memory.start()  # the next step is the first profiled one
+        if self.memory and step + 1 == self.window:
+            self.say("writing the allocator's snapshot...")
+            self.memory.stop()
         self.done = step + 1
         # Ctrl-C or SIGTERM inside the profiler's step transition could leave it unable to
         # write the trace of the steps already done: the signal waits until it is over.
@@ -297,6 +328,8 @@ class ProfiledRun:
 
     def _exit(self, exc_type, exc, tb):
         self._exiting = True  # signals are held from here on (__exit__)
+        if self.memory:
+            self.memory.abandon()  # an early end within the window: recording stops
         if exc is not None and self.ranks.distributed:
             # A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and
             # torchrun's, which stops every rank once one has ended) must not cut its
@@ -353,6 +386,9 @@ class ProfiledRun:
         if rate:
             loader = self.facts.get("batches", {}).get("loader_rate")
             table += "\n" + describe(rate, busy, wait, loader, self.cfg.batch_size)
+        memory = self._memory_account(title, status)
+        if memory:
+            table += "\n" + memory_account.describe(memory)
         return {"status": status, **extra,
                 "config": dataclasses.asdict(self.cfg), "speedups": self.speedups,
                 **self.facts,
@@ -361,9 +397,35 @@ class ProfiledRun:
                 "data_wait": wait, "flops": model_flops, "compile": compiled,
                 "steps_run": self.done,
                 "losses": self.losses,
-                "peak_gpu_memory_gb": (torch.cuda.max_memory_allocated() / 1e9 if self.cuda
-                                       else None),
+                "peak_gpu_memory_gb": self._peak_gb(), "memory": memory,
                 **summary}
+
+    def _peak_gb(self) -> float | None:
+        """The run's peak allocated GB (the allocator's counter), on a GPU."""
+        if not self.cuda:
+            return None
+        peak = self.memory.run_peak() if self.memory else torch.cuda.max_memory_allocated()
+        return peak / 1e9
+
+    def _memory_by_category(self, prof) -> None:
+        """After the trace is written: torch.profiler's memory timeline by category."""
+        self.say("sorting the profiled steps' memory into categories...")
+        device = f"cuda:{torch.cuda.current_device()}"
+        self.memory_timeline = memory_account.by_category(prof, device)
+
+    def _memory_account(self, title: str, status: str) -> dict | None:
+        """--memory-snapshot's figures, and its page written (a complete run's: an early
+        end's window is not whole)."""
+        if not self.memory:
+            return None
+        page = None
+        if status == "complete" and self.memory_timeline is not None and self.memory.result:
+            page = "memory.html"
+        memory = memory_account.account(self.memory.result, self.memory_timeline, page)
+        if page:
+            memory_page.write(self.dir / page, title, self.memory_timeline, memory)
+            write_whole(self.dir / memory_account.TIMELINE, json.dumps(self.memory_timeline))
+        return memory
 
     def _model_flops(self, summary: dict, rate: dict | None, device: str) -> dict:
         """The model's FLOPs a step of this rank's batch (profiling/flops.py) and the MFU

@@ -1,10 +1,15 @@
 """make ncu: the loss kernels of a short training run through Nsight Compute, one table.
 
     python3 -m studies.ncu [--loss kernel --backend cuda] [--out DIR] [train.py options...]
+    python3 -m studies.ncu --loss kernel --backend cuda --point 1024,1024,full
 
 Runs train.py (a few steps at the GPU preset unless ARGS say otherwise) under `ncu`,
 which replays each launch of the GIoU kernels (Triton's and the CUDA extension's: names
-matching KERNELS) with a fixed metric set, every other kernel running as usual:
+matching KERNELS) with a fixed metric set, every other kernel running as usual. With
+--point B,M,SIGMA it runs the loss alone instead, as make sweep measures a point
+(studies/sweep_point.py: bf16 predictions, the forward and backward, POINT_CALLS calls
+after one to warm up): a point no training run reaches, such as the sweep's largest
+input, every one of M = 1024 slots filled in each of 1024 images ('full').
 
     duration              gpu__time_duration.sum
     DRAM % of peak        dram__throughput.avg.pct_of_peak_sustained_elapsed
@@ -23,6 +28,7 @@ strategy without a fused kernel: loop, padded, concat, compiled, nested; exit 2)
 
 import argparse
 import csv
+import math
 import os
 import shutil
 import subprocess
@@ -51,6 +57,7 @@ COLUMNS = ["kernel", "launches profiled", *METRICS.values(), "block", "grid"]
 # not compiled (Inductor's compiling and autotuning would run under ncu too).
 RUN_ARGS = ["--wait", "1", "--warmup", "0", "--active", "2", "--no-compile"]
 PERMISSION = "ERR_NVGPUCTRPERM"
+POINT_CALLS = 3
 
 
 class CountersRefused(ProjectError):
@@ -66,11 +73,48 @@ def find_ncu() -> str:
                     "/usr/local/cuda/bin: install the CUDA toolkit's nsight-compute")
 
 
-def ncu_command(ncu: str, out: Path, train_args: list[str]) -> list[str]:
+def ncu_command(ncu: str, out: Path, target: list[str]) -> list[str]:
     return [ncu, "--target-processes", "all", "--kernel-name", KERNELS,
             "--metrics", ",".join(METRICS), "--csv", "--page", "raw",
             "--log-file", str(out / "ncu-raw.csv"), "--export", str(out / "report"),
-            sys.executable, "train.py", *RUN_ARGS, "--out-dir", str(out), *train_args]
+            sys.executable, *target]
+
+
+def training_run(out: Path, train_args: list[str]) -> list[str]:
+    return ["train.py", *RUN_ARGS, "--out-dir", str(out), *train_args]
+
+
+def parse_point(text: str) -> tuple[int, int, float]:
+    """'B,M,SIGMA' (SIGMA a number or 'full') -> (batch, capacity, sigma)."""
+    parts = text.split(",")
+    try:
+        batch, capacity = int(parts[0]), int(parts[1])
+        sigma = math.inf if parts[2] == "full" else float(parts[2])
+        if len(parts) != 3 or batch < 1 or capacity < 1 or not sigma > 0:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise UserError(f"--point takes BATCH,CAPACITY,SIGMA (whole numbers of at least 1, "
+                        f"a sigma above 0 or 'full'), as 1024,1024,full; not {text!r}") from None
+    return batch, capacity, sigma
+
+
+def call_point(loss: str, backend: str, point: str, device: str = "cuda") -> None:
+    """What ncu profiles for --point: the loss and its backward at the point, one call to
+    warm up and POINT_CALLS more (the process ncu starts; a test's on the CPU)."""
+    import torch
+
+    from studies.sweep_point import loss_call, predictions, samples
+    batch, capacity, sigma = parse_point(point)
+    import losses
+    strategy = losses.get(loss, backend, capacity=capacity)
+    device = torch.device(device)
+    _, host_targets = strategy.collate(samples(batch, capacity, sigma, seed=0))
+    call = loss_call(strategy, predictions(batch, capacity, device, torch.bfloat16, 0),
+                     strategy.to_device(host_targets, device))
+    for _ in range(1 + POINT_CALLS):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()  # host-device sync: every call done before the process ends
 
 
 def _number(text: str) -> float | None:
@@ -145,22 +189,35 @@ def _parse(argv):
     parser.add_argument("--backend", default="triton", choices=BACKENDS)
     parser.add_argument("--out", type=Path, default=None,
                         help="the folder (default profiles/ncu-<strategy>-<UTC time>)")
+    parser.add_argument("--point", default=None, help="BATCH,CAPACITY,SIGMA: the loss alone "
+                        "at a sweep point (SIGMA a number or 'full'), not a training run")
+    parser.add_argument("--call-point", default=None, help=argparse.SUPPRESS)  # ncu's child
     return parser.parse_known_args(argv)
 
 
 def _main(argv) -> int:
     args, train_args = _parse(argv)
+    if args.call_point:
+        call_point(args.loss, args.backend, args.call_point)
+        return 0
     if args.loss not in FUSED:
         raise UserError(f"make ncu profiles the fused loss kernels: LOSS={args.loss} has "
                         f"none; choose one of {', '.join(FUSED)}")
+    if args.point:
+        parse_point(args.point)  # refused here, before ncu starts
+        if train_args:
+            raise UserError(f"--point runs the loss alone: train.py's options "
+                            f"({' '.join(train_args)}) do not apply")
     import torch
     if not torch.cuda.is_available():
         raise UserError("make ncu needs a GPU: Nsight Compute profiles CUDA kernels")
     ncu = find_ncu()
     name = folder_name(args.loss, args.backend)
     out = fresh_out(args.out, "ncu", f"ncu-{name}")  # never another table's folder
-    cmd = ncu_command(ncu, out, ["--loss", args.loss, "--backend", args.backend,
-                                 *train_args])
+    chosen = ["--loss", args.loss, "--backend", args.backend]
+    target = (["-m", "studies.ncu", *chosen, "--call-point", args.point] if args.point
+              else training_run(out, [*chosen, *train_args]))
+    cmd = ncu_command(ncu, out, target)
     print(f"[ncu] {' '.join(cmd)}", flush=True)
     # ncu leaves a folder of its own (nvidia/) in the temporary folder: a private one,
     # removed after.
@@ -181,7 +238,9 @@ def _main(argv) -> int:
     if not rows:
         raise UserError(f"ncu profiled no kernel matching {KERNELS} in that run")
     table = markdown_of_dicts(COLUMNS, rows, left={"kernel", "block", "grid"})
-    write_whole(out / "ncu.md", f"{name}: the loss kernels under Nsight Compute, the mean "
+    what = (f"{name}, the loss alone at batch, capacity, sigma {args.point}" if args.point
+            else f"{name}, a training run")
+    write_whole(out / "ncu.md", f"{what}: the loss kernels under Nsight Compute, the mean "
                 f"of each kernel's profiled launches\n\n{table}\n")
     write_whole(out / "ncu.csv", csv_text(COLUMNS, rows))
     print(table)

@@ -143,3 +143,31 @@ def nothing_is_left_behind():
 
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(SESSION_TMP, ignore_errors=True)
+
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--window-size=1500,1100")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Chromium through selenium (make test-browser)."""
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        # make test-browser installs them and sets REQUIRE_BROWSER: there a missing
+        # browser is a failure, never a skip that passes on nothing.
+        if os.environ.get("REQUIRE_BROWSER"):
+            pytest.fail("chromium and chromedriver are not installed")
+        pytest.skip("needs Debian's chromium and chromium-driver: make test-browser")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in CHROMIUM_FLAGS + (f"--user-data-dir={tmp_path / 'chromium'}",):
+        options.add_argument(flag)
+    drv = webdriver.Chrome(service=Service(driver), options=options)
+    try:
+        yield drv
+    finally:
+        drv.quit()

@@ -105,6 +105,41 @@ def test_make_ncu_on_the_gpu(tmp_path):
     assert {k.split("<")[0] for k in kernels} >= {"giou_fwd_kernel", "giou_bwd_kernel",
                                                   "giou_finalize_kernel"}, kernels
     assert (out / "report.ncu-rep").is_file()
+    point = tmp_path / "point"
+    done = subprocess.run([sys.executable, "-m", "studies.ncu", "--loss", "packed",
+                           "--backend", "cuda", "--out", str(point), "--point", "64,64,full"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with (point / "ncu.csv").open() as f:
+        launches = {row["kernel"].split("<")[0]: int(row["launches profiled"])
+                    for row in ncu.csv.DictReader(f)}
+    assert launches and set(launches.values()) == {1 + ncu.POINT_CALLS}, launches
+    assert "at batch, capacity, sigma 64,64,full" in (point / "ncu.md").read_text()
+
+
+@pytest.mark.parametrize("point", ["1024,1024", "0,256,3", "8,8,-1", "a,b,c", "8,8,3,4"])
+def test_a_point_that_is_no_point_is_one_line(point):
+    code, err = _make_ncu("--loss", "kernel", "--point", point)
+    assert code == 2 and err == ["error: --point takes BATCH,CAPACITY,SIGMA (whole numbers "
+                                 "of at least 1, a sigma above 0 or 'full'), as "
+                                 f"1024,1024,full; not {point!r}"], err
+
+
+def test_a_point_with_training_options_is_one_line():
+    code, err = _make_ncu("--loss", "kernel", "--point", "8,8,full", "--batch-size", "8")
+    assert code == 2 and err == ["error: --point runs the loss alone: train.py's options "
+                                 "(--batch-size 8) do not apply"], err
+
+
+def test_the_point_ncu_profiles_runs_the_loss_and_its_backward(monkeypatch):
+    """The child process's work, on the CPU (Triton's interpreter): the point's calls."""
+    from studies import sweep_point
+    calls = []
+    real = sweep_point.loss_call
+    monkeypatch.setattr(sweep_point, "loss_call", lambda *a: calls.append(a) or real(*a))
+    ncu.call_point("kernel", "triton", "4,8,full", device="cpu")
+    ((strategy, pred, targets),) = calls
+    assert pred.shape == (4, 8, 4) and pred.grad is not None
 
 
 def test_an_out_that_holds_a_table_is_never_overwritten(tmp_path, monkeypatch):
