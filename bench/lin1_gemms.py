@@ -8,12 +8,14 @@ ones included) and keeps the fastest. What a speed-up of lin1's GEMMs could gain
     dW       dW = dY.T @ X    M 16384,  N 65536, K 1024   (bf16 out: 2.1 GB written)
 
 Each is 2.2 TFLOP: 2.22 ms at the H100's 989 TFLOP/s dense bf16 peak. GPU time by CUDA
-events, the median of 20 calls after 3 warm-ups (bench/sharded_rank.cuda_ms).
+events: each figure the median of 20 calls after 3 warm-ups (bench/sharded_rank.cuda_ms),
+then the median of --rounds rounds that take the columns in turn.
 
 Run on the device: python3 bench/lin1_gemms.py [--no-autotune] > lin1_gemms.md
 """
 
 import argparse
+import statistics
 import sys
 
 import torch
@@ -33,50 +35,60 @@ def operands():
     return {"forward": (x, w.t()), "dX": (dy, w), "dW": (dy.t(), x)}
 
 
-def time_library(library: str, pairs: dict) -> dict:
-    previous = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library(library)
-    try:
-        return {name: cuda_ms(lambda a=a, b=b: torch.mm(a, b)) for name, (a, b) in pairs.items()}
-    finally:
-        torch.backends.cuda.preferred_blas_library(previous)
-
-
-def time_autotuned(pairs: dict) -> dict:
+def compiled_mms(pairs: dict) -> dict:
+    """Each GEMM through torch.compile's max-autotune (Inductor prints each choice's time
+    to stderr as it autotunes, on the first call)."""
     import torch._inductor.config as inductor
     inductor.max_autotune_gemm_backends = "ATEN,TRITON"
     if hasattr(inductor.triton, "enable_persistent_tma_matmul"):
         inductor.triton.enable_persistent_tma_matmul = True
-    times = {}
+    calls = {}
     for name, (a, b) in pairs.items():
         mm = torch.compile(torch.mm, mode="max-autotune-no-cudagraphs", dynamic=False)
-        mm(a, b)  # autotunes: Inductor prints each choice's time to stderr
-        times[name] = cuda_ms(lambda a=a, b=b, mm=mm: mm(a, b))
-    return times
+        mm(a, b)
+        calls[name] = lambda a=a, b=b, mm=mm: mm(a, b)
+    return calls
+
+
+def measured(columns: dict, rounds: int) -> dict:
+    """{column: {gemm: ms}}: the median over `rounds` rounds, each timing every column in
+    turn, so that a clock that drifts over the run (a GEMM at 700 W heats the chip) does
+    not favour whichever column runs first. A column is (BLAS library or None, calls)."""
+    times = {col: {name: [] for name in calls} for col, (_, calls) in columns.items()}
+    previous = torch.backends.cuda.preferred_blas_library()
+    for _ in range(rounds):
+        for col, (library, calls) in columns.items():
+            torch.backends.cuda.preferred_blas_library(library or previous)
+            for name, call in calls.items():
+                times[col][name].append(cuda_ms(call))
+    torch.backends.cuda.preferred_blas_library(previous)
+    return {col: {name: statistics.median(v) for name, v in by.items()}
+            for col, by in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-autotune", action="store_true",
-                        help="cuBLAS and cuBLASLt only (max-autotune takes minutes)")
+                        help="cuBLAS and cuBLASLt only (max-autotune takes a minute)")
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     peak = peak_of(torch.cuda.get_device_name())
     pairs = operands()
-    columns = {"cuBLAS": time_library("cublas", pairs),
-               "cuBLASLt": time_library("cublaslt", pairs)}
+    plain = {name: (lambda a=a, b=b: torch.mm(a, b)) for name, (a, b) in pairs.items()}
+    columns = {"cuBLAS": ("cublas", plain), "cuBLASLt": ("cublaslt", plain)}
     if not args.no_autotune:
-        columns["Inductor max-autotune"] = time_autotuned(pairs)
+        columns["Inductor max-autotune"] = (None, compiled_mms(pairs))
+    times = measured(columns, args.rounds)
     flop = 2 * B * FEATURES * HIDDEN
     floor = flop / peak.bf16_flops * 1e3 if peak else None
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; GPU ms (% of the "
-          f"dense bf16 peak){'' if floor is None else f'; the floor is {floor:.3f} ms'}\n")
-    print("| GEMM | " + " | ".join(columns) + " |")
-    print("|---|" + "---:|" * len(columns))
+          f"dense bf16 peak), the median of {args.rounds} rounds"
+          f"{'' if floor is None else f'; the floor is {floor:.3f} ms'}\n")
+    print("| GEMM | " + " | ".join(times) + " |")
+    print("|---|" + "---:|" * len(times))
     for name in pairs:
-        cells = []
-        for times in columns.values():
-            ms = times[name]
-            cells.append(f"{ms:.3f}" + ("" if floor is None else f" ({floor / ms:.0%})"))
+        cells = [f"{t[name]:.3f}" + ("" if floor is None else f" ({floor / t[name]:.0%})")
+                 for t in times.values()]
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

@@ -3,15 +3,14 @@ step alone, its FLOPs and bytes counted from the shapes, its GPU time, what it a
 against the device's peaks, and its floor; then the step's floor two ways: the sum of the
 phases' floors (each phase alone at its own roof, one after the other) and the larger of
 the compute-bound and the memory-bound sums (what a step whose parts overlap could reach).
-Then the whole step, with lin1's update apart and in its GEMM's epilogue.
+Then the whole step.
 
 Bytes are the fewest a phase must move: its operands read once and its results written
 once (a conv block: its input and its pooled output; its backward: those and the
 gradients). FLOPs are the tensor-core multiply-adds x 2; the SGD's few FLOPs an element
 are left out (they are not what bounds it).
 
-Run on the device: python3 bench/roofline.py [--loss padded] [--configs] > roofline.md
-(--configs also times the update-in-GEMM kernel at other tiles.)
+Run on the device: python3 bench/roofline.py [--loss padded] > roofline.md
 """
 
 import argparse
@@ -24,22 +23,9 @@ import torch.nn.functional as F
 sys.path.insert(0, ".")
 import train  # noqa: E402
 from bench.sharded_rank import cuda_ms, one_batch, top_kernels  # noqa: E402
-from kernels.lin1.dw_update import (  # noqa: E402
-    EPILOGUE_ONLY,
-    GEMM_ONLY,
-    GPU_CONFIG,
-    dw_update_step,
-)
 from kernels.lin1.shadow_sgd import shadow_sgd_step  # noqa: E402
 from profiling.flops import peak_of  # noqa: E402
 from training import speedups  # noqa: E402
-
-TILES = [dict(GPU_CONFIG)] + [
-    dict(BLOCK_H=bh, BLOCK_F=bf, BLOCK_K=64, GROUP_H=8, SPLIT=split, num_warps=w,
-         num_stages=st)
-    for bh, bf, split, w, st in [
-        (128, 128, 2, 4, 3), (128, 128, 1, 8, 3), (128, 256, 2, 8, 3), (256, 128, 2, 8, 3),
-        (64, 64, 1, 4, 3), (128, 64, 1, 4, 4), (64, 256, 2, 4, 3), (64, 128, 2, 4, 4)]]
 
 
 def peaks() -> tuple[float, float]:
@@ -53,11 +39,11 @@ def peaks() -> tuple[float, float]:
 
 # lin1's phases by name: the step's table picks them from lin1_phases' rows.
 FORWARD, DX, DW = "lin1 forward GEMM", "lin1 dX GEMM", "lin1 dW GEMM (bf16 dW)"
-SGD, FUSED = "lin1 shadow SGD", "lin1 dW GEMM + SGD (update_in_gemm)"
+SGD = "lin1 shadow SGD"
 
 
-def lin1_phases(B: int, Fe: int, H: int, tiles: list) -> list[dict]:
-    """lin1's GEMMs, its shadow SGD, and the update in the dW GEMM (each tile config)."""
+def lin1_phases(B: int, Fe: int, H: int) -> list[dict]:
+    """lin1's GEMMs and its shadow SGD."""
     bf = dict(device="cuda", dtype=torch.bfloat16)
     x, w = torch.randn(B, Fe, **bf), torch.randn(H, Fe, **bf) * 0.01
     bias, dy = torch.randn(H, **bf), torch.randn(B, H, **bf)
@@ -72,18 +58,6 @@ def lin1_phases(B: int, Fe: int, H: int, tiles: list) -> list[dict]:
         (SGD, 0, H * Fe * 20,
          lambda: shadow_sgd_step(master, grad, buf, w, 1e-4, 0.9, False)),
     ]
-    for label, part, moved in (("lin1 dW GEMM alone, update_in_gemm's kernel", GEMM_ONLY,
-                                act + H * Fe * 2),
-                               ("lin1 SGD alone, update_in_gemm's epilogue", EPILOGUE_ONLY,
-                                H * Fe * 18)):
-        rows.append((label, gemm if part == GEMM_ONLY else 0, moved,
-                     lambda p=part: dw_update_step(dy, x, master, buf, w, 1e-4, 0.9, False,
-                                                   part=p)))
-    for i, tile in enumerate(tiles):
-        label = FUSED + ("" if i == 0 else f" tile {tile}")
-        rows.append((label, gemm, act + H * Fe * 18,
-                     lambda t=tile: dw_update_step(dy, x, master, buf, w, 1e-4, 0.9, False,
-                                                   config=t)))
     return [dict(phase=n, flops=f, bytes=b, ms=cuda_ms(fn)) for n, f, b, fn in rows]
 
 
@@ -112,14 +86,15 @@ def trunk_counts(B: int, S: int) -> tuple[int, int]:
 
 
 def trunk_phase(model, images) -> dict:
-    """The trunk compiled as the step runs it: flat_features, which a model not compiled
-    whole (update_in_gemm's) compiles apart (model/build.py)."""
+    """The trunk's forward and backward (flat_features), compiled apart as it is within the
+    step's compiled model."""
+    features = torch.compile(model.flat_features)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        grad = torch.randn_like(model.flat_features(images))
+        grad = torch.randn_like(features(images))
 
     def fwd_bwd():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model.flat_features(images)
+            out = features(images)
         out.backward(grad)
     flops, moved = trunk_counts(images.shape[0], images.shape[-1])
     return dict(phase="conv trunk forward + backward", flops=flops, bytes=moved,
@@ -153,10 +128,9 @@ def preset_step(train_args: list[str]):
     return cfg, model, fns, one_batch(cfg, strategy, device)
 
 
-def step_ms(args, update: str):
+def step_ms(args):
     """(median step ms, model, images) of the whole train step, CUDA events."""
-    _, model, fns, batch = preset_step(["--loss", args.loss, "--backend", args.backend,
-                                        "--update-in-gemm", update])
+    _, model, fns, batch = preset_step(["--loss", args.loss, "--backend", args.backend])
     for _ in range(8):
         fns.train_step(*batch)
     pairs = []
@@ -168,10 +142,9 @@ def step_ms(args, update: str):
         pairs.append((s, e))
     torch.cuda.synchronize()  # host-device sync: once, after the timed steps
     if args.top:
-        print(top_kernels(f"update_in_gemm {update}", fns.train_step, batch, args.top),
-              flush=True)
+        print(top_kernels("the step", fns.train_step, batch, args.top), flush=True)
     if args.ops:
-        print(top_ops(f"update_in_gemm {update}", fns.train_step, batch, args.ops), flush=True)
+        print(top_ops("the step", fns.train_step, batch, args.ops), flush=True)
     return statistics.median(s.elapsed_time(e) for s, e in pairs), model, batch[0]
 
 
@@ -219,8 +192,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loss", default="padded")
     ap.add_argument("--backend", default="triton")
-    ap.add_argument("--configs", action="store_true", help="time the update-in-GEMM kernel "
-                    "at other tiles too")
     ap.add_argument("--lin1-only", action="store_true", help="lin1's phases only (no step)")
     ap.add_argument("--top", type=int, default=0, help="each step's N largest kernels (a "
                     "profile of 3 steps)")
@@ -234,22 +205,15 @@ def main() -> None:
     cfg = train.parse_config([])
     B, H, S = cfg.batch_size, cfg.hidden, cfg.image_size
     Fe, out = 256 * (S // 16) ** 2, cfg.max_boxes * 4
-    lin1 = lin1_phases(B, Fe, H, TILES if args.configs else TILES[:1])
+    lin1 = lin1_phases(B, Fe, H)
     print(table(lin1, peak_flops, peak_bw) + "\n", flush=True)
     if args.lin1_only:
         return
-    apart_ms = step_ms(args, "off")[0]  # its model goes before the next is built
-    fused_ms, fused_model, images = step_ms(args, "on")
-    rest = [trunk_phase(fused_model, images), *lin2_phases(B, H, out),
-            small_sgd_phase(fused_model)]
-    phase = {r["phase"]: r for r in lin1}
-    apart = [phase[name] for name in (FORWARD, DX, DW, SGD)] + rest
-    fused = [phase[name] for name in (FORWARD, DX, FUSED)] + rest
-    for title, rows, whole in (("lin1's update apart (shadow SGD)", apart, apart_ms),
-                               ("lin1's update in its dW GEMM", fused, fused_ms)):
-        print(f"## {title}\n\n{table(rows, peak_flops, peak_bw)}\n\n"
-              f"{floors(rows, peak_flops, peak_bw)}; the whole step (CUDA events, median of "
-              f"30, one batch reused): **{whole:.2f} ms**\n", flush=True)
+    whole, model, images = step_ms(args)
+    rows = lin1 + [trunk_phase(model, images), *lin2_phases(B, H, out), small_sgd_phase(model)]
+    print(f"## The step's phases\n\n{table(rows, peak_flops, peak_bw)}\n\n"
+          f"{floors(rows, peak_flops, peak_bw)}; the whole step (CUDA events, median of "
+          f"30, one batch reused): **{whole:.2f} ms**\n", flush=True)
 
 
 if __name__ == "__main__":

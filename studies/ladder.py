@@ -113,7 +113,7 @@ def run_ladder(out: Path, train_args: list[str], plan_strategies, runs: dict, sk
             tag = f"[{name} {number}/{len(SPEEDUPS)}] {rung}"
             reason = unavailable_reason() if backend == "cuda" else None
             if reason is None and rung != "baseline":
-                # With the rungs below on: the update in the GEMM needs the shadow's.
+                # With the rungs below on: a rung's refusal may depend on them.
                 reason = why_not_here(rung, run_config(base, **fields), loss, cuda)
             if reason:
                 print(f"{tag}: skipped ({reason})", flush=True)

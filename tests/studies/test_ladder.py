@@ -30,8 +30,7 @@ def test_a_tiny_ladder_writes_every_rung_and_says_which_could_not_run(tmp_path, 
         skipped = {(r["strategy"], r["rung"]): r["step GPU ms"] for r in rows
                    if not r["run folder"]}
         assert set(skipped) == {(s, f"+ {n}") for s in ("padded", "kernel/triton")
-                                for n in ("cudnn_benchmark", "bf16_shadow", "update_in_gemm",
-                                          "cuda_graph")}
+                                for n in ("cudnn_benchmark", "bf16_shadow", "cuda_graph")}
         assert all(v == "skipped: needs a CUDA GPU" for v in skipped.values())
         # baseline, fused_sgd, channels_last, both Triton blocks, the Triton pool, the
         # third block's Triton forward and backward
@@ -101,27 +100,16 @@ def test_ctrl_c_keeps_the_rungs_that_finished(tmp_path, monkeypatch):
     assert not list(kept.glob(".*-claimed"))
 
 
-def test_a_rung_is_judged_with_the_rungs_below_it_on():
-    """The update-in-GEMM rung needs bf16_shadow, the rung below it: judged on the
-    baseline's config alone it was skipped on the H100 ('needs bf16 autocast ...')."""
-    from studies.common import base_config, run_config
-    base, _ = base_config(["--preset", "cpu", "--amp"], ladder.PER_RUN, ladder.REFUSAL,
-                          baseline=True)
-    assert "--bf16-shadow" in ladder.why_not_here("update_in_gemm", base, "padded", True)
-    below = run_config(base, **ladder.rung_fields("bf16_shadow"))
-    assert ladder.why_not_here("update_in_gemm", below, "padded", True) is None
-
-
-
-def test_the_ladder_runs_the_update_rung_after_the_shadows(tmp_path, monkeypatch):
-    """run_ladder asks each rung with the rungs below it on (here as on a GPU, the runs
-    themselves stubbed): the update-in-GEMM rung runs, with bf16_shadow on."""
+def test_the_ladder_runs_each_rung_with_the_rungs_below_it_on(tmp_path, monkeypatch):
+    """run_ladder makes each rung's config with every rung below it on (here as on a GPU,
+    the runs themselves stubbed): the third block's Triton backward rung runs with its
+    forward's rung on, which it needs (idle otherwise)."""
     made = []
     monkeypatch.setattr(ladder.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(ladder, "attempt", lambda cfg, tag: (made.append(cfg), (None, "stub"))[1])
     runs, skipped = {}, []
     ladder.run_ladder(tmp_path, ["--preset", "cpu", "--amp", *TINY[2:]], [("padded", "triton")],
-                      runs, skipped, rungs=("bf16_shadow", "update_in_gemm"))
+                      runs, skipped, rungs=("triton_conv_pool", "triton_conv_pool_bwd"))
     assert [row["step GPU ms"] for row in skipped] == ["stub", "stub"], skipped
-    update = made[-1]
-    assert update.bf16_shadow and update.update_in_gemm == "on" and update.fused_sgd
+    last = made[-1]
+    assert last.triton_conv_pool_bwd and last.triton_conv_pool and last.fused_sgd

@@ -168,7 +168,7 @@ from training import ddp, speedups
 from training.optimizer import momentum_sgd
 from training.parallel import local
 from training.speedups.base import Build
-from training.speedups.bf16_shadow import SGDWithShadow
+from training.shadow_optimizer import SGDWithShadow
 from training.ranks import from_env, stop
 
 design = sys.argv[1]

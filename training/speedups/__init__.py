@@ -1,8 +1,7 @@
 """The training step's speed-ups: each one module of this package (base.py says what a
 speed-up holds), applied to the plain model, its optimizer or the process; all off with
 --baseline. The ladder's order is ORDER: make ladder adds them in it, and each transform
-runs in it (channels_last before the Triton blocks that keep its layout, bf16_shadow
-before update_in_gemm that defers its gradient).
+runs in it (channels_last before the Triton blocks that keep its layout).
 
     train.Config             one field and flag per speed-up (switches())
     check(cfg, cuda)         one line for one asked where it cannot apply
@@ -26,7 +25,7 @@ from training.speedups.base import CHOICES, Build, SpeedUp
 
 ORDER = ("cudnn_benchmark", "fused_sgd", "channels_last", "triton_first_block",
          "triton_second_block", "triton_pool", "triton_conv_pool", "triton_conv_pool_bwd",
-         "bf16_shadow", "update_in_gemm", "cuda_graph")
+         "bf16_shadow", "cuda_graph")
 SPEEDUPS: tuple[SpeedUp, ...] = tuple(
     importlib.import_module(f"{__name__}.{name}").SPEEDUP for name in ORDER)
 BY_NAME = {s.name: s for s in SPEEDUPS}

@@ -10,6 +10,8 @@ activations would meet a bf16 weight.
 
     model.lin1.weight    bf16 parameter (its name kept, its value bf16(master))
     model.lin1_master    fp32 buffer: the old weight's storage, nothing copied
+
+The optimizer is training/shadow_optimizer.py's.
 """
 
 from training.speedups.base import SpeedUp
@@ -24,66 +26,8 @@ def shadow(model, build) -> None:
     model.register_buffer(MASTER, master)
 
 
-def shadowed(model) -> list:
-    """[(bf16 parameter, fp32 master, PendingGrad or None)] of the model: lin1's, where it
-    is shadowed (the pending operands: update_in_gemm's)."""
-    from training.parallel import MASTER
-    if not hasattr(model, MASTER):
-        return []
-    return [(model.lin1.weight, getattr(model, MASTER), getattr(model.lin1, "pending", None))]
-
-
-class SGDWithShadow:
-    """make(params)'s optimizer (SGD with momentum) for every parameter but the shadowed
-    ones, whose step is one kernel each: the shadow SGD over the bf16 gradient, or, with
-    update_in_gemm, the weight-gradient GEMM with the update in its epilogue over the
-    operands the backward left (kernels/lin1/dw_update.py). The same step() and
-    zero_grad() as a torch optimizer."""
-
-    def __init__(self, model, params, make, lr: float):
-        self.shadows = shadowed(model)
-        shadows = {id(p) for p, _, _ in self.shadows}
-        self.inner = make([p for p in params if id(p) not in shadows])
-        self.lr = lr
-        self.buffers: list = [None] * len(self.shadows)  # the momentum, made on the first step
-
-    def step(self) -> None:
-        import torch
-
-        from kernels.lin1.dw_update import dw_update_step
-        from kernels.lin1.shadow_sgd import shadow_sgd_step
-        from training.optimizer import MOMENTUM
-        from training.parallel import local
-        self.inner.step()
-        for i, (param, master, pending) in enumerate(self.shadows):
-            operands = pending.take() if pending is not None else None
-            if operands is None and param.grad is None:
-                continue  # as torch's SGD: a parameter without gradient stays
-            first = self.buffers[i] is None  # host-side state: no sync
-            if first:
-                self.buffers[i] = torch.empty_like(master)
-            if operands is not None:
-                dy, x = operands
-                dw_update_step(dy, x, master, self.buffers[i], param.data, self.lr,
-                               MOMENTUM, first)
-                continue
-            # Sharded (--parallel zero or tp): the local rows of the weight and its
-            # gradient, beside the master's and momentum's rows (training/parallel.py).
-            shadow_sgd_step(master, local(param.grad), self.buffers[i], local(param.data),
-                            self.lr, MOMENTUM, first)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.inner.zero_grad(set_to_none=set_to_none)
-        for param, _, pending in self.shadows:
-            if pending is not None:
-                pending.take()  # a backward's operands that no step used
-            if set_to_none:
-                param.grad = None
-            elif param.grad is not None:
-                param.grad.zero_()
-
-
 def with_shadow(model, make, build):
+    from training.shadow_optimizer import SGDWithShadow  # imports torch
     return lambda params: SGDWithShadow(model, params, make, build.lr)
 
 

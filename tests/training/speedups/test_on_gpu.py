@@ -106,24 +106,6 @@ def test_each_speedup_keeps_the_baselines_losses_on_the_gpu(tmp_path, name):
     assert fast["losses"] == pytest.approx(base["losses"], rel=1e-2)
 
 
-@pytest.mark.parametrize("loss,extra", [("padded", []), ("packed", []),
-                                        ("kernel", ["--cuda-graph", "on", *GRAPH_STEPS])])
-def test_the_update_in_the_gemm_takes_the_shadow_sgds_steps(tmp_path, loss, extra):
-    """lin1's update in its dW GEMM's epilogue against the shadow SGD apart: the same
-    losses step for step within bf16 rounding (the gradient's sum runs in another order),
-    lin1's weight gradient never made, no host-device sync in the step; in a CUDA graph's
-    replay too."""
-    common = ["--loss", loss, "--active", "6", *extra]
-    apart = _losses(tmp_path, *common, "--update-in-gemm", "off")
-    fused = _losses(tmp_path, *common, "--update-in-gemm", "on")
-    assert fused["speedups"]["on"]["update_in_gemm"]
-    assert not apart["speedups"]["on"]["update_in_gemm"]
-    assert fused["losses"][0] == apart["losses"][0]  # before any update
-    assert fused["losses"] == pytest.approx(apart["losses"], rel=1e-3)
-    phases = ("graph",) if extra else ("forward", "backward", "optimizer")
-    assert all(fused["phases"][p]["syncs"] == 0 for p in phases)
-
-
 def test_cudnn_autotuning_keeps_the_losses(tmp_path):
     """In two processes: cuDNN keeps a process's first choice of algorithm."""
     out = []

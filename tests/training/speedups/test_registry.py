@@ -153,7 +153,7 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
                              "triton_first_block": True, "triton_second_block": True,
                              "triton_pool": True, "triton_conv_pool": True,
                              "triton_conv_pool_bwd": True, "bf16_shadow": False,
-                             "update_in_gemm": False, "cuda_graph": False}
+                             "cuda_graph": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()
     assert json.loads((tmp_path / "base" / "summary.json").read_text())["speedups"]["on"] == \
