@@ -20,7 +20,10 @@ what its alloc and free_requested entries added and took over the window, give t
 at the window's start; walking forward again gives the most at any moment. The allocator
 counts a block as allocated from its alloc to its free_requested (a block whose stream
 still uses it is freed later, free_completed, but no longer counts), as
-torch.cuda.max_memory_allocated does; the peak is held against that, reset at start().
+torch.cuda.max_memory_allocated does, which is reset at start() to be held against it. The
+trace records each allocation's requested size, the counter its block's (rounded up to
+512 B, or a whole block left unsplit), so the replay is in requested bytes throughout and
+comes out a little under the counter: 6.5 kB under 13.4 GB at the GPU preset.
 """
 
 import pickle
@@ -87,9 +90,11 @@ class AllocatorHistory:
 
 
 def snapshot_peak(snapshot: dict, device: int) -> tuple[int, int]:
-    """(the most bytes allocated at any moment of the snapshot's trace, its entries) on
-    one device: replayed backward from the blocks allocated at the end, then forward."""
-    now = sum(block["size"] for seg in snapshot["segments"] if seg["device"] == device
+    """(the most bytes requested and not yet freed at any moment of the snapshot's trace,
+    its entries) on one device: replayed backward from the blocks allocated at the end,
+    then forward."""
+    now = sum(block.get("requested_size", block["size"])
+              for seg in snapshot["segments"] if seg["device"] == device
               for block in seg["blocks"] if block["state"] == "active_allocated")
     trace = snapshot["device_traces"][device]
     deltas = [e["size"] if e["action"] == "alloc" else -e["size"]

@@ -59,7 +59,9 @@ svg text {{ font-size: 12px; fill: #444 }}
 </style></head><body>
 <h2>{html.escape(title)}</h2>
 <p>GPU memory over the profiled steps, by what torch.profiler found each tensor to be
-(peak {peak['total_bytes'] / 1e9:.3f} GB{at}).</p>
+(peak {peak['total_bytes'] / 1e9:.3f} GB{at}). Each allocation is placed at the host's
+time of the operator that made it; the host runs ahead of the GPU and, recording stacks
+for this page, slower than in a plain run.</p>
 {chart(timeline, names)}
 <table><tr><th>category</th><th>GB at the peak</th><th>GB at its own most</th></tr>
 {rows}</table>
@@ -108,7 +110,7 @@ def chart(timeline: dict, names: list[str]) -> str:
         ticks.append(f"<text x='{x(t0 + ms * 1e3):.1f}' y='{HEIGHT - BOTTOM + 16}' "
                      f"text-anchor='middle'>{ms:g}</text>")
     labels = (f"<text x='{LEFT + inner_w / 2}' y='{HEIGHT - 4}' text-anchor='middle'>ms "
-              f"from the first profiled step</text><text x='14' y='{TOP + inner_h / 2}' "
+              f"from the first profiled step, on the host's clock</text><text x='14' y='{TOP + inner_h / 2}' "
               f"transform='rotate(-90 14 {TOP + inner_h / 2})' text-anchor='middle'>GB"
               "</text>")
     return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{HEIGHT}' "
