@@ -206,8 +206,8 @@ def main() -> None:
     B, H, S = cfg.batch_size, cfg.hidden, cfg.image_size
     Fe, out = 256 * (S // 16) ** 2, cfg.max_boxes * 4
     lin1 = lin1_phases(B, Fe, H)
-    print(table(lin1, peak_flops, peak_bw) + "\n", flush=True)
     if args.lin1_only:
+        print(table(lin1, peak_flops, peak_bw), flush=True)
         return
     whole, model, images = step_ms(args)
     rows = lin1 + [trunk_phase(model, images), *lin2_phases(B, H, out), small_sgd_phase(model)]

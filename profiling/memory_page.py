@@ -109,10 +109,11 @@ def chart(timeline: dict, names: list[str]) -> str:
         ms = k * step
         ticks.append(f"<text x='{x(t0 + ms * 1e3):.1f}' y='{HEIGHT - BOTTOM + 16}' "
                      f"text-anchor='middle'>{ms:g}</text>")
+    middle = TOP + inner_h / 2
     labels = (f"<text x='{LEFT + inner_w / 2}' y='{HEIGHT - 4}' text-anchor='middle'>ms "
-              f"from the first profiled step, on the host's clock</text><text x='14' y='{TOP + inner_h / 2}' "
-              f"transform='rotate(-90 14 {TOP + inner_h / 2})' text-anchor='middle'>GB"
-              "</text>")
+              "from the first profiled step, on the host's clock</text>"
+              f"<text x='14' y='{middle}' transform='rotate(-90 14 {middle})' "
+              "text-anchor='middle'>GB</text>")
     return (f"<svg xmlns='http://www.w3.org/2000/svg' width='{WIDTH}' height='{HEIGHT}' "
             f"role='img' aria-label='memory by category'>{''.join(ticks)}"
             f"{''.join(shapes)}{labels}</svg>")
