@@ -103,9 +103,9 @@ def call_point(loss: str, backend: str, point: str, device: str = "cuda") -> Non
     warm up and POINT_CALLS more (the process ncu starts; a test's on the CPU)."""
     import torch
 
+    import losses
     from studies.sweep_point import loss_call, predictions, samples
     batch, capacity, sigma = parse_point(point)
-    import losses
     strategy = losses.get(loss, backend, capacity=capacity)
     device = torch.device(device)
     _, host_targets = strategy.collate(samples(batch, capacity, sigma, seed=0))
