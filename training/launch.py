@@ -239,6 +239,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # SIGTERM stops the job as Ctrl-C does (torchrun passes it to every rank).
+    # SIGTERM stops the job as Ctrl-C does (torchrun passes it to every rank). Ctrl-C's
+    # handler is set too, not inherited: a launcher started from a shell's background job
+    # inherits SIGINT ignored, and Python then leaves it so; a SIGINT sent to it while it
+    # waited at a rendezvous did nothing.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     run_command(main, "every rank was stopped", stop_signals=False)  # its own handling
