@@ -368,7 +368,7 @@ class ProfiledRun:
         if self.ranks.distributed:
             summary["communication"] = communication(events, self.phases, profiled)
         env = environment()
-        title = f"{self.label}, {self.cfg.mode} mode, batch {self.cfg.batch_size}, {env['device']}"
+        title = self._title(env["device"])
         if status != "complete":
             title += f" ({status} after {summary['steps']} profiled steps)"
         table = format_table(summary, title, on_gpu=self.cuda)
@@ -386,7 +386,7 @@ class ProfiledRun:
         if rate:
             loader = self.facts.get("batches", {}).get("loader_rate")
             table += "\n" + describe(rate, busy, wait, loader, self.cfg.batch_size)
-        memory = self._memory_account(title, status)
+        memory = self._memory_account(status)
         if memory:
             table += "\n" + memory_account.describe(memory)
         return {"status": status, **extra,
@@ -399,6 +399,9 @@ class ProfiledRun:
                 "losses": self.losses,
                 "peak_gpu_memory_gb": self._peak_gb(), "memory": memory,
                 **summary}
+
+    def _title(self, device: str) -> str:
+        return f"{self.label}, {self.cfg.mode} mode, batch {self.cfg.batch_size}, {device}"
 
     def _peak_gb(self) -> float | None:
         """The run's peak allocated GB (the allocator's counter), on a GPU."""
@@ -413,19 +416,23 @@ class ProfiledRun:
         device = f"cuda:{torch.cuda.current_device()}"
         self.memory_timeline = memory_account.by_category(prof, device)
 
-    def _memory_account(self, title: str, status: str) -> dict | None:
-        """--memory-snapshot's figures, and its page written (a complete run's: an early
-        end's window is not whole)."""
+    def _memory_account(self, status: str) -> dict | None:
+        """--memory-snapshot's figures; its page only for a complete run (an early end's
+        window is not whole), written by _write_memory_page."""
         if not self.memory:
             return None
         page = None
         if status == "complete" and self.memory_timeline is not None and self.memory.result:
             page = "memory.html"
-        memory = memory_account.account(self.memory.result, self.memory_timeline, page)
-        if page:
-            memory_page.write(self.dir / page, title, self.memory_timeline, memory)
+        return memory_account.account(self.memory.result, self.memory_timeline, page)
+
+    def _write_memory_page(self, record: dict) -> None:
+        """The page and its points beside the run, where its account names a page."""
+        memory = record.get("memory")
+        if memory and memory["page"]:
+            title = self._title(record["environment"]["device"])
+            memory_page.write(self.dir / memory["page"], title, self.memory_timeline, memory)
             write_whole(self.dir / memory_account.TIMELINE, json.dumps(self.memory_timeline))
-        return memory
 
     def _model_flops(self, summary: dict, rate: dict | None, device: str) -> dict:
         """The model's FLOPs a step of this rank's batch (profiling/flops.py) and the MFU
@@ -460,6 +467,7 @@ class ProfiledRun:
         t0 = time.perf_counter()
         gzip_traces(self.dir, self.ranks.worker_name())
         record = self._summary("complete")
+        self._write_memory_page(record)
         trace = self.dir / record["trace"]
         self.say(f"trace {trace.name} ({trace.stat().st_size / 1e6:.1f} MB) gzipped and "
                  f"summarized in {time.perf_counter() - t0:.1f} s")

@@ -121,15 +121,20 @@ def by_category(prof, device: str) -> dict:
             "bytes": {name: [row[i] for row in sizes] for name, i in columns.items()}}
 
 
+def totals(timeline: dict) -> list[int]:
+    """The bytes of every category together at each point of the timeline."""
+    return [sum(point) for point in zip(*timeline["bytes"].values())]
+
+
 def peak_by_category(timeline: dict) -> dict:
     """At the moment the timeline's total is highest: its time (ms from the first point),
     the total, and each category's bytes then."""
     times, by_name = timeline["times_us"], timeline["bytes"]
     if not times:
         return {"at_ms": None, "total_bytes": 0, "bytes": {name: 0 for name in by_name}}
-    totals = [sum(column[i] for column in by_name.values()) for i in range(len(times))]
-    i = max(range(len(times)), key=totals.__getitem__)
-    return {"at_ms": (times[i] - times[0]) / 1e3, "total_bytes": totals[i],
+    total = totals(timeline)
+    i = max(range(len(times)), key=total.__getitem__)
+    return {"at_ms": (times[i] - times[0]) / 1e3, "total_bytes": total[i],
             "bytes": {name: column[i] for name, column in by_name.items()}}
 
 

@@ -11,6 +11,8 @@ import html
 import math
 from pathlib import Path
 
+from profiling import memory_account
+
 # Bottom to top: what lives the whole run first, then what a step makes and frees.
 ORDER = ("parameters", "optimizer state", "gradients", "inputs", "activations",
          "temporaries", "autograd detail", "unknown")
@@ -62,7 +64,7 @@ svg text {{ font-size: 12px; fill: #444 }}
 (peak {peak['total_bytes'] / 1e9:.3f} GB{at}). Each allocation is placed at the host's
 time of the operator that made it; the host runs ahead of the GPU and, recording stacks
 for this page, slower than in a plain run.</p>
-{chart(timeline, names)}
+{chart(timeline, names, peak["total_bytes"])}
 <table><tr><th>category</th><th>GB at the peak</th><th>GB at its own most</th></tr>
 {rows}</table>
 {snapshot}
@@ -70,15 +72,15 @@ for this page, slower than in a plain run.</p>
 """
 
 
-def chart(timeline: dict, names: list[str]) -> str:
-    """Stacked step areas (each allocation holds until the next point), GB against ms."""
+def chart(timeline: dict, names: list[str], peak_bytes: int) -> str:
+    """Stacked step areas (each allocation holds until the next point), GB against ms, up
+    to the peak (which _columns always keeps)."""
     times = timeline["times_us"]
     if not times:
         return "<p>No memory events were recorded.</p>"
-    keep = _columns(timeline, names)
+    keep = _columns(timeline)
     t0, t_end = times[0], max(times[-1], times[0] + 1)
-    totals = [sum(timeline["bytes"][n][i] for n in names) for i in keep]
-    top = _nice(max(totals) / 1e9)
+    top = _nice(peak_bytes / 1e9)
     inner_w, inner_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
     def x(t):
@@ -119,13 +121,13 @@ def chart(timeline: dict, names: list[str]) -> str:
             f"{''.join(shapes)}{labels}</svg>")
 
 
-def _columns(timeline: dict, names: list[str]) -> list[int]:
+def _columns(timeline: dict) -> list[int]:
     """The points drawn: all of them, or per column of time the one with the most bytes."""
     times = timeline["times_us"]
     if len(times) <= MAX_COLUMNS:
         return list(range(len(times)))
     span = max(times[-1] - times[0], 1)
-    totals = [sum(timeline["bytes"][n][i] for n in names) for i in range(len(times))]
+    totals = memory_account.totals(timeline)
     best: dict[int, int] = {}
     for i, t in enumerate(times):
         column = min(MAX_COLUMNS - 1, int((t - times[0]) / span * MAX_COLUMNS))

@@ -33,7 +33,6 @@ class SGDWithShadow(torch.optim.Optimizer):
         shadows = {id(p) for p, _ in self.shadows}
         self.inner = make([p for p in params if id(p) not in shadows])
         super().__init__([p for p, _ in self.shadows], {"lr": lr})
-        self.lr = lr
         for param, master in self.shadows:
             self.state[param]["master"] = master
 
@@ -45,6 +44,7 @@ class SGDWithShadow(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self) -> None:
         self.inner.step()
+        lr = self.param_groups[0]["lr"]  # one group, the shadowed parameters'
         for param, master in self.shadows:
             if param.grad is None:
                 continue  # as torch's SGD: a parameter without gradient stays
@@ -55,7 +55,7 @@ class SGDWithShadow(torch.optim.Optimizer):
             # Sharded (--parallel zero or tp): the local rows of the weight and its
             # gradient, beside the master's and momentum's rows (training/parallel.py).
             shadow_sgd_step(master, local(param.grad), state["momentum_buffer"],
-                            local(param.data), self.lr, MOMENTUM, first)
+                            local(param.data), lr, MOMENTUM, first)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)

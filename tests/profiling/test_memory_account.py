@@ -128,7 +128,7 @@ def test_the_page_draws_every_category_offline(points):
     assert parsed.tags.count("polygon") == len(memory_page.ORDER)
     peak = memory["peak_by_category"]
     assert f"{peak['total_bytes'] / 1e9:.3f}" in text
-    kept = memory_page._columns(timeline, list(memory_page.ORDER))
+    kept = memory_page._columns(timeline)
     assert len(kept) <= memory_page.MAX_COLUMNS
     totals = [sum(timeline["bytes"][n][i] for n in memory_page.ORDER) for i in kept]
     assert max(totals) == peak["total_bytes"]  # the peak is drawn, however many points
