@@ -1,5 +1,6 @@
-"""make profile GPUS=2 on two GPUs (make test-gpu on a machine with two): NCCL ranks train
-as one GPU on the global batch, and the summary holds each rank's NCCL time."""
+"""make profile GPUS=N on every GPU of the machine (make test-gpu on a machine with two or
+more): NCCL ranks train as one GPU on the global batch, and the summary holds each rank's
+NCCL time."""
 
 import json
 import subprocess
@@ -13,22 +14,25 @@ from tests.helpers import REPO, SMALL
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     torch.cuda.device_count() < 2, reason="needs two GPUs (nvidia-h200-x2)")]
+# Every GPU the machine has: two on nvidia-h200-x2, four or eight where those are lent.
+GPUS = torch.cuda.device_count()
 PER_RANK = ["--batch-size", "32", "--active", "3"]
+GLOBAL_BATCH = ["--batch-size", str(32 * GPUS)]
+LAUNCH = [sys.executable, "-m", "training.launch", "--nproc", str(GPUS), "train.py"]
 
 
 @pytest.mark.parametrize("loss,backend", [("padded", "triton"), ("kernel", "cuda")])
-def test_two_gpus_train_as_one_on_the_global_batch(tmp_path, loss, backend):
+def test_the_gpus_train_as_one_on_the_global_batch(tmp_path, loss, backend):
     common = ["--loss", loss, "--backend", backend, "--out-dir", str(tmp_path)]
-    done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", "train.py",
-                           *SMALL, *PER_RANK, *common, "--run-name", "job"], cwd=REPO,
+    done = subprocess.run([*LAUNCH, *SMALL, *PER_RANK, *common, "--run-name", "job"], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     job = json.loads((tmp_path / "job" / "summary.json").read_text())
-    one = train.run(train.parse_config(SMALL + PER_RANK + common + ["--batch-size", "64"]))
+    one = train.run(train.parse_config(SMALL + PER_RANK + common + GLOBAL_BATCH))
     # bf16 autocast: the two GEMM shapes round differently; the losses agree to bf16.
     assert job["losses"] == pytest.approx(one["losses"], rel=1e-2)
     ranks = job["distributed"]
-    assert ranks["backend"] == "nccl" and ranks["world"] == 2
+    assert ranks["backend"] == "nccl" and ranks["world"] == GPUS
     for rank in ranks["ranks"]:
         comm = rank["communication"]
         assert comm["gpu"] and comm["comm_ms"] > 0 and comm["collectives"] >= 2
@@ -40,23 +44,23 @@ def test_two_gpus_train_as_one_on_the_global_batch(tmp_path, loss, backend):
 @pytest.mark.parametrize("parallel", ["zero", "tp", "tp2d"])
 @pytest.mark.parametrize("loss,backend", [("padded", "triton"), ("kernel", "cuda"),
                                           ("conditional", "triton"), ("packed", "cuda")])
-def test_every_design_on_two_gpus_trains_as_one(tmp_path, parallel, loss, backend):
+def test_every_design_on_the_gpus_trains_as_one(tmp_path, parallel, loss, backend):
     """--parallel zero, tp and tp2d (on one host: tp on a 2-D mesh of one row) with NCCL,
     the bf16 shadow on each rank's rows of lin1 and the compiled trunk: the losses of one
     GPU on the global batch, within bf16 rounding."""
     common = ["--loss", loss, "--backend", backend, "--out-dir", str(tmp_path)]
-    done = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2", "train.py",
-                           *SMALL, *PER_RANK, *common, "--parallel", parallel, "--run-name",
-                           "job"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([*LAUNCH, *SMALL, *PER_RANK, *common, "--parallel", parallel,
+                           "--run-name", "job"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     job = json.loads((tmp_path / "job" / "summary.json").read_text())
-    one = train.run(train.parse_config(SMALL + PER_RANK + common + ["--batch-size", "64"]))
+    one = train.run(train.parse_config(SMALL + PER_RANK + common + GLOBAL_BATCH))
     assert job["losses"] == pytest.approx(one["losses"], rel=1e-2)
     assert job["distributed"]["parallel"] == parallel
 
 
-def test_make_throughput_and_make_scaling_on_two_gpus_at_a_small_size(tmp_path):
-    """make throughput GPUS=2 against one GPU's table, and make scaling GPUS=2: both
+def test_make_throughput_and_make_scaling_on_the_gpus_at_a_small_size(tmp_path):
+    """make throughput GPUS=N against one GPU's table, and make scaling GPUS=N: both
     tables written by rank 0, with a scaling and every design's row."""
     small = [*SMALL, *PER_RANK, "--steps", "12", "--wait", "4", "--num-workers", "2"]
 
@@ -66,11 +70,11 @@ def test_make_throughput_and_make_scaling_on_two_gpus_at_a_small_size(tmp_path):
                               cwd=REPO, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
     command("studies.throughput", "--strategies", "padded", "--out", str(tmp_path / "one"))
-    command("studies.throughput", "--strategies", "padded", "--out", str(tmp_path / "two"),
-            "--against", str(tmp_path / "one"), nproc=2)
-    table = (tmp_path / "two" / "throughput.md").read_text()
+    command("studies.throughput", "--strategies", "padded", "--out", str(tmp_path / "many"),
+            "--against", str(tmp_path / "one"), nproc=GPUS)
+    table = (tmp_path / "many" / "throughput.md").read_text()
     assert "| scaling |" in table and "x |" in table, table
-    command("studies.scaling", "--out", str(tmp_path / "sc"), nproc=2)
+    command("studies.scaling", "--out", str(tmp_path / "sc"), nproc=GPUS)
     scaling = (tmp_path / "sc" / "scaling.md").read_text()
-    assert all(f"| {design} | 2 |" in scaling for design in ("ddp", "zero", "tp", "tp2d"))
+    assert all(f"| {design} | {GPUS} |" in scaling for design in ("ddp", "zero", "tp", "tp2d"))
 
