@@ -1,0 +1,2 @@
+#define DW_SGD_VARIANTS 1
+#include "dw_sgd.cu"
