@@ -3,6 +3,7 @@
     shadow_sgd.py        SGD with momentum for a bf16 weight with fp32 master weights: one
                          pass that reads the bf16 gradient and writes the bf16 weight
 
-(The update inside the weight-gradient GEMM's epilogue was measured no faster than the GEMM
-and this pass apart, and left: results/step.md.)
+(The update inside the weight-gradient GEMM's epilogue, in Triton and then in a
+warp-specialised CUTLASS kernel, was measured no faster than the GEMM and this pass apart,
+and left: results/step.md.)
 """
