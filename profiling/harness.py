@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from core.bounded import finished_within
 from core.errors import (
     NonFiniteLoss,
     RunFailed,
@@ -163,9 +164,7 @@ def close_within(writer, seconds: float) -> None:
     killed and its folder marked -failed by the launcher (2 Ctrl-C in 20 under load;
     py-spy: the main thread in _AsyncWriterThread.stop's join, the writer's thread in
     Queue.get). Past the bound the last steps' scalars may be lost, not the run's folder."""
-    closing = threading.Thread(target=writer.close, daemon=True, name="close the scalars")
-    closing.start()
-    closing.join(seconds)
+    finished_within(writer.close, seconds, "close the scalars")
 
 
 class _NoScalars:

@@ -142,22 +142,23 @@ def note_why_ranks_stop() -> None:
     by name (torch 2.11 and 2.13 alike); where a torch has neither, a SIGTERM without a
     note reads, after job_notes.NOTE_WAIT_S, as a failure's."""
     from torch.distributed.elastic.multiprocessing import api
-    handler = getattr(api, "_terminate_process_handler", None)
-    if handler is not None and not getattr(handler, "notes", False):
-        def terminate(signum, frame):
-            if folder := os.environ.get(ERRORS_ENV):
-                job_notes.note_the_users_signal(Path(folder))
-            handler(signum, frame)
-        terminate.notes = True
-        api._terminate_process_handler = terminate
-    close = getattr(api.PContext, "close", None)
-    if close is not None and not getattr(close, "notes", False):
-        def stop(self, *args, **kwargs):
-            if folder := os.environ.get(ERRORS_ENV):
-                job_notes.note_a_failures_stop(Path(folder))
-            return close(self, *args, **kwargs)
-        stop.notes = True
-        api.PContext.close = stop
+    _note_first(api, "_terminate_process_handler", job_notes.note_the_users_signal)
+    _note_first(api.PContext, "close", job_notes.note_a_failures_stop)
+
+
+def _note_first(owner, name: str, note) -> None:
+    """owner.name, where it exists, made to leave note(the job's notes folder) before it
+    runs, where the launcher set that folder; once, however often called."""
+    original = getattr(owner, name, None)
+    if original is None or getattr(original, "notes", False):
+        return
+
+    def noting(*args, **kwargs):
+        if folder := os.environ.get(ERRORS_ENV):
+            note(Path(folder))
+        return original(*args, **kwargs)
+    noting.notes = True
+    setattr(owner, name, noting)
 
 
 def quiet_torchrun() -> None:

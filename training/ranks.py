@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
+from core.bounded import finished_within
 from core.errors import ERRORS_ENV, ProjectError, leave_for_launcher, one_line
 
 # How often a rank looks for its launcher, and how long its early end may then take
@@ -335,11 +336,8 @@ def _leave_after_an_early_end() -> None:
         return  # stop() left it, or there was none
     if dist.get_backend() == "gloo":
         _forget_what_holds_the_group()
-        freeing = threading.Thread(target=dist.destroy_process_group, daemon=True,
-                                   name="leave the process group")
-        freeing.start()
-        freeing.join(LEAVE_S)
-        if freeing.is_alive():
+        if not finished_within(dist.destroy_process_group, LEAVE_S,
+                               "leave the process group"):
             from core.commands import leaving_code
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
