@@ -100,6 +100,9 @@ def calls():
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         for fmt in (torch.contiguous_format, torch.channels_last):
             tag = f"{TYPES[dtype]} {'NHWC' if fmt == torch.channels_last else 'NCHW'}"
+            nhwc = fmt == torch.channels_last
+            yield (f"first_block_code {tag}",  # dtype: its output's, the weight fp32
+                   lambda: first_block.first_block(images, w1, b1, dtype, nhwc, True))
             x, w, b = _conv(4, 16, 8, dtype, fmt, torch.float32)  # fp32 masters
             yield f"second_block {tag}", lambda: second_block.second_block(x, w, b)
             x3, w3, b3 = _conv(16, 64, 8, dtype, fmt)

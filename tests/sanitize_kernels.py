@@ -87,17 +87,19 @@ def checked(label: str, case, loss_fn) -> bool:
 
 
 def first_block_cases() -> int:
-    """The Triton first block over odd sizes, both layouts, fp32 and bf16 outputs."""
+    """The Triton first block over odd sizes, both layouts, fp32, bf16 and fp16 outputs,
+    both backwards (recomputing the conv, or from the kept code)."""
     from kernels.trunk.first_block import first_block
     failures = 0
-    for B, H, W, dtype, channels_last in ((1, 2, 2, torch.float32, False),
-                                          (3, 6, 10, torch.bfloat16, True),
-                                          (2, 66, 34, torch.float32, True),
-                                          (5, 256, 256, torch.bfloat16, False)):
+    for B, H, W, dtype, channels_last, keep_code in (
+            (1, 2, 2, torch.float32, False, False), (3, 6, 10, torch.bfloat16, True, False),
+            (2, 66, 34, torch.float32, True, False), (5, 256, 256, torch.bfloat16, False, False),
+            (1, 2, 2, torch.float32, True, True), (3, 6, 10, torch.float16, False, True),
+            (5, 256, 256, torch.bfloat16, True, True)):
         images = torch.randint(0, 256, (B, 1, H, W), dtype=torch.uint8, device="cuda")
         weight = torch.randn(4, 1, 3, 3, device="cuda", requires_grad=True)
         bias = torch.randn(4, device="cuda", requires_grad=True)
-        out = first_block(images, weight, bias, dtype, channels_last)
+        out = first_block(images, weight, bias, dtype, channels_last, keep_code)
         out.float().sum().backward()
         torch.cuda.synchronize()  # host-device sync: the check reads the results
         expected = first_block_reference(images.cpu(), weight.detach().cpu(),
@@ -106,7 +108,8 @@ def first_block_cases() -> int:
         ok = err < (1e-6 if dtype == torch.float32 else 1e-2) and \
             torch.isfinite(weight.grad).all().item()  # host-device sync
         failures += not ok
-        print(f"first_block B={B} {H}x{W} {dtype} channels_last={channels_last}: rel err "
+        print(f"first_block B={B} {H}x{W} {dtype} channels_last={channels_last} "
+              f"keep_code={keep_code}: rel err "
               f"{err:.1e} {'ok' if ok else 'WRONG'}")
     return failures
 

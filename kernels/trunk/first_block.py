@@ -8,6 +8,9 @@ output: the pool and ReLU happen in registers.
 
 Naming ladder: _first_block_fwd_kernel / _first_block_bwd_kernel -> the custom ops
 boxnet::first_block and boxnet::first_block_backward -> autograd -> first_block().
+With keep_code (--triton-first-block-code) the forward also writes the pool's code and
+the backward is kernels/trunk/first_block_bwd.py's, which reads it instead of
+recomputing the conv.
 
 Maths. x = img / 255; for output channel c and pooled pixel (i, j), the four conv values
 of its 2x2 window are v[c, dy, dx] = sum_{ky, kx} w[c, ky, kx] * x[2i+dy+ky-1, 2j+dx+kx-1]
@@ -37,10 +40,13 @@ import triton.language as tl
 from core.checks import check_conv_block
 from core.errors import InputError
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, launch
-from kernels.trunk.window import first_max
+from kernels.trunk.window import DEAD, first_max
 
 CHANNELS = 4            # conv1's output channels: the kernels are written for this block
 BLOCK = 1024            # pooled pixels per program of the forward
+# ... when it keeps the code: at 1024 (8 pixels a thread) ptxas spilled (255 registers,
+# 88-byte frame); at 256 it holds 93 and ran fastest compiled on the H100 (results/step.md).
+CODE_BLOCK = 256
 # The backward's programs each walk blocks of BWD_BLOCK pooled pixels, keeping 40 running
 # sums per lane (2 pixels a thread at 4 warps: 80 registers of sums).
 BWD_BLOCK = 256
@@ -107,19 +113,30 @@ def _window(w_ptr, c: tl.constexpr, x00, x01, x02, x03, x10, x11, x12, x13, x20,
 
 
 @triton.jit
-def _first_block_fwd_kernel(img_ptr, w_ptr, bias_ptr, out_ptr, H, W, W2, n_pooled,
-                            sob, soc, soh, sow, BLOCK_: tl.constexpr, COMPUTE: tl.constexpr):
+def _first_block_fwd_kernel(img_ptr, w_ptr, bias_ptr, out_ptr, code_ptr, H, W, W2,
+                            n_pooled, sob, soc, soh, sow, BLOCK_: tl.constexpr,
+                            COMPUTE: tl.constexpr, KEEP_CODE: tl.constexpr):
+    """With KEEP_CODE, also the pool's code [B*H/2*W/2] int32, channel c's in byte c:
+    the window position the backward's first_max would pick from the same fp32 values,
+    or DEAD where the ReLU passes no gradient (what _first_block_bwd_kernel recomputes)."""
     b = tl.program_id(0)
     pid = tl.program_id(1)
     (offs, mask, i, j, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
      x30, x31, x32, x33) = _patch(img_ptr, b, pid, H, W, W2, n_pooled, BLOCK_, COMPUTE)
     out = out_ptr + b.to(tl.int64) * sob + i * soh + j * sow
+    packed = tl.zeros(offs.shape, dtype=tl.int32)
     for c in tl.static_range(4):
         v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
                                      x20, x21, x22, x23, x30, x31, x32, x33)
         m = tl.maximum(tl.maximum(v00, v01), tl.maximum(v10, v11)) + tl.load(bias_ptr + c)
         y = tl.maximum(m, 0.0)
         tl.store(out + c * soc, y.to(out_ptr.dtype.element_ty), mask=mask)
+        if KEEP_CODE:
+            sel, first = first_max(v00, v01, v10, v11)
+            code = tl.where(first + tl.load(bias_ptr + c) > 0.0, sel, DEAD)
+            packed = packed | (code << (8 * c))
+    if KEEP_CODE:  # one 4-byte store a pooled pixel: channel c's code in byte c
+        tl.store(code_ptr + b.to(tl.int64) * n_pooled + offs, packed, mask=mask)
 
 
 @triton.jit
@@ -221,23 +238,35 @@ def _empty_out(images, out_dtype, channels_last):
     return empty_4d((B, CHANNELS, H // 2, W // 2), out_dtype, images.device, channels_last)
 
 
-def _grid(images):
+def _grid(images, block):
     B, _, H, W = images.shape
-    return (B, triton.cdiv((H // 2) * (W // 2), BLOCK))
+    return (B, triton.cdiv((H // 2) * (W // 2), block))
+
+
+def _empty_code(images, keep_code):
+    """The pool's code [B*H/2*W/2] int32 (a byte a channel) when kept, else empty."""
+    B, _, H, W = images.shape
+    rows = B * (H // 2) * (W // 2) if keep_code else 0
+    return torch.empty((rows,), dtype=torch.int32, device=images.device)
 
 
 @define_op("boxnet::first_block", mutates_args=())
 def first_block_op(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                   out_dtype: torch.dtype, channels_last: bool) -> torch.Tensor:
-    """relu(maxpool2(conv3x3(images / 255) + bias)) [B, 4, H/2, W/2]: one launch."""
+                   out_dtype: torch.dtype, channels_last: bool,
+                   keep_code: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(relu(maxpool2(conv3x3(images / 255) + bias)) [B, 4, H/2, W/2], the pool's code
+    [B*H/2*W/2] int32 if keep_code, else [0]): one launch."""
     _check(images, weight, bias)
     images = images.contiguous()
     out = _empty_out(images, out_dtype, channels_last)
+    code = _empty_code(images, keep_code)
     H, W = images.shape[2], images.shape[3]
-    launch(_first_block_fwd_kernel, _grid(images), images, weight.contiguous(),
-            bias.contiguous(), out, H, W, W // 2, (H // 2) * (W // 2), *out.stride(),
-            BLOCK_=BLOCK, COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
-    return out
+    block = CODE_BLOCK if keep_code else BLOCK
+    launch(_first_block_fwd_kernel, _grid(images, block), images, weight.contiguous(),
+            bias.contiguous(), out, code, H, W, W // 2, (H // 2) * (W // 2), *out.stride(),
+            BLOCK_=block, COMPUTE=_tl_compute(weight), KEEP_CODE=keep_code,
+            num_warps=NUM_WARPS)
+    return out, code
 
 
 @define_op("boxnet::first_block_backward", mutates_args=())
@@ -259,30 +288,37 @@ def first_block_backward(grad: torch.Tensor, images: torch.Tensor, weight: torch
 
 
 def _setup_context(ctx, inputs, output):
-    images, weight, bias, _, _ = inputs
-    ctx.save_for_backward(images, weight, bias)
+    images, weight, bias, _, _, keep_code = inputs
+    ctx.save_for_backward(images, weight, bias, output[1])
+    ctx.keep_code = keep_code
 
 
-def _backward(ctx, grad):
-    images, weight, bias = ctx.saved_tensors
-    d_weight, d_bias = first_block_backward(grad, images, weight, bias)
-    return None, d_weight, d_bias, None, None
+def _backward(ctx, grad, grad_code):
+    """From the kept code (first_block_bwd.py), or recomputing the conv from the image."""
+    images, weight, bias, code = ctx.saved_tensors
+    if ctx.keep_code:
+        from kernels.trunk.first_block_bwd import first_block_code_backward
+        d_weight, d_bias = first_block_code_backward(grad, images, code, weight)
+    else:
+        d_weight, d_bias = first_block_backward(grad, images, weight, bias)
+    return None, d_weight, d_bias, None, None, None
 
 
 first_block_op.register_autograd(_backward, setup_context=_setup_context)
 
 if INTERPRETED:
     @first_block_op.register_fake
-    def _(images, weight, bias, out_dtype, channels_last):
+    def _(images, weight, bias, out_dtype, channels_last, keep_code=False):
         _check(images, weight, bias)
-        return _empty_out(images, out_dtype, channels_last)
+        return _empty_out(images, out_dtype, channels_last), _empty_code(images, keep_code)
 
     @first_block_backward.register_fake
     def _(grad, images, weight, bias):
         return weight.new_empty(weight.shape), bias.new_empty(bias.shape)
 
 
-def first_block(images, weight, bias, out_dtype=torch.float32, channels_last=False):
+def first_block(images, weight, bias, out_dtype=torch.float32, channels_last=False,
+                keep_code=False):
     """The block as BoxNet runs it with --triton-first-block (training/speedups/
-    triton_first_block.py)."""
-    return first_block_op(images, weight, bias, out_dtype, channels_last)
+    triton_first_block.py); keep_code: with --triton-first-block-code."""
+    return first_block_op(images, weight, bias, out_dtype, channels_last, keep_code)[0]

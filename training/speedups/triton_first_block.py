@@ -15,14 +15,16 @@ def swap(model, build) -> None:
     dtype = build.autocast_dtype
     nhwc = is_nhwc(model.features[1][0].weight)  # after channels_last, if that is on
     model.pixels = torch.nn.Identity()  # the kernel reads the uint8 pixels
+    model.features[0].keep_code = False  # triton_first_block_code's
 
     def forward(block, images):
         conv = block[0]
-        return first_block(images, conv.weight, conv.bias, dtype, nhwc)
+        return first_block(images, conv.weight, conv.bias, dtype, nhwc, block.keep_code)
     rebind(model.features[0], forward)
 
 
 SPEEDUP = SpeedUp(
     "triton_first_block",
-    "the first conv -> max-pool -> ReLU block as one Triton kernel forward and one backward",
+    "the first conv -> max-pool -> ReLU block as one Triton kernel forward and one backward "
+    "(its backward recomputes the conv, unless --triton-first-block-code)",
     interpreter_slow=True, model=swap)

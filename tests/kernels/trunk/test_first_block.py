@@ -1,6 +1,8 @@
 """The Triton first block (conv 1->4 -> max-pool -> ReLU) against a float64 reference:
-value and every gradient over odd sizes, batch 1, fp32 and bf16 outputs, both layouts,
-ties and dead ReLUs; opcheck; gradcheck in float64; one clear error for bad inputs."""
+value and every gradient over odd sizes, batch 1, fp32, bf16 and fp16 outputs, both
+layouts, ties and dead ReLUs; opcheck; gradcheck in float64; one clear error for bad
+inputs. Each with both backwards: recomputing the conv, and from the kept pool code
+(keep_code, kernels/trunk/first_block_bwd.py)."""
 
 import re
 
@@ -13,6 +15,7 @@ from tests.reference import first_block_reference, rel_err
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SIZES = [(1, 2, 2), (3, 6, 10), (2, 18, 34), (1, 64, 64)]
+KEEP_CODE = pytest.mark.parametrize("keep_code", [False, True], ids=["recompute", "code"])
 
 
 def _inputs(B, H, W, device, image="random"):
@@ -26,10 +29,11 @@ def _inputs(B, H, W, device, image="random"):
     return images.to(device), weight.to(device), bias.to(device)
 
 
-def _check_against_reference(images, weight, bias, out_dtype, channels_last, tol):
+def _check_against_reference(images, weight, bias, out_dtype, channels_last, tol,
+                             keep_code=False):
     w = weight.clone().requires_grad_(True)
     b = bias.clone().requires_grad_(True)
-    out = first_block(images, w, b, out_dtype, channels_last)
+    out = first_block(images, w, b, out_dtype, channels_last, keep_code)
     assert out.dtype == out_dtype and out.shape == (images.shape[0], 4, images.shape[2] // 2,
                                                     images.shape[3] // 2)
     assert out.is_contiguous(memory_format=torch.channels_last if channels_last else
@@ -50,41 +54,71 @@ def _check_against_reference(images, weight, bias, out_dtype, channels_last, tol
 @pytest.mark.parametrize("B,H,W", SIZES)
 @pytest.mark.parametrize("out_dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_value_and_gradients_match_float64(device, B, H, W, out_dtype, tol, channels_last):
-    _check_against_reference(*_inputs(B, H, W, device), out_dtype, channels_last, tol)
+@KEEP_CODE
+def test_value_and_gradients_match_float64(device, B, H, W, out_dtype, tol, channels_last,
+                                           keep_code):
+    _check_against_reference(*_inputs(B, H, W, device), out_dtype, channels_last, tol,
+                             keep_code)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_ties_follow_max_pool_and_dead_relus_get_no_gradient(device):
+def test_fp16_outputs_with_the_code_match_float64(device):
+    """fp16 gradients enter the code backward's dot as fp16 (exact, as bf16's are)."""
+    _check_against_reference(*_inputs(2, 18, 34, device), torch.float16, True, 1e-3, True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@KEEP_CODE
+def test_ties_follow_max_pool_and_dead_relus_get_no_gradient(device, keep_code):
     images, weight, bias = _inputs(2, 8, 12, device, image="constant")
-    _check_against_reference(images, weight, bias, torch.float32, False, 1e-6)
+    _check_against_reference(images, weight, bias, torch.float32, False, 1e-6, keep_code)
     # Every output below zero: ReLU passes no gradient anywhere.
     images, weight, _ = _inputs(2, 8, 12, device)
     bias = torch.full((4,), -100.0, device=device)
     w = weight.clone().requires_grad_(True)
     b = bias.clone().requires_grad_(True)
-    out = first_block(images, w, b)
+    out = first_block(images, w, b, keep_code=keep_code)
     assert (out == 0).all()
     d_w, d_b = torch.autograd.grad(out.sum(), (w, b))
     assert (d_w == 0).all() and (d_b == 0).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
+@KEEP_CODE
+def test_opcheck(device, keep_code):
     images, weight, bias = _inputs(2, 6, 10, device)
     torch.library.opcheck(first_block_op, (images, weight.requires_grad_(True),
-                                           bias.requires_grad_(True), torch.float32, False))
+                                           bias.requires_grad_(True), torch.float32, False,
+                                           keep_code))
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_gradcheck_float64(device):
+@KEEP_CODE
+def test_gradcheck_float64(device, keep_code):
     images, weight, bias = _inputs(1, 4, 6, device)
     w = weight.double().requires_grad_(True)
     b = bias.double().requires_grad_(True)
     # fast_mode: one random direction instead of every input element (each call of the
     # interpreted kernel costs about a second on the CPU).
-    assert torch.autograd.gradcheck(lambda w_, b_: first_block(images, w_, b_, torch.float64),
-                                    (w, b), eps=1e-6, atol=1e-7, fast_mode=True)
+    assert torch.autograd.gradcheck(
+        lambda w_, b_: first_block(images, w_, b_, torch.float64, keep_code=keep_code),
+        (w, b), eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+def test_the_code_says_which_window_position_won_and_where_the_relu_is_dead():
+    """The kept code against max_pool2d's own indices on the float64 conv: the position
+    in the window, or 4 where the pooled value plus the bias is not above zero."""
+    import torch.nn.functional as F
+    images, weight, bias = _inputs(2, 10, 14, "cpu")
+    out, code = first_block_op(images, weight, bias, torch.float32, False, True)
+    conv = F.conv2d(images.double() / 255, weight.double(), bias.double(), padding=1)
+    pooled, index = F.max_pool2d(conv, 2, return_indices=True)
+    row, col = index // conv.shape[3], index % conv.shape[3]
+    want = torch.where(pooled > 0, 2 * (row % 2) + col % 2, 4)
+    assert code.shape == (2 * 5 * 7,) and code.dtype == torch.int32  # byte c: channel c
+    got = torch.stack([(code >> (8 * c)) & 0xFF for c in range(4)], dim=1)
+    assert torch.equal(got.long(), want.permute(0, 2, 3, 1).reshape(-1, 4))
+    assert first_block_op(images, weight, bias, torch.float32, False)[1].shape == (0,)
 
 
 @pytest.mark.parametrize("change,message", [
@@ -100,12 +134,18 @@ def test_bad_inputs_are_one_clear_error(change, message):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_programs_that_walk_several_blocks_give_the_same_gradients(device, monkeypatch):
-    """The backward is persistent: with fewer programs than blocks each program walks
+@KEEP_CODE
+def test_programs_that_walk_several_blocks_give_the_same_gradients(device, monkeypatch,
+                                                                    keep_code):
+    """Both backwards are persistent: with fewer programs than blocks each program walks
     several (across images, and a partial last block of each), summing per lane."""
     import kernels.trunk.first_block as fb
+    import kernels.trunk.first_block_bwd as code_bwd
     monkeypatch.setattr(fb, "BWD_PROGRAMS", 3)
     monkeypatch.setattr(fb, "BWD_BLOCK", 64)
+    monkeypatch.setattr(code_bwd, "PROGRAMS", 3)
+    monkeypatch.setattr(code_bwd, "BLOCK", 64)
     if device == "cuda":
         torch._dynamo.reset()
-    _check_against_reference(*_inputs(3, 18, 34, device), torch.bfloat16, True, 1e-2)
+    _check_against_reference(*_inputs(3, 18, 34, device), torch.bfloat16, True, 1e-2,
+                             keep_code)

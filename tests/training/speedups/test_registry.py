@@ -146,6 +146,7 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
                                                 "auto", "--triton-first-block",
                                                 "--triton-second-block", "--triton-pool",
                                                 "--triton-conv-pool", "--triton-conv-pool-bwd",
+                                                "--triton-first-block-code",
                                                 "--run-name", "fast"]))
     assert fast["losses"] == pytest.approx(base["losses"], rel=1e-4)
     written = json.loads((tmp_path / "fast" / "summary.json").read_text())["speedups"]
@@ -153,7 +154,7 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
                              "triton_first_block": True, "triton_second_block": True,
                              "triton_pool": True, "triton_conv_pool": True,
                              "triton_conv_pool_bwd": True, "bf16_shadow": False,
-                             "cuda_graph": False}
+                             "triton_first_block_code": True, "cuda_graph": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()
     assert json.loads((tmp_path / "base" / "summary.json").read_text())["speedups"]["on"] == \
@@ -191,6 +192,16 @@ def test_the_third_blocks_triton_backward_is_off_without_its_forward():
     on = speedups.resolve(train.Config(triton_conv_pool=False), cuda=True)["on"]
     assert on["triton_conv_pool_bwd"] is False and on["triton_pool"] is True
     assert speedups.resolve(train.Config(), cuda=True)["on"]["triton_conv_pool_bwd"] is True
+
+
+def test_the_first_blocks_code_backward_is_off_without_its_forward():
+    """It reads the Triton first block's kept code: with that block off it is off."""
+    cfg = train.Config(triton_first_block=False)
+    assert speedups.resolve(cfg, cuda=True)["on"]["triton_first_block_code"] is False
+    assert speedups.BY_NAME["triton_first_block_code"].idle(
+        cfg, {"triton_first_block": False}) == \
+        "it reads --triton-first-block's forward, which is off"
+    assert speedups.resolve(train.Config(), cuda=True)["on"]["triton_first_block_code"]
 
 
 def test_forward_mode_records_the_fused_sgd_off():

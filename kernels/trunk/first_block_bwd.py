@@ -1,0 +1,136 @@
+"""BoxNet's first block's weight and bias gradients from the pool's code
+(`--triton-first-block-code`, after --triton-first-block).
+
+Why: first_block.py's backward recomputes the conv from the image to find each window's
+maximum (4 channels x 4 positions x 9 taps = 144 FMAs a pooled pixel, and the scan),
+then picks each tap's pixel among four with three selects: some 440 instructions a
+pooled pixel, 16.8 M pooled pixels at batch 1024 (results/step.md has its time). The
+forward knows which position won; kept (one byte a channel, 67 MB at batch 1024), the
+backward recomputes nothing and picks with fewer selects.
+
+Naming ladder: _first_block_code_bwd_kernel -> the custom op
+boxnet::first_block_code_backward -> first_block.py's autograd.
+
+Per pooled pixel and channel c, with d* = (dy*, dx*) its code and g its gradient where
+the ReLU passed it (0 where the code is DEAD), as first_block.py's backward:
+    dL/dw[c, ky, kx] += g * x[2i + dy* + ky - 1, 2j + dx* + kx - 1]
+    dL/dbias[c]      += g
+The 3x3 window is taken from the 4x4 patch in two steps: its three rows (dy* = 1 moves
+them down one: 12 selects), then its three columns (dx* = 1, right one: 9 selects),
+against 27 selects from four candidates each. Sums per lane over the program's blocks,
+reduced once at its end, as first_block.py's backward.
+
+Maths: the same fp32 sums of g * (image / 255) as first_block.py's backward, from the
+same window choice (the forward's code comes from the same fp32 conv values and the
+same first_max); only the order of the sums differs between programs.
+
+Byte ledger at B=1024, S=256: reads the image 67 MB (16 loads a pooled pixel, each byte
+by four pixels: L1 and L2 keep the repeats), the bf16 gradient 134 MB and the code
+67 MB; writes 40 fp32 sums a program. ~0.27 GB, ~0.09 ms at 3 TB/s; ~180 instructions a
+pooled pixel, ~3 G, ~0.1 ms at the SMs' issue rate.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_op import INTERPRETED, define_op, launch
+from kernels.trunk.first_block import CHANNELS, PARTIALS, _patch, _store_sums, _tl_compute
+
+# Launch shape: blocks of 256 pooled pixels (two a thread: 80 sums of registers, 168 in
+# all), 4 warps, 528 persistent programs (4 per H100 SM), each walking blocks pid,
+# pid + PROGRAMS, ...: the fastest of nine shapes (128 or 256 pixels, 4 or 8 warps,
+# 528-2112 programs) compiled on the H100, within 15 % of each other (results/step.md).
+BLOCK = 256
+NUM_WARPS = 4
+PROGRAMS = 528
+
+
+@triton.jit
+def _channel_sums(packed, c: tl.constexpr, grad, mask, sgc, s0, s1, s2, s3, s4, s5, s6,
+                  s7, s8, s9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
+                  x30, x31, x32, x33, COMPUTE: tl.constexpr):
+    """Channel c's ten running sums plus this block's terms, from its code (byte c)."""
+    d = (packed >> (8 * c)) & 0xFF
+    g = tl.load(grad + c * sgc, mask=mask, other=0).to(COMPUTE)
+    g = tl.where((d < 4) & mask, g, 0.0)
+    down = d >= 2
+    right = (d & 1) == 1
+    a0, a1, a2, a3 = (tl.where(down, x10, x00), tl.where(down, x11, x01),
+                      tl.where(down, x12, x02), tl.where(down, x13, x03))
+    b0, b1, b2, b3 = (tl.where(down, x20, x10), tl.where(down, x21, x11),
+                      tl.where(down, x22, x12), tl.where(down, x23, x13))
+    e0, e1, e2, e3 = (tl.where(down, x30, x20), tl.where(down, x31, x21),
+                      tl.where(down, x32, x22), tl.where(down, x33, x23))
+    return (s0 + g * tl.where(right, a1, a0), s1 + g * tl.where(right, a2, a1),
+            s2 + g * tl.where(right, a3, a2), s3 + g * tl.where(right, b1, b0),
+            s4 + g * tl.where(right, b2, b1), s5 + g * tl.where(right, b3, b2),
+            s6 + g * tl.where(right, e1, e0), s7 + g * tl.where(right, e2, e1),
+            s8 + g * tl.where(right, e3, e2), s9 + g)
+
+
+@triton.jit
+def _first_block_code_bwd_kernel(img_ptr, code_ptr, grad_ptr, part_ptr, H, W, W2,
+                                 n_pooled, n_blocks, sgb, sgc, sgh, sgw,
+                                 BLOCK_: tl.constexpr, COMPUTE: tl.constexpr):
+    """Persistent: each program walks blocks pid, pid + programs, ... (over images and
+    the blocks of each), keeping its 40 sums per lane, and reduces them once at its end."""
+    pid = tl.program_id(0)
+    per_image = tl.cdiv(n_pooled, BLOCK_)
+    z = tl.zeros((BLOCK_,), dtype=COMPUTE)
+    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = z, z, z, z, z, z, z, z, z, z
+    b0, b1, b2, b3, b4, b5, b6, b7, b8, b9 = z, z, z, z, z, z, z, z, z, z
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = z, z, z, z, z, z, z, z, z, z
+    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9 = z, z, z, z, z, z, z, z, z, z
+    for blk in range(pid, n_blocks, tl.num_programs(0)):
+        b = blk // per_image
+        (offs, mask, i, j, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
+         x30, x31, x32, x33) = _patch(img_ptr, b, blk % per_image, H, W, W2, n_pooled,
+                                      BLOCK_, COMPUTE)
+        packed = tl.load(code_ptr + b.to(tl.int64) * n_pooled + offs, mask=mask, other=0)
+        grad = grad_ptr + b.to(tl.int64) * sgb + i * sgh + j * sgw
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = _channel_sums(
+            packed, 0, grad, mask, sgc, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9,
+            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
+            COMPUTE)
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9 = _channel_sums(
+            packed, 1, grad, mask, sgc, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9,
+            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
+            COMPUTE)
+        c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = _channel_sums(
+            packed, 2, grad, mask, sgc, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9,
+            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
+            COMPUTE)
+        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9 = _channel_sums(
+            packed, 3, grad, mask, sgc, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9,
+            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
+            COMPUTE)
+    part = part_ptr + pid.to(tl.int64) * 40
+    _store_sums(part, 0, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
+    _store_sums(part, 1, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9)
+    _store_sums(part, 2, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9)
+    _store_sums(part, 3, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9)
+
+
+@define_op("boxnet::first_block_code_backward", mutates_args=())
+def first_block_code_backward(grad: torch.Tensor, images: torch.Tensor, code: torch.Tensor,
+                              weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dL/dweight [4, 1, 3, 3], dL/dbias [4]) in the weight's dtype from the pooled
+    gradient [B, 4, H/2, W/2] and the forward's code: one launch and one reduction."""
+    images = images.contiguous()
+    B, _, H, W = images.shape
+    n_pooled = (H // 2) * (W // 2)  # an image's
+    n_blocks = B * triton.cdiv(n_pooled, BLOCK)
+    programs = min(n_blocks, PROGRAMS)
+    parts = torch.empty((programs, PARTIALS), dtype=weight.dtype, device=images.device)
+    launch(_first_block_code_bwd_kernel, (programs,), images, code, grad, parts, H, W,
+           W // 2, n_pooled, n_blocks, *grad.stride(), BLOCK_=BLOCK,
+           COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
+    sums = parts.sum(0).view(CHANNELS, 10)
+    return sums[:, :9].reshape(CHANNELS, 1, 3, 3).contiguous(), sums[:, 9].contiguous()
+
+
+if INTERPRETED:
+    @first_block_code_backward.register_fake
+    def _(grad, images, code, weight):
+        return weight.new_empty((CHANNELS, 1, 3, 3)), weight.new_empty((CHANNELS,))
