@@ -43,6 +43,13 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
                 _rows(p).copy_(p0, non_blocking=True)
                 p.grad = None
         return model, _kept["runner"]
+    if compile_model and reuse and _kept:
+        # Another model replaces the kept one, so Dynamo forgets the frames it compiled
+        # for the models before: make ladder builds one a rung in one process, each a
+        # compile of the same BoxNet.forward, and past 8 of a frame (its recompile_limit)
+        # Dynamo runs the frame eagerly with only a warning. A ladder of ten tuned rungs
+        # ran its ninth eager.
+        torch._dynamo.reset()
     forget_kept_model()
     with device:
         model = BoxNet(image_size, capacity, hidden)

@@ -208,6 +208,40 @@ def test_a_kept_model_starts_each_run_from_the_same_weights(tmp_path):
         forget_kept_model()
 
 
+def test_every_new_model_of_a_process_is_compiled(monkeypatch):
+    """make ladder builds a model a rung in one process, each compiling the same
+    BoxNet.forward: a new model must not count against Dynamo's recompile limit, past
+    which the frame runs eagerly (the limit set to 1 here, 8 in torch)."""
+    import functools
+
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from model import build_model, forget_kept_model
+
+    class Scaled:  # a transform: what the ladder's speed-ups are to build_model
+        def __init__(self, key):
+            self.key = key
+
+        def __call__(self, model):
+            pass
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    images = torch.randint(0, 256, (2, 1, 16, 16), dtype=torch.uint8)
+    forget_kept_model()
+    torch._dynamo.reset()  # what other tests of this process compiled
+    try:
+        for key in ("first", "second", "third"):
+            graphs = counters["stats"]["unique_graphs"]
+            _, runner = build_model(16, 2, 8, True, 0, torch.device("cpu"), reuse=True,
+                                    transform=Scaled(key))
+            runner(images)
+            assert counters["stats"]["unique_graphs"] > graphs, key
+    finally:
+        forget_kept_model()
+
+
 def test_git_commit_names_a_copied_tree(monkeypatch):
     from profiling.environment import environment
     monkeypatch.setenv("GIT_COMMIT", "0123abc")
