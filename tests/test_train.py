@@ -219,7 +219,7 @@ def test_every_new_model_of_a_process_is_compiled(monkeypatch):
 
     from model import build_model, forget_kept_model
 
-    class Scaled:  # a transform: what the ladder's speed-ups are to build_model
+    class Transform:  # what a ladder rung's speed-ups are to build_model: a key
         def __init__(self, key):
             self.key = key
 
@@ -235,7 +235,7 @@ def test_every_new_model_of_a_process_is_compiled(monkeypatch):
         for key in ("first", "second", "third"):
             graphs = counters["stats"]["unique_graphs"]
             _, runner = build_model(16, 2, 8, True, 0, torch.device("cpu"), reuse=True,
-                                    transform=Scaled(key))
+                                    transform=Transform(key))
             runner(images)
             assert counters["stats"]["unique_graphs"] > graphs, key
     finally:

@@ -63,7 +63,8 @@ def test_value_and_gradients_match_float64(device, B, H, W, out_dtype, tol, chan
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_fp16_outputs_with_the_code_match_float64(device):
-    """fp16 gradients enter the code backward's dot as fp16 (exact, as bf16's are)."""
+    """fp16 outputs, so fp16 gradients into the code backward (the model's autocast may
+    be fp16; the recomputing backward is checked with fp32 and bf16 above)."""
     _check_against_reference(*_inputs(2, 18, 34, device), torch.float16, True, 1e-3, True)
 
 
