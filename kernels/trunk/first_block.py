@@ -275,14 +275,29 @@ def first_block_backward(grad: torch.Tensor, images: torch.Tensor, weight: torch
     """(dL/dweight [4, 1, 3, 3], dL/dbias [4]) in the weight's dtype: one launch and one
     reduction."""
     images = images.contiguous()
-    B, _, H, W = images.shape
-    n_pooled = (H // 2) * (W // 2)
-    n_blocks = B * triton.cdiv(n_pooled, BWD_BLOCK)
-    programs = min(n_blocks, BWD_PROGRAMS)
-    parts = torch.empty((programs, PARTIALS), dtype=weight.dtype, device=images.device)
-    launch(_first_block_bwd_kernel, (programs,), images, weight.contiguous(),
+    H, W = images.shape[2], images.shape[3]
+    n_pooled, n_blocks, parts = walk_sums(images, weight, BWD_BLOCK, BWD_PROGRAMS)
+    launch(_first_block_bwd_kernel, (parts.shape[0],), images, weight.contiguous(),
             bias.contiguous(), grad, parts, H, W, W // 2, n_pooled, n_blocks, *grad.stride(),
             BLOCK_=BWD_BLOCK, COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
+    return grads_from_sums(parts)
+
+
+def walk_sums(images, weight, block, most):
+    """What a persistent backward walks and writes (this one, and first_block_bwd.py's):
+    an image's pooled pixels, the blocks of `block` of them over the batch, and the
+    partial sums [programs, 40] of at most `most` programs, in the weight's dtype."""
+    B, _, H, W = images.shape
+    n_pooled = (H // 2) * (W // 2)
+    n_blocks = B * triton.cdiv(n_pooled, block)
+    parts = torch.empty((min(n_blocks, most), PARTIALS), dtype=weight.dtype,
+                        device=images.device)
+    return n_pooled, n_blocks, parts
+
+
+def grads_from_sums(parts):
+    """(dL/dweight [4, 1, 3, 3], dL/dbias [4]) from the programs' partial sums: each
+    channel's nine taps, then its bias (_store_sums's order)."""
     sums = parts.sum(0).view(CHANNELS, 10)
     return sums[:, :9].reshape(CHANNELS, 1, 3, 3).contiguous(), sums[:, 9].contiguous()
 

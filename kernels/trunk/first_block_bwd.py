@@ -35,7 +35,14 @@ import triton
 import triton.language as tl
 
 from kernels.triton_op import INTERPRETED, define_op, launch
-from kernels.trunk.first_block import CHANNELS, PARTIALS, _patch, _store_sums, _tl_compute
+from kernels.trunk.first_block import (
+    CHANNELS,
+    _patch,
+    _store_sums,
+    _tl_compute,
+    grads_from_sums,
+    walk_sums,
+)
 
 # Launch shape: blocks of 256 pooled pixels (two a thread: 80 sums of registers, 168 in
 # all), 4 warps, 528 persistent programs (4 per H100 SM), each walking blocks pid,
@@ -118,16 +125,12 @@ def first_block_code_backward(grad: torch.Tensor, images: torch.Tensor, code: to
     """(dL/dweight [4, 1, 3, 3], dL/dbias [4]) in the weight's dtype from the pooled
     gradient [B, 4, H/2, W/2] and the forward's code: one launch and one reduction."""
     images = images.contiguous()
-    B, _, H, W = images.shape
-    n_pooled = (H // 2) * (W // 2)  # an image's
-    n_blocks = B * triton.cdiv(n_pooled, BLOCK)
-    programs = min(n_blocks, PROGRAMS)
-    parts = torch.empty((programs, PARTIALS), dtype=weight.dtype, device=images.device)
-    launch(_first_block_code_bwd_kernel, (programs,), images, code, grad, parts, H, W,
+    H, W = images.shape[2], images.shape[3]
+    n_pooled, n_blocks, parts = walk_sums(images, weight, BLOCK, PROGRAMS)
+    launch(_first_block_code_bwd_kernel, (parts.shape[0],), images, code, grad, parts, H, W,
            W // 2, n_pooled, n_blocks, *grad.stride(), BLOCK_=BLOCK,
            COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
-    sums = parts.sum(0).view(CHANNELS, 10)
-    return sums[:, :9].reshape(CHANNELS, 1, 3, 3).contiguous(), sums[:, 9].contiguous()
+    return grads_from_sums(parts)
 
 
 if INTERPRETED:
