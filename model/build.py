@@ -38,6 +38,10 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
     torch.manual_seed(seed)
     if reuse and _kept.get("key") == key:
         model = _kept["model"]
+        if device.type == "cuda":
+            # host-device sync, once a run: the kept model's last step may still run on
+            # another stream (--lin1-update-beside-trunk) when its parameters are restored.
+            torch.cuda.synchronize(device)
         with torch.no_grad():
             for p, p0 in zip(_state(model), _kept["initial"]):
                 _rows(p).copy_(p0, non_blocking=True)

@@ -30,6 +30,9 @@ class SGDWithShadow(torch.optim.Optimizer):
 
     def __init__(self, model, params, make, lr: float):
         self.shadows = shadowed(model)
+        # --lin1-update-beside-trunk: what runs the shadowed updates from their gradients'
+        # hooks instead (training/speedups/lin1_update_beside_trunk.py), or None.
+        self.updated_elsewhere = None
         shadows = {id(p) for p, _ in self.shadows}
         self.inner = make([p for p in params if id(p) not in shadows])
         super().__init__([p for p, _ in self.shadows], {"lr": lr})
@@ -44,19 +47,27 @@ class SGDWithShadow(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self) -> None:
         self.inner.step()
+        if self.updated_elsewhere is None:
+            for param, master in self.shadows:
+                self.update(param, master)
+
+    @torch.no_grad()
+    def update(self, param, master) -> None:
+        """One shadowed parameter's step: one launch on the current stream, no sync."""
+        if param.grad is None:
+            return  # as torch's SGD: a parameter without gradient stays
         lr = self.param_groups[0]["lr"]  # one group, the shadowed parameters'
-        for param, master in self.shadows:
-            if param.grad is None:
-                continue  # as torch's SGD: a parameter without gradient stays
-            state = self.state[param]
-            first = "momentum_buffer" not in state  # host-side state: no sync
-            if first:
-                state["momentum_buffer"] = torch.empty_like(master)
-            # Sharded (--parallel zero or tp): the local rows of the weight and its
-            # gradient, beside the master's and momentum's rows (training/parallel.py).
-            shadow_sgd_step(master, local(param.grad), state["momentum_buffer"],
-                            local(param.data), lr, MOMENTUM, first)
+        state = self.state[param]
+        first = "momentum_buffer" not in state  # host-side state: no sync
+        if first:
+            state["momentum_buffer"] = torch.empty_like(master)
+        # Sharded (--parallel zero or tp): the local rows of the weight and its gradient,
+        # beside the master's and momentum's rows (training/parallel.py).
+        shadow_sgd_step(master, local(param.grad), state["momentum_buffer"],
+                        local(param.data), lr, MOMENTUM, first)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.updated_elsewhere is not None and not set_to_none:
+            self.updated_elsewhere.join()  # zeroing in place: the side stream reads it
         self.inner.zero_grad(set_to_none=set_to_none)
         super().zero_grad(set_to_none=set_to_none)

@@ -23,6 +23,9 @@ def refusal(cfg, cuda: bool) -> str | None:
                 "cannot hold")
     if not cuda:
         return "CUDA graphs need a CUDA GPU"
+    if cfg.lin1_update_beside_trunk == "on":
+        return ("lin1's update beside the trunk (--lin1-update-beside-trunk on) runs on into "
+                "the next step's forward, which a graph of one step cannot hold")
     if from_env().distributed:
         return ("a step with DDP's all-reduces is not captured as a CUDA graph here (one "
                 "GPU only)")

@@ -154,7 +154,8 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
                              "triton_first_block": True, "triton_second_block": True,
                              "triton_pool": True, "triton_conv_pool": True,
                              "triton_conv_pool_bwd": True, "bf16_shadow": False,
-                             "triton_first_block_code": True, "cuda_graph": False}
+                             "triton_first_block_code": True,
+                             "lin1_update_beside_trunk": False, "cuda_graph": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()
     assert json.loads((tmp_path / "base" / "summary.json").read_text())["speedups"]["on"] == \
@@ -221,12 +222,15 @@ def test_one_process_keeps_one_cudnn_choice_when_it_measures_many_runs(monkeypat
     monkeypatch.setattr(cudnn_benchmark, "_first_choice", [])
     before = torch.backends.cudnn.benchmark
     try:
-        speedups.set_process_flags({"cudnn_benchmark": False}, cuda=True, many_runs=True)
-        speedups.set_process_flags({"cudnn_benchmark": False}, cuda=True, many_runs=True)
+        off = {name: False for name in speedups.ORDER}
+        speedups.set_process_flags(off, cuda=True, many_runs=True)
+        speedups.set_process_flags(off, cuda=True, many_runs=True)
         with pytest.raises(UserError, match="must start in a new process"):
-            speedups.set_process_flags({"cudnn_benchmark": True}, cuda=True, many_runs=True)
+            speedups.set_process_flags({**off, "cudnn_benchmark": True}, cuda=True,
+                                       many_runs=True)
         # A single run (train.py, the tests) is not held to it.
-        speedups.set_process_flags({"cudnn_benchmark": True}, cuda=True, many_runs=False)
+        speedups.set_process_flags({**off, "cudnn_benchmark": True}, cuda=True,
+                                   many_runs=False)
     finally:
         torch.backends.cudnn.benchmark = before
 
