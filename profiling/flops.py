@@ -17,9 +17,10 @@ convention for MFU. At the GPU preset (batch 1024, 256 x 256, hidden 16384):
     step                                                7.93 TFLOP
 
 MFU is those FLOPs over a time, against the device's dense bf16 tensor-core peak: in a
-run's table the step's device time, its GPU work on its busiest stream (the step's GPU
-time summed over every stream counts the copy ahead's ~1 ms on its side stream, which runs
-beside the compute: a step about 5 % too long); at the sustained rate, in the footer and make
+run's table the step's device time, its GPU busy time (the union of its GPU work over
+every stream: the time summed over streams counts the copy ahead's ~1 ms on its side
+stream, which runs beside the compute, a step about 5 % too long, and lin1's update
+beside the trunk twice over); at the sustained rate, in the footer and make
 throughput, the device's step boundaries (what a user gets). '-' on a device whose peak
 is not in PEAKS.
 """

@@ -56,7 +56,7 @@ from profiling.scaling import combine, format_ranks, scaling
 from profiling.step_reader import data_wait, describe, sustained
 from profiling.table import format_table
 from profiling.trace_events import find_trace, load_trace, quiet_cpu_profiler
-from profiling.trace_summary import summarize
+from profiling.trace_summary import step_device_ms, summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
 from training import job_notes, speedups
 from training.ddp import knobs
@@ -435,13 +435,14 @@ class ProfiledRun:
 
     def _model_flops(self, summary: dict, rate: dict | None, device: str) -> dict:
         """The model's FLOPs a step of this rank's batch (profiling/flops.py) and the MFU
-        over the step's device time (its busiest stream's GPU work: profiling/flops.py
-        says why not its GPU time summed over streams); with a sustained rate, also the
-        MFU at that rate (each rank's share of the job's samples: every --parallel design
-        does a rank's batch's FLOPs a rank, tp's shards of the global batch included)."""
+        over the step's device time (its GPU busy time, the union over its streams:
+        profiling/flops.py says why not its GPU time summed over streams); with a
+        sustained rate, also the MFU at that rate (each rank's share of the job's samples:
+        every --parallel design does a rank's batch's FLOPs a rank, tp's shards of the
+        global batch included)."""
         cfg = self.cfg
         per_step = flops.step_flops(cfg.batch_size, cfg.image_size, cfg.max_boxes, cfg.hidden)
-        gpu_s = summary["step"]["busiest_stream_ms"] / 1e3 if self.cuda else None
+        gpu_s = step_device_ms(summary["step"]) / 1e3 if self.cuda else None
         account = flops.utilisation(per_step, gpu_s, device if self.cuda else None)
         if rate and self.cuda:
             step_s = cfg.batch_size * self.ranks.world / rate["samples_per_s"]
@@ -451,15 +452,15 @@ class ProfiledRun:
         return account
 
     def _busy_fraction(self, summary: dict) -> float | None:
-        """The profiled steps' GPU work on their busiest stream (its kernels, copies and
-        memsets, from the trace) over their time on the device (the step reader's events):
+        """The profiled steps' GPU busy time (the union of their kernels, copies and memsets
+        over every stream, from the trace) over their time on the device (the step reader's events):
         how much of each step the GPU was kept busy. None without device times."""
         start = self.cfg.wait + self.cfg.warmup
         window = self.step_times[start:start + summary["steps"]]
         device = [t["device_ms"] for t in window if t["device_ms"] is not None]
         if not device or len(device) < len(window) or not self.cuda:
             return None
-        return summary["step"]["busiest_stream_ms"] * len(device) / sum(device)
+        return step_device_ms(summary["step"]) * len(device) / sum(device)
 
     def _finish(self) -> None:
         self.say("writing the trace...")

@@ -12,10 +12,13 @@ category, so each number here is defined once:
 - launches: runtime/driver launch calls in the window (cudaLaunchKernel, cuLaunchKernel...);
 - H2D copies: host-to-device memcpy activities launched in the window;
 - syncs: runtime calls that block the host on the device (…Synchronize, blocking memcpy);
-- step time: the `ProfilerStep#N` range's wall duration; GPU busy time of a step likewise,
-  in all (gpu_ms) and on its busiest stream (busiest_stream_ms: what the step's device time
-  cannot go below however its streams overlap; a copy on a side stream, or NCCL's stream,
-  runs beside the compute stream);
+- step time: the `ProfilerStep#N` range's wall duration; the GPU work of a step likewise,
+  summed over its streams (gpu_ms), on its busiest stream (busiest_stream_ms: what the
+  step's device time cannot go below however its streams overlap; a copy on a side stream,
+  or NCCL's stream, runs beside the compute stream), and as wall time (busy_ms: the union
+  over every stream of the window's GPU activities, per step: the device time a step takes
+  when its streams overlap, as lin1's update beside the trunk does, whose kernel runs on
+  into the next step; at most gpu_ms);
 - top kernels: the GPU activities of the profiled steps by name, their time and count per
   step (what a CUDA graph's replay spends, whose phases are not separate ranges).
 All per-step numbers are means over the profiled (active) steps; cpu_ms_each lists each
@@ -24,6 +27,7 @@ step's CPU time of a phase (and of the step), so that one slow step is visible.
 
 from collections import defaultdict
 
+from profiling.communication import length, merge
 from profiling.trace_events import (
     GPU_CATS,
     RUNTIME_CATS,
@@ -51,6 +55,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
     step_gpu = defaultdict(float)
     step_stream = defaultdict(float)  # (step, stream) -> microseconds
     by_name = defaultdict(lambda: [0.0, 0])  # kernel name -> [microseconds, calls]
+    intervals = []  # every GPU activity the steps launched: (start, end) microseconds
     for start, end, name in sorted(phase_ranges):
         stats[name]["cpu_us"] += end - start
         cpu_per_step[name].append(round((end - start) / 1e3, 4))
@@ -76,6 +81,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         if launcher_step.get(corr) is not None:
             step_gpu[launcher_step[corr]] += dur
             step_stream[launcher_step[corr], e.get("args", {}).get("stream")] += dur
+            intervals.append((float(e["ts"]), float(e["ts"]) + dur))
             kernel = by_name[e.get("name", "?")[:TOP_NAME_CHARS]]
             kernel[0] += dur
             kernel[1] += 1
@@ -102,11 +108,18 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         "cpu_ms_each": [round((e - s) / 1e3, 4) for s, e, _ in sorted(step_ranges)],
         "gpu_ms": sum(step_gpu.values()) / steps / 1e3,
         "busiest_stream_ms": _busiest(step_stream) / steps / 1e3,
+        "busy_ms": length(merge(intervals)) / steps / 1e3,
     }
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
     result["top_kernels"] = [{"name": n, "gpu_ms": us / steps / 1e3, "calls": calls / steps}
                              for n, (us, calls) in top]
     return result
+
+
+def step_device_ms(step: dict) -> float:
+    """A step's device time from its summary: busy_ms, or for a summary written before
+    busy_ms existed, gpu_ms (the two agree where no two streams overlap)."""
+    return step.get("busy_ms", step["gpu_ms"])
 
 
 def _busiest(step_stream: dict) -> float:

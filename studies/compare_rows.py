@@ -20,6 +20,7 @@ from pathlib import Path
 from core.errors import UserError
 from core.names import PHASES
 from profiling import alike, flops
+from profiling.trace_summary import step_device_ms
 
 
 def load_summary(path: Path) -> dict:
@@ -79,7 +80,7 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
             "syncs": sum(x["syncs"] for x in p.values()) if on_gpu else None,
             "peak GPU GB": s.get("peak_gpu_memory_gb"),
             "step CPU ms": s["step"]["cpu_ms"],
-            "step GPU ms": s["step"]["gpu_ms"] if on_gpu else None,
+            "step GPU ms": step_device_ms(s["step"]) if on_gpu else None,
             **flops.cells(s.get("flops")),
             # Summaries from before the speed-ups have no "speedups": no graph there.
             "CUDA graph": "yes" if (s.get("speedups") or {}).get("on", {}).get("cuda_graph")

@@ -5,7 +5,9 @@
 Rung 0 is --baseline (the step as the original ran it); rung k adds the k-th speed-up of
 training.speedups.ORDER to rung k-1. Every run has the same seed, so the same batches and
 initial weights. Written under profiles/ladder-<UTC time>/: a run folder per strategy and
-rung, ladder.md and ladder.csv (step GPU and CPU ms, each phase's GPU ms, launches per
+rung, ladder.md and ladder.csv (step GPU ms, the GPU's busy time a step: the union of its
+work over every stream, so that work beside the compute is not counted twice; step CPU
+ms; each phase's GPU ms, summed over its streams; launches per
 step, peak memory, the first three losses, the run folder), ladder-kernels.md (per rung,
 the kernels whose time changed most against the rung before: what the speed-up removed or
 shortened) and ladder.png. A speed-up that cannot run here (GPU-only ones on a CPU, a CUDA
@@ -31,6 +33,7 @@ from core.tables import csv_text, markdown_of_dicts
 from kernels.giou.cuda_extension import unavailable_reason
 from profiling import flops
 from profiling.run_folder import display
+from profiling.trace_summary import step_device_ms
 from studies.charts import ladder_chart
 from studies.common import (
     SKIPPED,
@@ -200,7 +203,7 @@ def ladder_rows(runs: dict, skipped: list[dict]) -> list[dict]:
     summaries = {key: load_summary(path) for key, path in runs.items()}
     for (strategy, rung), s in summaries.items():
         on_gpu = ran_on_gpu(s)
-        step_gpu = s["step"]["gpu_ms"] if on_gpu else None
+        step_gpu = step_device_ms(s["step"]) if on_gpu else None
         row = {"strategy": strategy, "rung": rung, "step GPU ms": step_gpu,
                "step CPU ms": s["step"]["cpu_ms"],
                "saved GPU ms": (previous[strategy] - step_gpu

@@ -10,11 +10,12 @@ budget instead (`--ragged-seconds`), their window at the start, and the table sa
 
 Per run, from its summary.json: **sustained samples/s** (the global batch over the summed
 device step times of every step after --settle; host wall time on a CPU), the **GPU's own
-rate** (the batch over the profiled steps' GPU work on their busiest stream: what it could
-take if never left waiting; a copy a step ahead, on its own stream, is not in it), their
+rate** (the batch over the profiled steps' GPU busy time, the union over their streams:
+what it could take if never left waiting; a copy a step ahead, on its own stream beside
+the compute, adds nothing to it), their
 ratio, the model's TFLOP/s a GPU and MFU at the sustained rate (profiling/flops.py), the
-median and 95th-percentile step, the busiest stream's busy fraction over the
-profiled steps, and the host's wait for the loader over every step after --settle.
+median and 95th-percentile step, the GPU's busy fraction over the profiled steps, and the
+host's wait for the loader over every step after --settle.
 Written under profiles/throughput-<UTC time>/: throughput.md, throughput.csv,
 throughput.png (the rates) and steps.png (every run's step times over the run, the steps a
 user sees), beside the run folders.
@@ -119,7 +120,8 @@ def check_epoch(base: train.Config, given: dict, world: int = 1) -> None:
 
 def row_of(summary: dict, folder: Path) -> dict:
     rate, cfg = summary["sustained"] or {}, summary["config"]
-    gpu_ms = summary["step"]["busiest_stream_ms"]
+    step = summary["step"]
+    gpu_ms = step.get("busy_ms", step["busiest_stream_ms"])
     batch = cfg["batch_size"] * summary.get("distributed", {}).get("world", 1)
     own = batch / gpu_ms * 1e3 if gpu_ms else None
     busy = summary.get("gpu_busy_fraction")

@@ -42,6 +42,26 @@ def test_events_are_attributed_to_the_phase_that_launched_them():
     assert s["step"]["cpu_ms_each"] == pytest.approx([0.1])
 
 
+def test_a_steps_busy_time_counts_overlapping_streams_once():
+    """Two steps; the second launches work on a side stream that runs beside the first's
+    compute and on past the step (lin1's update beside the trunk does): summed over
+    streams it counts twice, the busiest stream misses it, the union is the wall time."""
+    events = [
+        _x("user_annotation", "ProfilerStep#1", 0, 100),
+        _x("user_annotation", "ProfilerStep#2", 100, 100),
+        _x("cuda_runtime", "cudaLaunchKernel", 1, 1, correlation=1),
+        _x("cuda_runtime", "cudaLaunchKernel", 101, 1, correlation=2),
+        _x("cuda_runtime", "cudaLaunchKernel", 102, 1, correlation=3),
+        _x("kernel", "trunk", 10, 80, correlation=1, stream=7),
+        _x("kernel", "trunk", 110, 80, correlation=2, stream=7),
+        _x("kernel", "update", 150, 100, correlation=3, stream=45),  # 40 beside, 60 past
+    ]
+    step = summarize(events, ())["step"]
+    assert step["gpu_ms"] == pytest.approx(0.13)             # (80 + 80 + 100) / 2
+    assert step["busiest_stream_ms"] == pytest.approx(0.09)  # (80 + 100) / 2
+    assert step["busy_ms"] == pytest.approx(0.11)            # (80 + 140) / 2
+
+
 def test_each_steps_time_is_kept_in_order_and_averages_to_the_mean():
     events = [_x("user_annotation", "ProfilerStep#4", 200, 90),
               _x("user_annotation", "loss", 250, 30),
@@ -81,3 +101,10 @@ def test_real_gpu_trace(name):
         assert phases["loss"]["launches"] == 2
         assert phases["loss_backward"]["launches"] == 1
     assert s["step"]["gpu_ms"] >= sum(p["gpu_ms"] for p in phases.values()) * 0.99
+    # The copy ahead runs beside the compute: the union is at most the sum over streams
+    # and at least the compute stream's work (to the trace's rounding: a kernel's end, at
+    # its microsecond's fraction, can pass the next one's start by nanoseconds, and the
+    # ends' sums round at the timestamps' size).
+    step = s["step"]
+    assert step["busiest_stream_ms"] * (1 - 1e-4) <= step["busy_ms"] <= \
+        step["gpu_ms"] * (1 + 1e-4)
