@@ -17,8 +17,10 @@ category, so each number here is defined once:
   step's device time cannot go below however its streams overlap; a copy on a side stream,
   or NCCL's stream, runs beside the compute stream), and as wall time (busy_ms: the union
   over every stream of the window's GPU activities, per step: the device time a step takes
-  when its streams overlap, as lin1's update beside the trunk does, whose kernel runs on
-  into the next step; at most gpu_ms);
+  when its streams overlap, as lin1's update beside the trunk does; at most gpu_ms). That
+  update runs on into the next step, so the union ends where the window's compute stream
+  (the stream of most GPU time) ends: the last step's update past it is the next step's,
+  as the update of the step before the window ran beside the first step's trunk;
 - top kernels: the GPU activities of the profiled steps by name, their time and count per
   step (what a CUDA graph's replay spends, whose phases are not separate ranges).
 All per-step numbers are means over the profiled (active) steps; cpu_ms_each lists each
@@ -56,6 +58,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
     step_stream = defaultdict(float)  # (step, stream) -> microseconds
     by_name = defaultdict(lambda: [0.0, 0])  # kernel name -> [microseconds, calls]
     intervals = []  # every GPU activity the steps launched: (start, end) microseconds
+    stream_us, stream_end = defaultdict(float), {}
     for start, end, name in sorted(phase_ranges):
         stats[name]["cpu_us"] += end - start
         cpu_per_step[name].append(round((end - start) / 1e3, 4))
@@ -81,7 +84,10 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         if launcher_step.get(corr) is not None:
             step_gpu[launcher_step[corr]] += dur
             step_stream[launcher_step[corr], e.get("args", {}).get("stream")] += dur
-            intervals.append((float(e["ts"]), float(e["ts"]) + dur))
+            stream, start = e.get("args", {}).get("stream"), float(e["ts"])
+            intervals.append((start, start + dur))
+            stream_us[stream] += dur
+            stream_end[stream] = max(stream_end.get(stream, start), start + dur)
             kernel = by_name[e.get("name", "?")[:TOP_NAME_CHARS]]
             kernel[0] += dur
             kernel[1] += 1
@@ -108,7 +114,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         "cpu_ms_each": [round((e - s) / 1e3, 4) for s, e, _ in sorted(step_ranges)],
         "gpu_ms": sum(step_gpu.values()) / steps / 1e3,
         "busiest_stream_ms": _busiest(step_stream) / steps / 1e3,
-        "busy_ms": length(merge(intervals)) / steps / 1e3,
+        "busy_ms": _busy(intervals, stream_us, stream_end) / steps / 1e3,
     }
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
     result["top_kernels"] = [{"name": n, "gpu_ms": us / steps / 1e3, "calls": calls / steps}
@@ -120,6 +126,14 @@ def step_device_ms(step: dict) -> float:
     """A step's device time from its summary: busy_ms, or for a summary written before
     busy_ms existed, gpu_ms (the two agree where no two streams overlap)."""
     return step.get("busy_ms", step["gpu_ms"])
+
+
+def _busy(intervals: list, stream_us: dict, stream_end: dict) -> float:
+    """The union's length (microseconds), up to the compute stream's last end."""
+    if not intervals:
+        return 0.0
+    end = stream_end[max(stream_us, key=stream_us.get)]
+    return length(merge([(a, min(b, end)) for a, b in intervals if a < end]))
 
 
 def _busiest(step_stream: dict) -> float:

@@ -43,23 +43,25 @@ def test_events_are_attributed_to_the_phase_that_launched_them():
 
 
 def test_a_steps_busy_time_counts_overlapping_streams_once():
-    """Two steps; the second launches work on a side stream that runs beside the first's
-    compute and on past the step (lin1's update beside the trunk does): summed over
-    streams it counts twice, the busiest stream misses it, the union is the wall time."""
+    """Two steps, each launching an update on a side stream that runs beside its trunk and
+    on past the step (lin1's update beside the trunk does): summed over streams it counts
+    twice; the union counts it once, and ends with the window's compute stream (the last
+    update's tail is the next step's, as the first trunk ran beside an earlier update)."""
     events = [
         _x("user_annotation", "ProfilerStep#1", 0, 100),
         _x("user_annotation", "ProfilerStep#2", 100, 100),
-        _x("cuda_runtime", "cudaLaunchKernel", 1, 1, correlation=1),
-        _x("cuda_runtime", "cudaLaunchKernel", 101, 1, correlation=2),
-        _x("cuda_runtime", "cudaLaunchKernel", 102, 1, correlation=3),
-        _x("kernel", "trunk", 10, 80, correlation=1, stream=7),
-        _x("kernel", "trunk", 110, 80, correlation=2, stream=7),
-        _x("kernel", "update", 150, 100, correlation=3, stream=45),  # 40 beside, 60 past
+        *(_x("cuda_runtime", "cudaLaunchKernel", t, 1, correlation=c)
+          for t, c in ((1, 1), (2, 2), (101, 3), (102, 4))),
+        _x("kernel", "trunk", 10, 90, correlation=1, stream=7),
+        _x("kernel", "update", 60, 70, correlation=2, stream=45),   # 40 beside, 30 past
+        _x("kernel", "trunk", 110, 90, correlation=3, stream=7),
+        _x("kernel", "update", 160, 70, correlation=4, stream=45),  # 30 past the window
     ]
     step = summarize(events, ())["step"]
-    assert step["gpu_ms"] == pytest.approx(0.13)             # (80 + 80 + 100) / 2
-    assert step["busiest_stream_ms"] == pytest.approx(0.09)  # (80 + 100) / 2
-    assert step["busy_ms"] == pytest.approx(0.11)            # (80 + 140) / 2
+    assert step["gpu_ms"] == pytest.approx(0.16)             # (90 + 70 + 90 + 70) / 2
+    assert step["busiest_stream_ms"] == pytest.approx(0.09)
+    # [10, 200] (the first update fills the trunks' gap [100, 110]), over 2 steps
+    assert step["busy_ms"] == pytest.approx(0.095)
 
 
 def test_each_steps_time_is_kept_in_order_and_averages_to_the_mean():
