@@ -134,7 +134,7 @@ def describe(rate: dict, busy_fraction: float | None, wait: dict | None = None,
             f"({rate['timer']}; step median {rate['step_ms_median']:.2f} ms, p95 "
             f"{rate['step_ms_p95']:.2f} ms)")
     if busy_fraction is not None:
-        line += (f"; the GPU's busiest stream busy {busy_fraction * 100:.0f} % of its "
+        line += (f"; the GPU busy {busy_fraction * 100:.0f} % of its "
                  "profiled steps")
     if wait:
         line += (f"\ndata wait (host): {wait['total_ms']:,.1f} ms over those steps, median "
