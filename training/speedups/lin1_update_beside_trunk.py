@@ -96,7 +96,8 @@ class SideUpdate:
         # The hook reaches the optimizer through a weak reference: a parameter's hooks are
         # held on the C++ side, where the garbage collector cannot see a cycle back to it
         # (parameter -> hook -> optimizer -> parameter); a strong one kept every model a
-        # process built (make ladder ran out of memory).
+        # process built (a probe building one a run, as make ladder does, ran out of GPU
+        # memory at the eighth).
         ref = weakref.ref(optimizer)
         self.handles = [param.register_post_accumulate_grad_hook(
             lambda p: self.on_gradient(ref, p)) for param, _ in optimizer.shadows]
