@@ -19,7 +19,8 @@ Why the priorities: the block scheduler gives an SM's freed room to the higher-p
 stream's waiting blocks first. With the step high and the update low, the update's short
 blocks (kernels/lin1/shadow_sgd.py's, one a 4096 elements) take only room that no trunk
 block is waiting for, and a trunk kernel whose blocks need a whole SM (cuDNN's input
-gradient of the fourth block) waits for a few microseconds of them, not for the update.
+gradient of the fourth block) waits for some of them to end (23 µs in a profile), not
+for the whole update.
 Measured both ways in results/toward-20ms.md: at equal priority, or with a persistent
 update, the trunk's kernels waited and the step was slower.
 
