@@ -58,7 +58,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
     step_stream = defaultdict(float)  # (step, stream) -> microseconds
     by_name = defaultdict(lambda: [0.0, 0])  # kernel name -> [microseconds, calls]
     intervals = []  # every GPU activity the steps launched: (start, end) microseconds
-    stream_us, stream_end = defaultdict(float), {}
+    stream_end = {}  # stream -> the end of its last activity (microseconds)
     for start, end, name in sorted(phase_ranges):
         stats[name]["cpu_us"] += end - start
         cpu_per_step[name].append(round((end - start) / 1e3, 4))
@@ -82,11 +82,10 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         corr = e.get("args", {}).get("correlation")
         dur = float(e.get("dur", 0))
         if launcher_step.get(corr) is not None:
-            step_gpu[launcher_step[corr]] += dur
-            step_stream[launcher_step[corr], e.get("args", {}).get("stream")] += dur
             stream, start = e.get("args", {}).get("stream"), float(e["ts"])
+            step_gpu[launcher_step[corr]] += dur
+            step_stream[launcher_step[corr], stream] += dur
             intervals.append((start, start + dur))
-            stream_us[stream] += dur
             stream_end[stream] = max(stream_end.get(stream, start), start + dur)
             kernel = by_name[e.get("name", "?")[:TOP_NAME_CHARS]]
             kernel[0] += dur
@@ -114,7 +113,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         "cpu_ms_each": [round((e - s) / 1e3, 4) for s, e, _ in sorted(step_ranges)],
         "gpu_ms": sum(step_gpu.values()) / steps / 1e3,
         "busiest_stream_ms": _busiest(step_stream) / steps / 1e3,
-        "busy_ms": _busy(intervals, stream_us, stream_end) / steps / 1e3,
+        "busy_ms": _busy(intervals, step_stream, stream_end) / steps / 1e3,
     }
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
     result["top_kernels"] = [{"name": n, "gpu_ms": us / steps / 1e3, "calls": calls / steps}
@@ -128,11 +127,15 @@ def step_device_ms(step: dict) -> float:
     return step.get("busy_ms", step["gpu_ms"])
 
 
-def _busy(intervals: list, stream_us: dict, stream_end: dict) -> float:
-    """The union's length (microseconds), up to the compute stream's last end."""
+def _busy(intervals: list, step_stream: dict, stream_end: dict) -> float:
+    """The union's length (microseconds), up to the compute stream's last end (the stream
+    of most GPU time over the steps)."""
     if not intervals:
         return 0.0
-    end = stream_end[max(stream_us, key=stream_us.get)]
+    total = defaultdict(float)
+    for (_step, stream), us in step_stream.items():
+        total[stream] += us
+    end = stream_end[max(total, key=total.get)]
     return length(merge([(a, min(b, end)) for a, b in intervals if a < end]))
 
 
