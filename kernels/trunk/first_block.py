@@ -6,8 +6,9 @@ its best choices take tens of times what the bytes below need (results/step.md),
 the one channel to more. A fused kernel also never writes the full-resolution conv
 output: the pool and ReLU happen in registers.
 
-Naming ladder: _first_block_fwd_kernel / _first_block_bwd_kernel -> the custom ops
-boxnet::first_block and boxnet::first_block_backward -> autograd -> first_block().
+Naming ladder: _first_block_fwd_kernel / _first_block_bwd_kernel (_walk_sums with
+_channel_sums) -> the custom ops boxnet::first_block and boxnet::first_block_backward ->
+autograd -> first_block().
 With keep_code (--triton-first-block-code) the forward also writes the pool's code and
 the backward is kernels/trunk/first_block_bwd.py's, which reads it instead of
 recomputing the conv.
@@ -145,11 +146,12 @@ def _pick(sel, p0, p1, p2, p3):
 
 
 @triton.jit
-def _channel_sums(w_ptr, bias_ptr, c: tl.constexpr, grad, mask, sgc, s0, s1, s2, s3, s4,
-                  s5, s6, s7, s8, s9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21,
+def _channel_sums(w_ptr, bias_ptr, known, c: tl.constexpr, grad, mask, sgc, s0, s1, s2, s3,
+                  s4, s5, s6, s7, s8, s9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21,
                   x22, x23, x30, x31, x32, x33, COMPUTE: tl.constexpr):
     """Channel c's ten running sums (nine weight taps, the bias) plus this block's
-    elementwise terms, kept per lane: no reduction until the program's last block."""
+    elementwise terms, kept per lane: no reduction until the program's last block. The
+    window's choice recomputed from the patch (`known` unused: _walk_sums's CHANNEL)."""
     v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
                                  x20, x21, x22, x23, x30, x31, x32, x33)
     sel, m = first_max(v00, v01, v10, v11)
@@ -179,12 +181,16 @@ def _store_sums(part, c: tl.constexpr, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9):
 
 
 @triton.jit
-def _first_block_bwd_kernel(img_ptr, w_ptr, bias_ptr, grad_ptr, part_ptr, H, W, W2,
-                            n_pooled, n_blocks, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
-                            COMPUTE: tl.constexpr):
-    """Persistent: each program walks blocks pid, pid + programs, ... (over images and
-    the blocks of each), keeping its 40 sums per lane, and reduces them once at its end
-    (one reduction per block of 1024 took 40 block-wide reductions each)."""
+def _walk_sums(img_ptr, w_ptr, bias_ptr, code_ptr, grad_ptr, part_ptr, H, W, W2, n_pooled,
+               n_blocks, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr, COMPUTE: tl.constexpr,
+               CHANNEL: tl.constexpr, FROM_CODE: tl.constexpr):
+    """Both backward kernels' persistent walk: each program takes blocks pid, pid +
+    programs, ... (over images and the blocks of each), adds CHANNEL's terms to its 40
+    sums per lane, and reduces them once at its end (one reduction per block of 1024
+    took 40 block-wide reductions each). CHANNEL recomputes each window's choice
+    (_channel_sums) or reads it from the forward's code, loaded once a block where
+    FROM_CODE (first_block_bwd.py); both are constexprs, so each kernel compiles only its
+    own path."""
     pid = tl.program_id(0)
     per_image = tl.cdiv(n_pooled, BLOCK_)
     z = tl.zeros((BLOCK_,), dtype=COMPUTE)
@@ -197,28 +203,42 @@ def _first_block_bwd_kernel(img_ptr, w_ptr, bias_ptr, grad_ptr, part_ptr, H, W, 
         (offs, mask, i, j, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
          x30, x31, x32, x33) = _patch(img_ptr, b, blk % per_image, H, W, W2, n_pooled,
                                       BLOCK_, COMPUTE)
+        if FROM_CODE:
+            known = tl.load(code_ptr + b.to(tl.int64) * n_pooled + offs, mask=mask, other=0)
+        else:
+            known = offs  # not read: the window's choice is recomputed
         grad = grad_ptr + b.to(tl.int64) * sgb + i * sgh + j * sgw
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = _channel_sums(
-            w_ptr, bias_ptr, 0, grad, mask, sgc, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9,
-            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
-            COMPUTE)
-        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9 = _channel_sums(
-            w_ptr, bias_ptr, 1, grad, mask, sgc, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9,
-            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
-            COMPUTE)
-        c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = _channel_sums(
-            w_ptr, bias_ptr, 2, grad, mask, sgc, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9,
-            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
-            COMPUTE)
-        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9 = _channel_sums(
-            w_ptr, bias_ptr, 3, grad, mask, sgc, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9,
-            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
-            COMPUTE)
+        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = CHANNEL(
+            w_ptr, bias_ptr, known, 0, grad, mask, sgc, a0, a1, a2, a3, a4, a5, a6, a7, a8,
+            a9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32,
+            x33, COMPUTE)
+        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9 = CHANNEL(
+            w_ptr, bias_ptr, known, 1, grad, mask, sgc, b0, b1, b2, b3, b4, b5, b6, b7, b8,
+            b9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32,
+            x33, COMPUTE)
+        c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = CHANNEL(
+            w_ptr, bias_ptr, known, 2, grad, mask, sgc, c0, c1, c2, c3, c4, c5, c6, c7, c8,
+            c9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32,
+            x33, COMPUTE)
+        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9 = CHANNEL(
+            w_ptr, bias_ptr, known, 3, grad, mask, sgc, d0, d1, d2, d3, d4, d5, d6, d7, d8,
+            d9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32,
+            x33, COMPUTE)
     part = part_ptr + pid.to(tl.int64) * 40
     _store_sums(part, 0, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
     _store_sums(part, 1, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9)
     _store_sums(part, 2, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9)
     _store_sums(part, 3, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9)
+
+
+@triton.jit
+def _first_block_bwd_kernel(img_ptr, w_ptr, bias_ptr, grad_ptr, part_ptr, H, W, W2,
+                            n_pooled, n_blocks, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
+                            COMPUTE: tl.constexpr):
+    """The walk, each window's choice recomputed from the image (no code: img_ptr stands
+    in for the code's pointer, never read)."""
+    _walk_sums(img_ptr, w_ptr, bias_ptr, img_ptr, grad_ptr, part_ptr, H, W, W2, n_pooled,
+               n_blocks, sgb, sgc, sgh, sgw, BLOCK_, COMPUTE, _channel_sums, False)
 
 
 def _check(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:

@@ -8,7 +8,8 @@ pooled pixel, 16.8 M pooled pixels at batch 1024 (results/step.md has its time).
 forward knows which position won; kept (one byte a channel, 67 MB at batch 1024), the
 backward recomputes nothing and picks with fewer selects.
 
-Naming ladder: _first_block_code_bwd_kernel -> the custom op
+Naming ladder: _code_channel_sums -> first_block.py's _walk_sums (the persistent walk both
+backward kernels share) -> _first_block_code_bwd_kernel -> the custom op
 boxnet::first_block_code_backward -> first_block.py's autograd.
 
 Per pooled pixel and channel c, with d* = (dy*, dx*) its code and g its gradient where
@@ -18,7 +19,8 @@ the ReLU passed it (0 where the code is DEAD), as first_block.py's backward:
 The 3x3 window is taken from the 4x4 patch in two steps: its three rows (dy* = 1 moves
 them down one: 12 selects), then its three columns (dx* = 1, right one: 9 selects),
 against 27 selects from four candidates each. Sums per lane over the program's blocks,
-reduced once at its end, as first_block.py's backward.
+reduced once at its end: first_block.py's walk, which compiles this path alone (the same
+SASS as when each kernel had its own loop).
 
 Maths: the same fp32 sums of g * (image / 255) as first_block.py's backward, from the
 same window choice (the forward's code comes from the same fp32 conv values and the
@@ -37,9 +39,8 @@ import triton.language as tl
 from kernels.triton_op import INTERPRETED, define_op, launch
 from kernels.trunk.first_block import (
     CHANNELS,
-    _patch,
-    _store_sums,
     _tl_compute,
+    _walk_sums,
     grads_from_sums,
     walk_sums,
 )
@@ -54,10 +55,11 @@ PROGRAMS = 528
 
 
 @triton.jit
-def _channel_sums(packed, c: tl.constexpr, grad, mask, sgc, s0, s1, s2, s3, s4, s5, s6,
-                  s7, s8, s9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
-                  x30, x31, x32, x33, COMPUTE: tl.constexpr):
-    """Channel c's ten running sums plus this block's terms, from its code (byte c)."""
+def _code_channel_sums(w_ptr, bias_ptr, packed, c: tl.constexpr, grad, mask, sgc, s0, s1,
+                       s2, s3, s4, s5, s6, s7, s8, s9, x00, x01, x02, x03, x10, x11, x12,
+                       x13, x20, x21, x22, x23, x30, x31, x32, x33, COMPUTE: tl.constexpr):
+    """Channel c's ten running sums plus this block's terms, from its code (byte c of
+    packed; the weight and bias unused: first_block.py's _walk_sums's CHANNEL)."""
     d = (packed >> (8 * c)) & 0xFF
     g = tl.load(grad + c * sgc, mask=mask, other=0).to(COMPUTE)
     g = tl.where((d < 4) & mask, g, 0.0)
@@ -80,43 +82,10 @@ def _channel_sums(packed, c: tl.constexpr, grad, mask, sgc, s0, s1, s2, s3, s4, 
 def _first_block_code_bwd_kernel(img_ptr, code_ptr, grad_ptr, part_ptr, H, W, W2,
                                  n_pooled, n_blocks, sgb, sgc, sgh, sgw,
                                  BLOCK_: tl.constexpr, COMPUTE: tl.constexpr):
-    """Persistent: each program walks blocks pid, pid + programs, ... (over images and
-    the blocks of each), keeping its 40 sums per lane, and reduces them once at its end."""
-    pid = tl.program_id(0)
-    per_image = tl.cdiv(n_pooled, BLOCK_)
-    z = tl.zeros((BLOCK_,), dtype=COMPUTE)
-    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = z, z, z, z, z, z, z, z, z, z
-    b0, b1, b2, b3, b4, b5, b6, b7, b8, b9 = z, z, z, z, z, z, z, z, z, z
-    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = z, z, z, z, z, z, z, z, z, z
-    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9 = z, z, z, z, z, z, z, z, z, z
-    for blk in range(pid, n_blocks, tl.num_programs(0)):
-        b = blk // per_image
-        (offs, mask, i, j, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
-         x30, x31, x32, x33) = _patch(img_ptr, b, blk % per_image, H, W, W2, n_pooled,
-                                      BLOCK_, COMPUTE)
-        packed = tl.load(code_ptr + b.to(tl.int64) * n_pooled + offs, mask=mask, other=0)
-        grad = grad_ptr + b.to(tl.int64) * sgb + i * sgh + j * sgw
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = _channel_sums(
-            packed, 0, grad, mask, sgc, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9,
-            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
-            COMPUTE)
-        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9 = _channel_sums(
-            packed, 1, grad, mask, sgc, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9,
-            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
-            COMPUTE)
-        c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = _channel_sums(
-            packed, 2, grad, mask, sgc, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9,
-            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
-            COMPUTE)
-        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9 = _channel_sums(
-            packed, 3, grad, mask, sgc, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9,
-            x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32, x33,
-            COMPUTE)
-    part = part_ptr + pid.to(tl.int64) * 40
-    _store_sums(part, 0, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
-    _store_sums(part, 1, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9)
-    _store_sums(part, 2, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9)
-    _store_sums(part, 3, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9)
+    """first_block.py's persistent walk, each window's choice read from the code (no
+    weight or bias needed: img_ptr stands in for their pointers, never read)."""
+    _walk_sums(img_ptr, img_ptr, img_ptr, code_ptr, grad_ptr, part_ptr, H, W, W2, n_pooled,
+               n_blocks, sgb, sgc, sgh, sgw, BLOCK_, COMPUTE, _code_channel_sums, True)
 
 
 @define_op("boxnet::first_block_code_backward", mutates_args=())
