@@ -6,9 +6,9 @@ its best choices take tens of times what the bytes below need (results/step.md),
 the one channel to more. A fused kernel also never writes the full-resolution conv
 output: the pool and ReLU happen in registers.
 
-Naming ladder: _first_block_fwd_kernel / _first_block_bwd_kernel (_walk_sums with
-_channel_sums) -> the custom ops boxnet::first_block and boxnet::first_block_backward ->
-autograd -> first_block().
+Naming ladder: _first_block_fwd_kernel / _first_block_bwd_kernel (_persistent_sums
+with _channel_sums) -> the custom ops boxnet::first_block and
+boxnet::first_block_backward -> autograd -> first_block().
 With keep_code (--triton-first-block-code) the forward also writes the pool's code and
 the backward is kernels/trunk/first_block_bwd.py's, which reads it instead of
 recomputing the conv.
@@ -151,7 +151,8 @@ def _channel_sums(w_ptr, bias_ptr, known, c: tl.constexpr, grad, mask, sgc, s0, 
                   x22, x23, x30, x31, x32, x33, COMPUTE: tl.constexpr):
     """Channel c's ten running sums (nine weight taps, the bias) plus this block's
     elementwise terms, kept per lane: no reduction until the program's last block. The
-    window's choice recomputed from the patch (`known` unused: _walk_sums's CHANNEL)."""
+    window's choice recomputed from the patch (`known` unused: _persistent_sums's
+    CHANNEL)."""
     v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
                                  x20, x21, x22, x23, x30, x31, x32, x33)
     sel, m = first_max(v00, v01, v10, v11)
@@ -181,9 +182,10 @@ def _store_sums(part, c: tl.constexpr, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9):
 
 
 @triton.jit
-def _walk_sums(img_ptr, w_ptr, bias_ptr, code_ptr, grad_ptr, part_ptr, H, W, W2, n_pooled,
-               n_blocks, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr, COMPUTE: tl.constexpr,
-               CHANNEL: tl.constexpr, FROM_CODE: tl.constexpr):
+def _persistent_sums(img_ptr, w_ptr, bias_ptr, code_ptr, grad_ptr, part_ptr, H, W, W2,
+                     n_pooled, n_blocks, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
+                     COMPUTE: tl.constexpr, CHANNEL: tl.constexpr,
+                     FROM_CODE: tl.constexpr):
     """Both backward kernels' persistent walk: each program takes blocks pid, pid +
     programs, ... (over images and the blocks of each), adds CHANNEL's terms to its 40
     sums per lane, and reduces them once at its end (one reduction per block of 1024
@@ -237,8 +239,9 @@ def _first_block_bwd_kernel(img_ptr, w_ptr, bias_ptr, grad_ptr, part_ptr, H, W, 
                             COMPUTE: tl.constexpr):
     """The walk, each window's choice recomputed from the image (no code: img_ptr stands
     in for the code's pointer, never read)."""
-    _walk_sums(img_ptr, w_ptr, bias_ptr, img_ptr, grad_ptr, part_ptr, H, W, W2, n_pooled,
-               n_blocks, sgb, sgc, sgh, sgw, BLOCK_, COMPUTE, _channel_sums, False)
+    _persistent_sums(img_ptr, w_ptr, bias_ptr, img_ptr, grad_ptr, part_ptr, H, W, W2,
+                     n_pooled, n_blocks, sgb, sgc, sgh, sgw, BLOCK_, COMPUTE,
+                     _channel_sums, False)
 
 
 def _check(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
