@@ -8,6 +8,9 @@ STRATEGIES = ("loop", "concat", "padded", "compiled", "kernel", "conditional", "
               "nested", "compiled_packed")
 RAGGED = ("loop", "concat")              # targets stay a list of per-sample tensors
 PACKED = ("packed", "nested", "compiled_packed")  # every box in one [N, 4], N per batch
+# Their steps wait on the host's Python (per sample, or the nested tensors'): the GPU
+# idles half of each step or more over an epoch (results/step.md).
+HOST_BOUND = RAGGED + ("nested",)
 FUSED = ("kernel", "conditional", "packed")  # the strategies whose kernel backend is chosen
 BACKENDS = ("triton", "cuda")            # the fused kernels' implementations
 

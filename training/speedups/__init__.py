@@ -86,6 +86,8 @@ def resolve(cfg, cuda: bool) -> dict:
             reason = "turned off"
         else:  # a switch on passed check(); a choice on or auto may still not apply
             reason = s.why_not(cfg, cuda) if s.choice else None
+        if reason is None and value == "auto" and s.auto_off:
+            reason = s.auto_off(cfg)
         if reason is None and s.idle:
             reason = s.idle(cfg, on)
         on[s.name] = reason is None

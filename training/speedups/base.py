@@ -17,7 +17,9 @@ and where it is refused: gpu_only; refusal(cfg, cuda) (why it cannot apply to a 
 None: a switch given there, or a choice given "on", is one line and exit 2, "auto" is off
 with that reason); idle(cfg, on) (why it would do nothing in a run where it is on: the
 forward mode's optimizer, a backward whose forward is off; recorded off, no error; `on`
-holds the speed-ups before it in the ladder, resolved); interpreter_slow (Triton kernels
+holds the speed-ups before it in the ladder, resolved); auto_off(cfg) (why "auto" leaves
+a choice off in a run where it could apply, measured not to pay there; "on" still turns
+it on); interpreter_slow (Triton kernels
 that the interpreter runs at ~100 s a step on 2 cores: off in the CPU preset, make ladder
 skips it on a CPU). A switch (default True or False) is a flag
 --name / --no-name; a choice (default "auto", "on" or "off") takes one of those, auto
@@ -41,6 +43,7 @@ class SpeedUp:
     interpreter_slow: bool = False
     refusal: Callable | None = None
     idle: Callable | None = None
+    auto_off: Callable | None = None
     model: Callable | None = None
     optimizer: Callable | None = None
     process: Callable | None = None

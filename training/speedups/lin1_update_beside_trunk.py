@@ -24,6 +24,12 @@ for the whole update.
 Measured both ways in results/toward-20ms.md: at equal priority, or with a persistent
 update, the trunk's kernels waited and the step was slower.
 
+Where auto leaves it off though it could apply: the host-bound strategies (loop, concat,
+nested: their GPU idles half of each step or more, results/step.md). It saves GPU time
+they do not need, and over an epoch nested ran 4-24 % slower with it on, in four pairs
+on three H100s (its loss's host time grew; the step's stream priority was not the cause:
+results/toward-20ms.md). `on` still turns it on there.
+
 Each element's update is the same kernel's: the same bits, the same losses. What reads
 lin1's weight, master or momentum between steps other than the model's forward calls
 model.lin1_update.join() first (the state dict does it itself). One GPU, no CUDA graph: on
@@ -145,12 +151,24 @@ def refusal(cfg, cuda: bool) -> str | None:
     return None
 
 
+def host_bound(cfg) -> str | None:
+    """Why auto leaves it off for this run's strategy, or None."""
+    from core.names import HOST_BOUND
+    if cfg.loss in HOST_BOUND:
+        return (f"the {cfg.loss} strategy is host-bound: the update beside the trunk saves "
+                "GPU time its steps do not wait for, and cost nested 4-24 % of its epoch's "
+                "rate; --lin1-update-beside-trunk on to have it anyway")
+    return None
+
+
 SPEEDUP = SpeedUp(
     "lin1_update_beside_trunk",
     "lin1's update (--bf16-shadow's) on a low-priority side stream from its gradient's "
     "hook, beside the trunk's backward and the next forward on the step's high-priority "
-    "stream: auto (one GPU, no CUDA graph), on, off",
-    default="auto", gpu_only=True, refusal=refusal, model=join_before_head,
+    "stream: auto (one GPU, no CUDA graph, not the host-bound loop, concat, nested), on, "
+    "off",
+    default="auto", gpu_only=True, refusal=refusal, auto_off=host_bound,
+    model=join_before_head,
     optimizer=update_in_backward, process=step_stream,
     idle=lambda cfg, on: None if on["bf16_shadow"] and cfg.mode == "train" else
     "it moves --bf16-shadow's update in train mode, which is off")

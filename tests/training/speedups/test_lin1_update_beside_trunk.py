@@ -122,3 +122,23 @@ def test_the_step_runs_on_a_high_priority_stream_only_where_it_is_on():
     finally:
         step_stream(False, cuda=True, many_runs=True)
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
+
+
+@pytest.mark.parametrize("loss", ["loop", "concat", "nested"])
+def test_auto_leaves_the_host_bound_strategies_without_it_and_on_still_applies(loss):
+    """Their GPU idles most of each step: auto keeps the update in the optimizer, with the
+    reason; on is a choice the user may still make there."""
+    auto = speedups.resolve(train.Config(loss=loss), cuda=True)
+    assert not auto["on"]["lin1_update_beside_trunk"]
+    assert f"the {loss} strategy is host-bound" in \
+        auto["lin1_update_beside_trunk_off_because"]
+    assert "no lin1_update_beside_trunk: the" in speedups.describe_used(auto)
+    on = train.Config(loss=loss, lin1_update_beside_trunk="on")
+    speedups.check(on, cuda=True)
+    assert speedups.resolve(on, cuda=True)["on"]["lin1_update_beside_trunk"]
+
+
+def test_auto_keeps_it_for_every_strategy_the_gpu_bounds():
+    for loss in ("padded", "compiled", "kernel", "conditional", "packed", "compiled_packed"):
+        assert speedups.resolve(train.Config(loss=loss), cuda=True)["on"][
+            "lin1_update_beside_trunk"], loss
