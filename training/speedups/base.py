@@ -19,11 +19,10 @@ with that reason); idle(cfg, on) (why it would do nothing in a run where it is o
 forward mode's optimizer, a backward whose forward is off; recorded off, no error; `on`
 holds the speed-ups before it in the ladder, resolved); auto_off(cfg) (why "auto" leaves
 a choice off in a run where it could apply, measured not to pay there; "on" still turns
-it on); interpreter_slow (Triton kernels
-that the interpreter runs at ~100 s a step on 2 cores: off in the CPU preset, make ladder
-skips it on a CPU). A switch (default True or False) is a flag
---name / --no-name; a choice (default "auto", "on" or "off") takes one of those, auto
-meaning "where the run allows it".
+it on); interpreter_slow (Triton kernels that the interpreter runs at ~100 s a step on 2
+cores: off in the CPU preset, make ladder skips it on a CPU). A switch (default True or
+False) is a flag --name / --no-name; a choice (default "auto", "on" or "off") takes one
+of those, auto meaning "where the run allows it" (and, with auto_off, where it pays).
 
 Nothing here imports torch at import time (train.py --help reads every SPEEDUP).
 """

@@ -28,7 +28,7 @@ Where auto leaves it off though it could apply: the host-bound strategies (loop,
 nested: their GPU idles half of each step or more, results/step.md). It saves GPU time
 they do not need, and over an epoch nested ran 4-24 % slower with it on, in four pairs
 on three H100s (its loss's host time grew; the step's stream priority was not the cause:
-results/toward-20ms.md). `on` still turns it on there.
+results/step.md). `on` still turns it on there.
 
 Each element's update is the same kernel's: the same bits, the same losses. What reads
 lin1's weight, master or momentum between steps other than the model's forward calls
