@@ -121,10 +121,11 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
     return result
 
 
-def step_device_ms(step: dict) -> float:
+def step_device_ms(step: dict, before: str = "gpu_ms") -> float:
     """A step's device time from its summary: busy_ms, or for a summary written before
-    busy_ms existed, gpu_ms (the two agree where no two streams overlap)."""
-    return step.get("busy_ms", step["gpu_ms"])
+    busy_ms existed, what the table read then (`before`: gpu_ms, which agrees with
+    busy_ms where no two streams overlap, or busiest_stream_ms)."""
+    return step.get("busy_ms", step[before])
 
 
 def _busy(intervals: list, step_stream: dict, stream_end: dict) -> float:

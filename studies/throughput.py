@@ -43,6 +43,7 @@ from core.names import RAGGED, describe, parse_variants, variants
 from core.tables import csv_text, markdown_of_dicts
 from kernels.giou.cuda_extension import unavailable_reason
 from profiling.run_folder import display
+from profiling.trace_summary import step_device_ms
 from studies.charts import step_times_chart, throughput_chart
 from studies.common import (
     SKIPPED,
@@ -120,8 +121,7 @@ def check_epoch(base: train.Config, given: dict, world: int = 1) -> None:
 
 def row_of(summary: dict, folder: Path) -> dict:
     rate, cfg = summary["sustained"] or {}, summary["config"]
-    step = summary["step"]
-    gpu_ms = step.get("busy_ms", step["busiest_stream_ms"])
+    gpu_ms = step_device_ms(summary["step"], before="busiest_stream_ms")
     batch = cfg["batch_size"] * summary.get("distributed", {}).get("world", 1)
     own = batch / gpu_ms * 1e3 if gpu_ms else None
     busy = summary.get("gpu_busy_fraction")
