@@ -18,14 +18,15 @@ BATCHES, BATCH, CAPACITY = 50, 6, 64
 
 
 def _batches_of_two_boxes_or_more(dataset, strategy, batch: int) -> list:
-    """BATCHES batches of `batch` samples, in the dataset's order, skipping any with fewer
-    than 2 boxes in all: Dynamo specialises N of 0 and 1 (a graph of their own), and six
-    small images now and then hold one box between them."""
+    """BATCHES (samples, packed targets) of `batch` samples, in the dataset's order,
+    skipping any with fewer than 2 boxes in all: Dynamo specialises N of 0 and 1 (a graph
+    of their own), and six small images now and then hold one box between them."""
     kept = []
     for start in range(0, len(dataset) - batch + 1, batch):
         samples = [dataset[start + i] for i in range(batch)]
-        if strategy.collate(samples)[1][0].shape[0] >= 2:
-            kept.append(samples)
+        _, targets = strategy.collate(samples)
+        if targets[0].shape[0] >= 2:
+            kept.append((samples, targets))
         if len(kept) == BATCHES:
             return kept
     raise AssertionError(f"fewer than {BATCHES} batches of 2 boxes or more")
@@ -37,8 +38,8 @@ def test_fifty_batches_of_different_n_compile_once():
     dataset = SyntheticFaces(4 * BATCHES * BATCH, 32, seed=random.randrange(1 << 20),
                              box_sigma=4.0)
     since, counts = compile_account.begin(), []
-    for b, samples in enumerate(_batches_of_two_boxes_or_more(dataset, strategy, BATCH)):
-        _, targets = strategy.collate(samples)
+    batches = _batches_of_two_boxes_or_more(dataset, strategy, BATCH)
+    for b, (samples, targets) in enumerate(batches):
         _, (boxes, n_per_image) = collate_padded(samples, CAPACITY)
         # Sorted, (x1, y1, x2, y2) is a valid box: x1 <= x2 and y1 <= y2.
         pred = (torch.rand(BATCH, CAPACITY, 4) * 31).sort(-1).values.bfloat16()
