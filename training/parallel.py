@@ -45,8 +45,16 @@ HELP = ("several GPUs: ddp (lin1 replicated, its gradient all-reduced), zero (li
         "row-parallel: DTensor tensor parallel, features all-gathered), tp2d (tp inside "
         "each host, data-parallel across hosts)")
 # The buffer that --bf16-shadow adds for lin1's fp32 master (training/speedups/
-# bf16_shadow.py).
+# bf16_shadow.py), and the two --split-master holds it in instead: its int16 low half and
+# its tie bits (training/speedups/split_master.py).
 MASTER = "lin1_master"
+MASTER_LOW = "lin1_master_low"
+MASTER_TIES = "lin1_master_ties"
+
+
+def master_names(model) -> list[str]:
+    """The buffers that hold lin1's master in this model ([] without --bf16-shadow)."""
+    return [name for name in (MASTER, MASTER_LOW, MASTER_TIES) if hasattr(model, name)]
 
 
 def check(cfg, world: int) -> None:
@@ -110,7 +118,7 @@ def apply(model, design: str, mesh, ranks) -> list[str]:
         _tensor_parallel_head(model, mesh["tp"])
         _sum_across_hosts(model, mesh["dp"])
         parts, index = mesh["tp"].size(), mesh["tp"].get_local_rank()
-    if hasattr(model, MASTER):
+    if master_names(model):
         _keep_local_master_rows(model, parts, index)
     return _left_to_the_design(model)
 
@@ -168,16 +176,18 @@ def _sum_across_hosts(model, dp_mesh) -> None:
 
 
 def _keep_local_master_rows(model, parts: int, index: int) -> None:
-    """The fp32 master of lin1's weight, cut to this rank's rows: the rows of the bf16
-    weight's local shard (Shard(0), even chunks: check() asks for it), the index-th of
-    `parts` (the world's under zero and tp, the host's under tp2d)."""
-    rows = model.lin1_master.chunk(parts)[index].clone()
-    model.lin1_master = rows  # the full master is freed here: 4.3 GB at the full size
+    """The master of lin1's weight (fp32, or its low half and tie bits: a row's bits are
+    its own words), cut to this rank's rows: the rows of the bf16 weight's local shard
+    (Shard(0), even chunks: check() asks for it), the index-th of `parts` (the world's
+    under zero and tp, the host's under tp2d)."""
+    for name in master_names(model):
+        rows = getattr(model, name).chunk(parts)[index].clone()
+        setattr(model, name, rows)  # the full master is freed here: 4.3 GB at full size
 
 
 def _left_to_the_design(model) -> list[str]:
     names = [n for n, p in model.named_parameters() if is_sharded(p)]
-    return names + ([MASTER] if hasattr(model, MASTER) else [])
+    return names + master_names(model)
 
 
 def prefetcher(cfg, ranks, model):

@@ -13,20 +13,25 @@ import torch
 
 from kernels.lin1.shadow_sgd import shadow_sgd_step
 from training.optimizer import MOMENTUM
-from training.parallel import MASTER, local
+from training.parallel import MASTER, MASTER_LOW, MASTER_TIES, local
 
 
 def shadowed(model) -> list:
-    """[(bf16 parameter, fp32 master)] of the model: lin1's, where it is shadowed."""
-    if not hasattr(model, MASTER):
-        return []
-    return [(model.lin1.weight, getattr(model, MASTER))]
+    """[(bf16 parameter, its master as optimizer state)] of the model: lin1's, where it is
+    shadowed. The state: {"master": fp32}, or under --split-master {"master": the int16
+    low half, "master_ties": its tie bits} (the parameter the high half)."""
+    if hasattr(model, MASTER):
+        return [(model.lin1.weight, {"master": getattr(model, MASTER)})]
+    if hasattr(model, MASTER_LOW):
+        return [(model.lin1.weight, {"master": getattr(model, MASTER_LOW),
+                                     "master_ties": getattr(model, MASTER_TIES)})]
+    return []
 
 
 class SGDWithShadow(torch.optim.Optimizer):
     """make(params)'s optimizer for every parameter but the shadowed ones, stepped first;
-    then each shadowed one's kernel. state[param] holds "master" and, from the first step
-    on, "momentum_buffer" (as torch's SGD names it)."""
+    then each shadowed one's kernel. state[param] holds "master" (and "master_ties") and,
+    from the first step on, "momentum_buffer" (as torch's SGD names it)."""
 
     def __init__(self, model, params, make, lr: float):
         self.shadows = shadowed(model)
@@ -37,7 +42,7 @@ class SGDWithShadow(torch.optim.Optimizer):
         self.inner = make([p for p in params if id(p) not in shadows])
         super().__init__([p for p, _ in self.shadows], {"lr": lr})
         for param, master in self.shadows:
-            self.state[param]["master"] = master
+            self.state[param].update(master)
 
     @property
     def buffers(self) -> list:
@@ -48,23 +53,25 @@ class SGDWithShadow(torch.optim.Optimizer):
     def step(self) -> None:
         self.inner.step()
         if self.updated_elsewhere is None:
-            for param, master in self.shadows:
-                self.update(param, master)
+            for param, _ in self.shadows:
+                self.update(param)
 
     @torch.no_grad()
-    def update(self, param, master) -> None:
+    def update(self, param) -> None:
         """One shadowed parameter's step: one launch on the current stream, no sync."""
         if param.grad is None:
             return  # as torch's SGD: a parameter without gradient stays
         lr = self.param_groups[0]["lr"]  # one group, the shadowed parameters'
         state = self.state[param]
+        master = state["master"]
         first = "momentum_buffer" not in state  # host-side state: no sync
         if first:
-            state["momentum_buffer"] = torch.empty_like(master)
+            state["momentum_buffer"] = torch.empty(master.shape, dtype=torch.float32,
+                                                   device=master.device)
         # Sharded (--parallel zero or tp): the local rows of the weight and its gradient,
         # beside the master's and momentum's rows (training/parallel.py).
         shadow_sgd_step(master, local(param.grad), state["momentum_buffer"],
-                        local(param.data), lr, MOMENTUM, first)
+                        local(param.data), lr, MOMENTUM, first, state.get("master_ties"))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.updated_elsewhere is not None and not set_to_none:

@@ -18,6 +18,13 @@ Byte ledger per element: reads master 4 + grad 2 + buf 4 (0 on the first step), 
 master 4 + buf 4 + shadow 2 = 20 bytes; for lin1 (1.07 B) 21.5 GB, ~7.2 ms at 3 TB/s,
 against 34.4 GB for fused SGD (21.5) plus the two casts (6.45 each).
 
+With --split-master the master is held as the bf16 weight, an int16 low half and a tie bit
+(kernels/lin1/master_halves.py): _split_sgd_kernel reads the weight and the low half in
+place of the fp32 master and writes both back, 18 bytes an element and 1/8 of a byte for
+the tie bits' words (19.4 GB for lin1, ~6.5 ms); the same master bits, the same bf16
+weight. Its block is [128 words, 32 elements]: a word's 32 tie bits are one row, read once
+and written by the block that owns it (no atomics), and only where a bit changed.
+
 A plain launcher, not a custom op: an optimizer step runs outside autograd and outside
 torch.compile, where an op's autograd and fake would never be used.
 """
@@ -27,10 +34,16 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
+from kernels.lin1.master_halves import join_bits, split_bits, tie_words
 from kernels.rounding import bf16_rtne
 
 BLOCK = 4096
 NUM_WARPS = 8
+# The split form's block: 8 elements a thread, not 16. Beside the trunk (the step's
+# update, lin1_update_beside_trunk) the smaller blocks fit where the trunk leaves room
+# (results/toward-20ms.md has the shapes measured); alone both run at HBM's rate.
+SPLIT_BLOCK = 2048
+SPLIT_WARPS = 8
 
 
 @triton.jit
@@ -49,17 +62,60 @@ def _shadow_sgd_kernel(master_ptr, grad_ptr, buf_ptr, shadow_ptr, n, lr, momentu
     tl.store(shadow_ptr + offs, bf16_rtne(master), mask=mask)
 
 
+@triton.jit
+def _split_sgd_kernel(low_ptr, grad_ptr, buf_ptr, hi_ptr, ties_ptr, n, lr, momentum,
+                      FIRST: tl.constexpr, WORDS: tl.constexpr):
+    # hi_ptr: the bf16 weight's bits as int16; ties_ptr: a word of tie bits for 32 elements.
+    words = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
+    bit = tl.arange(0, 32)[None, :]
+    offs = words[:, None] * 32 + bit
+    mask = offs < n
+    g = tl.load(grad_ptr + offs, mask=mask, other=0).to(tl.float32)
+    if FIRST:
+        buf = g
+    else:
+        buf = tl.load(buf_ptr + offs, mask=mask, other=0) * momentum + g
+    # The words as [WORDS, 1] columns, not [WORDS] vectors: the rows' own layout, so that
+    # neither the word's bits nor their sum go through shared memory.
+    word = words[:, None]
+    was = tl.load(ties_ptr + word, mask=word * 32 < n, other=0)
+    master = join_bits(tl.load(hi_ptr + offs, mask=mask, other=0),
+                       tl.load(low_ptr + offs, mask=mask, other=0), (was >> bit) & 1)
+    master = master - lr * buf
+    tl.store(buf_ptr + offs, buf, mask=mask)
+    hi, low, tie = split_bits(master)
+    tl.store(low_ptr + offs, low, mask=mask)
+    tl.store(hi_ptr + offs, hi, mask=mask)
+    now = tl.sum(tie << bit, axis=1, keep_dims=True)  # distinct bits: their sum is their or
+    tl.store(ties_ptr + word, now, mask=(word * 32 < n) & (now != was))
+
+
 def shadow_sgd_step(master: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor,
-                    shadow: torch.Tensor, lr: float, momentum: float, first: bool) -> None:
-    """One step, in place on master, buf and shadow: one launch, no sync."""
+                    shadow: torch.Tensor, lr: float, momentum: float, first: bool,
+                    ties: torch.Tensor | None = None) -> None:
+    """One step, in place on master, buf and shadow (and ties): one launch, no sync.
+    master is the fp32 master, or under --split-master its int16 low half with its tie
+    bits (shadow its high half)."""
     tensors = (master, grad, buf, shadow)
-    if master.dtype != torch.float32 or buf.dtype != torch.float32:
-        raise InputError("shadow SGD keeps fp32 master weights and momentum")
+    split = master.dtype == torch.int16
+    if master.dtype not in (torch.float32, torch.int16) or buf.dtype != torch.float32:
+        raise InputError("shadow SGD keeps fp32 master weights (or their int16 low half) "
+                         "and fp32 momentum")
     if not all(t.shape == master.shape and t.is_contiguous() for t in tensors):
         raise InputError("shadow SGD takes contiguous tensors of one shape")
-    if len({t.device for t in tensors}) != 1:
+    if split != (ties is not None) or split and (
+            ties.dtype != torch.int32 or ties.shape != tie_words(master.shape)
+            or not ties.is_contiguous()):
+        raise InputError("shadow SGD takes tie bits (int32, 32 elements a word) with an "
+                         "int16 low half, and only with it")
+    if len({t.device for t in (*tensors, *([ties] if split else []))}) != 1:
         raise InputError("shadow SGD's tensors must be on one device")
     n = master.numel()
-    _shadow_sgd_kernel[(triton.cdiv(n, BLOCK),)](master, grad, buf, shadow, n, lr, momentum,
-                                                 FIRST=first, BLOCK_=BLOCK,
-                                                 num_warps=NUM_WARPS)
+    if split:
+        _split_sgd_kernel[(triton.cdiv(n, SPLIT_BLOCK),)](
+            master, grad, buf, shadow.view(torch.int16), ties, n, lr, momentum, FIRST=first,
+            WORDS=SPLIT_BLOCK // 32, num_warps=SPLIT_WARPS)
+    else:
+        _shadow_sgd_kernel[(triton.cdiv(n, BLOCK),)](
+            master, grad, buf, shadow, n, lr, momentum, FIRST=first, BLOCK_=BLOCK,
+            num_warps=NUM_WARPS)

@@ -113,8 +113,7 @@ class SideUpdate:
     def on_gradient(self, optimizer_ref, param) -> None:
         optimizer = optimizer_ref()
         if optimizer is not None:
-            master = optimizer.state[param]["master"]
-            self.fork(lambda: optimizer.update(param, master), param.grad)
+            self.fork(lambda: optimizer.update(param), param.grad)
 
 
 def join_before_head(model, build) -> None:

@@ -155,7 +155,8 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
                              "triton_pool": True, "triton_conv_pool": True,
                              "triton_conv_pool_bwd": True, "bf16_shadow": False,
                              "triton_first_block_code": True,
-                             "lin1_update_beside_trunk": False, "cuda_graph": False}
+                             "lin1_update_beside_trunk": False, "split_master": False,
+                             "cuda_graph": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()
     assert json.loads((tmp_path / "base" / "summary.json").read_text())["speedups"]["on"] == \
