@@ -160,7 +160,7 @@ def test_the_snapshot_is_refused_on_several_ranks(tmp_path, monkeypatch):
 @pytest.mark.parametrize("speedups", [["--baseline"], []])
 def test_a_runs_snapshot_and_categories_on_the_gpu(tmp_path, speedups):
     """The plain step (--baseline: fp32 parameters, torch's SGD) and the default one
-    (lin1 a bf16 parameter, its fp32 master and momentum the shadow optimizer's state):
+    (lin1 a bf16 parameter, its split master and momentum the shadow optimizer's state):
     every byte of optimizer state in its category, the parameters in theirs; the
     snapshot's peak against the allocator's counter."""
     summary = train.run(train.parse_config(SMALL + [*speedups, "--memory-snapshot",
@@ -171,15 +171,20 @@ def test_a_runs_snapshot_and_categories_on_the_gpu(tmp_path, speedups):
     assert (run / memory_account.SNAPSHOT).stat().st_size > 0
     assert not alloc["window_cut"] and alloc["trace_entries"] > 0
     # Requested bytes against the allocator's rounded blocks: a little under, never over.
-    assert alloc["max_memory_allocated_bytes"] * (1 - 1e-4) <= alloc["snapshot_peak_bytes"] \
-        <= alloc["max_memory_allocated_bytes"], alloc
+    # A large-pool block whose remainder would be 1 MiB or less is not split
+    # (CUDACachingAllocator.cpp's should_split: remaining > kSmallSize), so one such block
+    # live at the peak counts up to 1 MiB more than was asked (1,037,368 bytes at this
+    # size with --split-master's buffers, aa9cb7d on the H100).
+    assert alloc["max_memory_allocated_bytes"] * (1 - 1e-4) - 2**20 \
+        <= alloc["snapshot_peak_bytes"] <= alloc["max_memory_allocated_bytes"], alloc
     from model import BoxNet
     cfg = summary["config"]
     model = BoxNet(cfg["image_size"], cfg["max_boxes"], cfg["hidden"])
     lin1 = model.lin1.weight.numel()
     others = sum(p.numel() for p in model.parameters()) - lin1
-    if cfg["bf16_shadow"]:  # master and momentum fp32, the weight bf16
-        state, params = 8 * lin1 + 4 * others, 2 * lin1 + 4 * others
+    if cfg["bf16_shadow"]:  # momentum fp32, the weight bf16, the master fp32 or split
+        master = 2 * lin1 + lin1 // 8 if cfg["split_master"] else 4 * lin1  # low + tie bits
+        state, params = master + 4 * lin1 + 4 * others, 2 * lin1 + 4 * others
     else:
         state = params = 4 * (lin1 + others)
     assert peak["bytes"]["optimizer state"] == state, peak

@@ -166,12 +166,13 @@ from types import SimpleNamespace
 from model import build_model
 from training import ddp, speedups
 from training.optimizer import momentum_sgd
+from kernels.lin1.master_halves import join
 from training.parallel import local
 from training.speedups.base import Build
 from training.shadow_optimizer import SGDWithShadow
 from training.ranks import from_env, stop
 
-design = sys.argv[1]
+design, names = sys.argv[1], sys.argv[2].split(",")
 ranks = from_env()
 device = ranks.start(cuda=False)
 cfg = SimpleNamespace(parallel=design, mode="train", overlap=True, comm_hook="sum",
@@ -182,23 +183,29 @@ images = torch.randint(0, 256, (2 * ranks.world, 1, 32, 32), dtype=torch.uint8,
 
 def train(runner, model, batch, scale):
     opt = SGDWithShadow(model, model.parameters(), lambda p: momentum_sgd(p, 0.5), lr=0.5)
-    initial = model.lin1_master.clone()
+    initial = master_of(model).clone()
     for _ in range(2):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = runner(batch)
         (out.float().square().sum() * scale).backward()
         opt.step()
         opt.zero_grad()
-    return model.lin1_master - initial, opt.buffers[0], local(model.lin1.weight.data)
+    return master_of(model) - initial, opt.buffers[0], local(model.lin1.weight.data)
 
 
-shadow = speedups.model_transform({n: n == "bf16_shadow" for n in speedups.ORDER},
+def master_of(model):  # the fp32 master's local rows, whole or (--split-master) split
+    if hasattr(model, "lin1_master"):
+        return model.lin1_master
+    return join(local(model.lin1.weight.data), model.lin1_master_low, model.lin1_master_ties)
+
+
+shadow = speedups.model_transform({n: n in names for n in speedups.ORDER},
                                    Build(torch.float32, 0.5))
 model, runner = build_model(32, 16, 32, False, 0, device, transform=shadow,
                             wrap=lambda m: ddp.wrap(m, cfg, ranks, device))
 mine = images[2 * ranks.rank:2 * ranks.rank + 2]
 step, momentum, weight = train(runner, model, mine, 1e-4 / len(images))
-master = model.lin1_master
+master = master_of(model)
 # The bf16 weight's local rows are the rounding of this rank's master rows.
 assert torch.equal(weight, master.to(torch.bfloat16)), "weight is not bf16(master)"
 assert master.shape[0] == 32 // ranks.world, master.shape
@@ -216,17 +223,18 @@ stop()
 """
 
 
+@pytest.mark.parametrize("names", ("bf16_shadow", "bf16_shadow,split_master"))
 @pytest.mark.parametrize("design", ("zero", "tp"))
-def test_the_shadow_sgd_updates_each_ranks_rows(tmp_path, design):
-    """--bf16-shadow's fp32 master and momentum are kept for the local rows of lin1 only;
-    two steps on two ranks give one process's update of the whole master (within bf16
-    rounding: both run bf16 autocast on the CPU) and each rank's bf16 rows stay the
-    rounding of its master rows."""
+def test_the_shadow_sgd_updates_each_ranks_rows(tmp_path, design, names):
+    """--bf16-shadow's fp32 master (whole, or --split-master's halves and tie bits) and
+    momentum are kept for the local rows of lin1 only; two steps on two ranks give one
+    process's update of the whole master (within bf16 rounding: both run bf16 autocast on
+    the CPU) and each rank's bf16 rows stay the rounding of its master rows."""
     script = tmp_path / "shadow.py"
     script.write_text(SHADOW_ON_SHARDS)
     proc = subprocess.run([sys.executable, "-m", "training.launch", "--nproc", "2",
-                           str(script), design], cwd=REPO, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=240)
+                           str(script), design, names], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"{design} step relative error" in proc.stdout, proc.stdout
 
