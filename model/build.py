@@ -30,13 +30,27 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
     trace sets model.compile_whole = False: then only flat_features is compiled."""
     key = (image_size, capacity, hidden, compile_model, seed, str(device),
            getattr(transform, "key", None), wrap_key)
+    kept = reuse and _kept.get("key") == key
+    if not kept:
+        if compile_model and reuse and _kept:
+            # Another model replaces the kept one, so Dynamo forgets the frames it compiled
+            # for the models before: make ladder builds one a rung in one process, each a
+            # compile of the same BoxNet.forward, and past 8 of a frame (its
+            # recompile_limit) Dynamo runs the frame eagerly with only a warning. A ladder
+            # of ten tuned rungs ran its ninth eager.
+            torch._dynamo.reset()
+        # Dropped before the collection below: a model in a reference cycle (lin1's update
+        # beside the trunk rebinds model.head to a method of the model) is freed only by
+        # it, and make ladder's rung after one counted it in its own peak (21.4 GB against
+        # 14.7 a rung before, aa9cb7d on the H100).
+        forget_kept_model()
+    # What earlier runs of this process (make compare) left is freed and uncached first:
+    # each run's peak memory is its own.
+    gc.collect()
     if device.type == "cuda":
-        # What earlier runs of this process (make compare) left is freed and uncached
-        # first: each run's peak memory is its own.
-        gc.collect()
         torch.cuda.empty_cache()
     torch.manual_seed(seed)
-    if reuse and _kept.get("key") == key:
+    if kept:
         model = _kept["model"]
         if device.type == "cuda":
             # host-device sync, once a run: the kept model's last step may still run on
@@ -47,14 +61,6 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
                 _rows(p).copy_(p0, non_blocking=True)
                 p.grad = None
         return model, _kept["runner"]
-    if compile_model and reuse and _kept:
-        # Another model replaces the kept one, so Dynamo forgets the frames it compiled
-        # for the models before: make ladder builds one a rung in one process, each a
-        # compile of the same BoxNet.forward, and past 8 of a frame (its recompile_limit)
-        # Dynamo runs the frame eagerly with only a warning. A ladder of ten tuned rungs
-        # ran its ninth eager.
-        torch._dynamo.reset()
-    forget_kept_model()
     with device:
         model = BoxNet(image_size, capacity, hidden)
         if transform is not None:

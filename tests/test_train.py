@@ -242,6 +242,41 @@ def test_every_new_model_of_a_process_is_compiled(monkeypatch):
         forget_kept_model()
 
 
+def test_a_replaced_kept_model_in_a_cycle_is_freed_before_the_next_is_built():
+    """A kept model in a reference cycle (lin1's update beside the trunk rebinds
+    model.head to the model's own method) is collected when another replaces it, before
+    the new one is built: make ladder's rung after it counted the old model's memory in
+    its own peak."""
+    import gc
+    import weakref
+
+    import torch
+
+    from model import build_model, forget_kept_model
+
+    class Cycle:  # a rung's transform: a key, and a model that refers to itself
+        def __init__(self, key):
+            self.key = key
+
+        def __call__(self, model):
+            model.itself = [model]
+
+    forget_kept_model()
+    gc.disable()  # no automatic collection between the two builds: only build_model's
+    try:
+        first = build_model(16, 2, 8, False, 0, torch.device("cpu"), reuse=True,
+                            transform=Cycle("first"))[0]  # its runner is itself
+        old = weakref.ref(first)
+        del first
+        seen = []
+        build_model(16, 2, 8, False, 0, torch.device("cpu"), reuse=True,
+                    transform=lambda model: seen.append(old() is None))
+        assert seen == [True]  # freed before the new model was made
+    finally:
+        gc.enable()
+        forget_kept_model()
+
+
 def test_git_commit_names_a_copied_tree(monkeypatch):
     from profiling.environment import environment
     monkeypatch.setenv("GIT_COMMIT", "0123abc")
