@@ -22,7 +22,7 @@ With --split-master the master is held as the bf16 weight, an int16 low half and
 (kernels/lin1/master_halves.py): _split_sgd_kernel reads the weight and the low half in
 place of the fp32 master and writes both back, 18 bytes an element and 1/8 of a byte for
 the tie bits' words (19.4 GB for lin1, ~6.5 ms); the same master bits, the same bf16
-weight. Its block is [128 words, 32 elements]: a word's 32 tie bits are one row, read once
+weight. Its block is [64 words, 32 elements]: a word's 32 tie bits are one row, read once
 and written by the block that owns it (no atomics), and only where a bit changed.
 
 A plain launcher, not a custom op: an optimizer step runs outside autograd and outside
@@ -41,9 +41,21 @@ BLOCK = 4096
 NUM_WARPS = 8
 # The split form's block: 8 elements a thread, not 16. Beside the trunk (the step's
 # update, lin1_update_beside_trunk) the smaller blocks fit where the trunk leaves room
-# (results/toward-20ms.md has the shapes measured); alone both run at HBM's rate.
+# (results/step.md has the shapes measured); alone both run at HBM's rate.
 SPLIT_BLOCK = 2048
 SPLIT_WARPS = 8
+
+
+@triton.jit
+def _momentum(grad_ptr, buf_ptr, offs, mask, momentum, FIRST: tl.constexpr):
+    """torch's SGD momentum in fp32: the bf16 gradient on the first step, mu * buf + g
+    after it (the first step reads no buf)."""
+    g = tl.load(grad_ptr + offs, mask=mask, other=0).to(tl.float32)
+    if FIRST:
+        buf = g
+    else:
+        buf = tl.load(buf_ptr + offs, mask=mask, other=0) * momentum + g
+    return buf
 
 
 @triton.jit
@@ -51,11 +63,7 @@ def _shadow_sgd_kernel(master_ptr, grad_ptr, buf_ptr, shadow_ptr, n, lr, momentu
                        FIRST: tl.constexpr, BLOCK_: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK_ + tl.arange(0, BLOCK_)
     mask = offs < n
-    g = tl.load(grad_ptr + offs, mask=mask, other=0).to(tl.float32)
-    if FIRST:
-        buf = g
-    else:
-        buf = tl.load(buf_ptr + offs, mask=mask, other=0) * momentum + g
+    buf = _momentum(grad_ptr, buf_ptr, offs, mask, momentum, FIRST)
     master = tl.load(master_ptr + offs, mask=mask, other=0) - lr * buf
     tl.store(buf_ptr + offs, buf, mask=mask)
     tl.store(master_ptr + offs, master, mask=mask)
@@ -70,11 +78,7 @@ def _split_sgd_kernel(low_ptr, grad_ptr, buf_ptr, hi_ptr, ties_ptr, n, lr, momen
     bit = tl.arange(0, 32)[None, :]
     offs = words[:, None] * 32 + bit
     mask = offs < n
-    g = tl.load(grad_ptr + offs, mask=mask, other=0).to(tl.float32)
-    if FIRST:
-        buf = g
-    else:
-        buf = tl.load(buf_ptr + offs, mask=mask, other=0) * momentum + g
+    buf = _momentum(grad_ptr, buf_ptr, offs, mask, momentum, FIRST)
     # The words as [WORDS, 1] columns, not [WORDS] vectors: the rows' own layout, so that
     # neither the word's bits nor their sum go through shared memory.
     word = words[:, None]
