@@ -156,8 +156,11 @@ def sweep_chart(rows: list[dict], path: Path, preset: str) -> None:
                 if not ok:
                     continue
                 ys = [r[f"{key} ms"] for r in ok]
-                err = [[y - r[f"{key} p20 ms"] for y, r in zip(ys, ok)],
-                       [r[f"{key} p80 ms"] - y for y, r in zip(ys, ok)]]
+                # Quantiles interpolate: one can pass the median by a rounding (p20 =
+                # median + 9e-19 ms, an H100's sweep), and matplotlib refuses a negative
+                # error bar.
+                err = [[max(0.0, y - r[f"{key} p20 ms"]) for y, r in zip(ys, ok)],
+                       [max(0.0, r[f"{key} p80 ms"] - y) for y, r in zip(ys, ok)]]
                 ax.errorbar([position(r) for r in ok], ys, yerr=err, marker="o", ms=3,
                             capsize=2, label=s, color=colours[s])
                 xs.update(position(r) for r in ok)

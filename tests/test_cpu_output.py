@@ -87,6 +87,19 @@ def test_the_sweep_chart_on_a_cpu_has_one_row_of_host_times(tmp_path, monkeypatc
     assert len(gpu.axes) == 2 * len(cpu.axes)
 
 
+def test_the_sweep_chart_takes_a_quantile_past_its_median_by_a_rounding(tmp_path,
+                                                                        monkeypatch):
+    """A GPU's sweep drew p20 = median + 8.7e-19 ms (identical timings, interpolated):
+    matplotlib refuses a negative error bar, and the sweep failed at its chart."""
+    row = {"axis": "batch", "strategy": "padded", "status": "ok", "batch": 256,
+           "capacity": 256, "sigma": "3", "boxes per image": 3.0}
+    for key in ("GPU", "elapsed"):
+        row.update({f"{key} ms": 0.00736, f"{key} p20 ms": 0.00736 + 8.7e-19,
+                    f"{key} p80 ms": 0.00736 - 1e-19})
+    fig = _drawn(monkeypatch, lambda: charts.sweep_chart([row], tmp_path / "s.png", "gpu"))
+    assert len(fig.axes) == 2 * len(charts.AXIS_TITLES)
+
+
 def test_a_refused_flag_names_the_make_variable(tmp_path):
     done = cli("--out-dir", str(tmp_path), "--loss", "nope")
     assert done.returncode == 2
