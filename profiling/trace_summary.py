@@ -16,11 +16,16 @@ category, so each number here is defined once:
   summed over its streams (gpu_ms), on its busiest stream (busiest_stream_ms: what the
   step's device time cannot go below however its streams overlap; a copy on a side stream,
   or NCCL's stream, runs beside the compute stream), and as wall time (busy_ms: the union
-  over every stream of the window's GPU activities, per step: the device time a step takes
-  when its streams overlap, as lin1's update beside the trunk does; at most gpu_ms). That
-  update runs on into the next step, so the union ends where the window's compute stream
-  (the stream of most GPU time) ends: the last step's update past it is the next step's,
-  as the update of the step before the window ran beside the first step's trunk;
+  over every stream of the steps' GPU activities, per step: the device time a step takes
+  when its streams overlap, as lin1's update beside the trunk does). That update runs on
+  into the next step, so a window's edges are not a step's: the first profiled step runs
+  without the update of the step before it (launched outside the window, and at the
+  profiler's start the host is late, so it has ended), and the last step's update runs on
+  past it. With three steps or more, busy_ms is the steady state: the union from the
+  second step's first kernel on the compute stream (the stream of most GPU time) to the
+  last step's, over the periods between them. Two steps or fewer: the union up to the
+  compute stream's last end, over the steps (the first step's lighter start counted: at
+  5ab6b8b this read 0.4 ms under the steady state of the H100's step);
 - top kernels: the GPU activities of the profiled steps by name, their time and count per
   step (what a CUDA graph's replay spends, whose phases are not separate ranges).
 All per-step numbers are means over the profiled (active) steps; cpu_ms_each lists each
@@ -59,6 +64,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
     by_name = defaultdict(lambda: [0.0, 0])  # kernel name -> [microseconds, calls]
     intervals = []  # every GPU activity the steps launched: (start, end) microseconds
     stream_end = {}  # stream -> the end of its last activity (microseconds)
+    first = {}  # (step, stream) -> the start of the first activity the step launched there
     for start, end, name in sorted(phase_ranges):
         stats[name]["cpu_us"] += end - start
         cpu_per_step[name].append(round((end - start) / 1e3, 4))
@@ -87,6 +93,8 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
             step_stream[launcher_step[corr], stream] += dur
             intervals.append((start, start + dur))
             stream_end[stream] = max(stream_end.get(stream, start), start + dur)
+            key = (launcher_step[corr], stream)
+            first[key] = min(first.get(key, start), start)
             kernel = by_name[e.get("name", "?")[:TOP_NAME_CHARS]]
             kernel[0] += dur
             kernel[1] += 1
@@ -113,7 +121,7 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
         "cpu_ms_each": [round((e - s) / 1e3, 4) for s, e, _ in sorted(step_ranges)],
         "gpu_ms": sum(step_gpu.values()) / steps / 1e3,
         "busiest_stream_ms": _busiest(step_stream) / steps / 1e3,
-        "busy_ms": _busy(intervals, step_stream, stream_end) / steps / 1e3,
+        "busy_ms": _busy(intervals, step_stream, stream_end, first, steps) / 1e3,
     }
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
     result["top_kernels"] = [{"name": n, "gpu_ms": us / steps / 1e3, "calls": calls / steps}
@@ -128,16 +136,25 @@ def step_device_ms(step: dict, before: str = "gpu_ms") -> float:
     return step.get("busy_ms", step[before])
 
 
-def _busy(intervals: list, step_stream: dict, stream_end: dict) -> float:
-    """The union's length (microseconds), up to the compute stream's last end (the stream
-    of most GPU time over the steps)."""
+def _busy(intervals: list, step_stream: dict, stream_end: dict, first: dict,
+          steps: int) -> float:
+    """A step's busy time (microseconds): the union of the steps' GPU activities over the
+    periods between the compute stream's step starts (the stream of most GPU time), from
+    the second step's to the last's; with fewer than three steps, the union up to the
+    compute stream's last end over the steps."""
     if not intervals:
         return 0.0
     total = defaultdict(float)
     for (_step, stream), us in step_stream.items():
         total[stream] += us
-    end = stream_end[max(total, key=total.get)]
-    return length(merge([(a, min(b, end)) for a, b in intervals if a < end]))
+    compute = max(total, key=total.get)
+    starts = sorted(t for (_step, stream), t in first.items() if stream == compute)
+    if len(starts) >= 3:
+        lo, hi = starts[1], starts[-1]
+        inside = [(max(a, lo), min(b, hi)) for a, b in intervals if a < hi and b > lo]
+        return length(merge(inside)) / (len(starts) - 2)
+    end = stream_end[compute]
+    return length(merge([(a, min(b, end)) for a, b in intervals if a < end])) / steps
 
 
 def _busiest(step_stream: dict) -> float:

@@ -64,6 +64,26 @@ def test_a_steps_busy_time_counts_overlapping_streams_once():
     assert step["busy_ms"] == pytest.approx(0.095)
 
 
+def test_with_three_steps_or_more_the_busy_time_is_the_steady_states():
+    """Four steps of a trunk (90) and an update beside it (70) that runs on into the next
+    step: the first step's trunk runs alone (the update before the window had ended), the
+    others beside the update before them, 20 slower. The steady state is the periods from
+    the second step's trunk to the last's: [120, 360] busy over 2 periods, 120 a step; the
+    window's union to the compute stream's end (the two-step rule) would read 115."""
+    events = [_x("user_annotation", f"ProfilerStep#{k}", 100 * k, 100) for k in range(4)]
+    trunk = [(10, 90), (120, 110), (240, 110), (360, 110)]  # starts 10, then 120 a period
+    for k, (start, dur) in enumerate(trunk):
+        events += [_x("cuda_runtime", "cudaLaunchKernel", 100 * k + 1, 1,
+                      correlation=2 * k + 1),
+                   _x("cuda_runtime", "cudaLaunchKernel", 100 * k + 2, 1,
+                      correlation=2 * k + 2),
+                   _x("kernel", "trunk", start, dur, correlation=2 * k + 1, stream=7),
+                   _x("kernel", "update", start + 60, 70, correlation=2 * k + 2,
+                      stream=45)]
+    step = summarize(events, ())["step"]
+    assert step["busy_ms"] == pytest.approx(0.120)
+
+
 def test_each_steps_time_is_kept_in_order_and_averages_to_the_mean():
     events = [_x("user_annotation", "ProfilerStep#4", 200, 90),
               _x("user_annotation", "loss", 250, 30),
