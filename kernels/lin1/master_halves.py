@@ -21,10 +21,10 @@ low lies in [-32768, 32768]: an even hi is the rounding of 65,537 patterns, one 
 rounded down to an even hi; it is stored as low = 32767 with its bit set in `ties` (one
 int32 word for 32 elements), m = (hi << 16) + low + tie. The kernel reads each word once
 (1/8 of a byte an element) and writes it back only where a bit changed (2^-16 of the
-elements a step, on random values). Without the bit, a tie moved one ulp down flips at the next upward
-update where the fp32 master's rounding would (it sits on the boundary): kaiming-uniform
-initial weights have few mantissa bits, ties 15 times the random rate, and the step's
-second loss moved by 4e-6 (results/toward-20ms.md).
+elements a step, on random values). Without the bit, a tie moved one ulp down flips at
+the next upward update where the fp32 master's rounding would (it sits on the boundary):
+kaiming-uniform initial weights have few mantissa bits, ties 15 times the random rate,
+and the step's second loss moved by 4e-6 (results/toward-20ms.md).
 """
 
 import torch
