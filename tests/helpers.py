@@ -191,6 +191,33 @@ def model_with(names, image_size: int, capacity: int, hidden: int, seed: int,
     return model, speedups.make_optimizer(model, used, build)
 
 
+def shadow_steps(names, seed: int, device="cpu", steps: int = 3):
+    """(losses, model, optimizer) after `steps` train steps of an uncompiled model with the
+    named speed-ups (lin1's shadow and what builds on it), bf16 autocast, padded's loss, a
+    new batch each step; lin1's update beside the trunk joined at the end (what reads lin1
+    between steps joins first)."""
+    import torch
+
+    import losses
+    from data import SyntheticFaces
+    model, optimizer = model_with(names, 32, 16, 64, seed, device, lr=0.5)
+    strategy = losses.get("padded", capacity=16)
+    dataset = SyntheticFaces(100, 32, seed)
+    values = []
+    for k in range(steps):
+        images, targets = strategy.collate([dataset[i] for i in range(6 * k, 6 * k + 6)])
+        with torch.autocast(device, dtype=torch.bfloat16):
+            pred = model(images.to(device))
+        loss = strategy.loss(pred, strategy.to_device(targets, device))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        values.append(loss.detach().float().cpu())
+    if hasattr(model, "lin1_update"):
+        model.lin1_update.join()
+    return torch.stack(values), model, optimizer
+
+
 def with_what_it_needs(name: str, usable) -> list[str]:
     """[name], or where that speed-up would be idle alone (one that builds on another: the
     third block's backward reads its forward's code), it and every speed-up before it in

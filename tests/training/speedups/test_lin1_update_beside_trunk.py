@@ -5,10 +5,8 @@ update in the step; where it applies and where it says why not."""
 import pytest
 import torch
 
-import losses
 import train
-from data import SyntheticFaces
-from tests.helpers import SMALL, model_with
+from tests.helpers import SMALL, model_with, shadow_steps
 from training import speedups
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -16,24 +14,10 @@ BOTH = {"bf16_shadow", "lin1_update_beside_trunk"}
 
 
 def _steps(names, seed, device, steps=3):
-    """(losses, lin1's master, momentum, bf16 weight) after `steps` train steps of an
-    uncompiled model (fp32 master weights, bf16 autocast), a new batch each step."""
-    model, optimizer = model_with(names, 32, 16, 64, seed, device, lr=0.5)
-    strategy = losses.get("padded", capacity=16)
-    dataset = SyntheticFaces(100, 32, seed)
-    values = []
-    for k in range(steps):
-        images, targets = strategy.collate([dataset[i] for i in range(6 * k, 6 * k + 6)])
-        with torch.autocast(device, dtype=torch.bfloat16):
-            pred = model(images.to(device))
-        loss = strategy.loss(pred, strategy.to_device(targets, device))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        values.append(loss.detach().float().cpu())
-    if hasattr(model, "lin1_update"):
-        model.lin1_update.join()  # what reads lin1 between steps joins first
-    return (torch.stack(values), model.lin1_master.cpu(), optimizer.buffers[0].cpu(),
+    """(losses, lin1's master, momentum, bf16 weight, model, optimizer) after `steps` train
+    steps of an uncompiled model (fp32 master weights, bf16 autocast)."""
+    values, model, optimizer = shadow_steps(names, seed, device, steps)
+    return (values, model.lin1_master.cpu(), optimizer.buffers[0].cpu(),
             model.lin1.weight.detach().cpu(), model, optimizer)
 
 

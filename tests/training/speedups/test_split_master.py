@@ -6,13 +6,11 @@ momentum and losses."""
 import pytest
 import torch
 
-import losses
 import train
 from core.errors import InputError
-from data import SyntheticFaces
 from kernels.lin1.master_halves import join, split
 from kernels.lin1.shadow_sgd import shadow_sgd_step
-from tests.helpers import model_with
+from tests.helpers import shadow_steps
 from training import speedups
 from training.optimizer import MOMENTUM
 
@@ -95,31 +93,12 @@ def test_the_kernel_on_the_halves_takes_the_fp32_masters_steps(device, n):
         assert _same_bits(join(weight, low, ties), master)
 
 
-def _steps(names, seed, steps=3):
-    model, optimizer = model_with(names, 32, 16, 64, seed, lr=0.5)
-    strategy = losses.get("padded", capacity=16)
-    dataset = SyntheticFaces(100, 32, seed)
-    values = []
-    for k in range(steps):
-        images, targets = strategy.collate([dataset[i] for i in range(6 * k, 6 * k + 6)])
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            pred = model(images)
-        loss = strategy.loss(pred, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        values.append(loss.detach().float())
-    if hasattr(model, "lin1_update"):
-        model.lin1_update.join()
-    return torch.stack(values), model, optimizer
-
-
 @pytest.mark.parametrize("beside", [False, True])
 def test_a_split_model_takes_the_shadowed_models_steps(beside):
     seed = torch.randint(0, 2**31, ()).item()
     names = {"bf16_shadow"} | ({"lin1_update_beside_trunk"} if beside else set())
-    losses0, model0, opt0 = _steps(names, seed)
-    losses1, model1, opt1 = _steps(names | {"split_master"}, seed)
+    losses0, model0, opt0 = shadow_steps(names, seed)
+    losses1, model1, opt1 = shadow_steps(names | {"split_master"}, seed)
     assert not hasattr(model1, "lin1_master") and model1.lin1_master_low.dtype == torch.int16
     assert torch.equal(losses1, losses0)
     assert torch.equal(model1.lin1.weight, model0.lin1.weight)
