@@ -49,6 +49,12 @@ def split(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     if master.dtype != torch.float32:
         raise TypeError(f"split takes an fp32 master, not {master.dtype}")
     weight = master.to(torch.bfloat16)
+    return (weight, *low_half(master, weight))
+
+
+def low_half(master: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int16 low, int32 tie bits) of an fp32 master whose bf16 rounding, weight, is
+    already made (--bf16-shadow's parameter): not made again."""
     low = torch.empty(master.shape, dtype=torch.int16, device=master.device)
     ties = torch.zeros(tie_words(master.shape), dtype=torch.int32, device=master.device)
     flat_m, flat_w, flat_l = master.reshape(-1), weight.reshape(-1), low.view(-1)
@@ -62,7 +68,7 @@ def split(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
         flat_l[part] = (rest - tie).to(torch.int16)
         words = _words(tie)
         flat_t[start // 32:start // 32 + words.numel()] = words
-    return weight, low, ties
+    return low, ties
 
 
 def _words(tie: torch.Tensor) -> torch.Tensor:

@@ -19,12 +19,12 @@ from training.speedups.base import SpeedUp
 
 
 def split_master(model, build) -> None:
-    from kernels.lin1.master_halves import split
+    from kernels.lin1.master_halves import low_half
     from training.parallel import MASTER, MASTER_LOW, MASTER_TIES
     if not hasattr(model, MASTER):
         return  # --bf16-shadow off: no master (idle says so)
-    weight, low, ties = split(getattr(model, MASTER))
-    model.lin1.weight.data.copy_(weight)  # the same bits: bf16_shadow rounded it so
+    # The high half is the parameter: bf16_shadow made it the master's rounding.
+    low, ties = low_half(getattr(model, MASTER), model.lin1.weight.data)
     delattr(model, MASTER)  # its 4.3 GB freed here
     model.register_buffer(MASTER_LOW, low)
     model.register_buffer(MASTER_TIES, ties)
