@@ -49,7 +49,14 @@ from core.errors import (
 from core.files import write_whole
 from core.names import FUSED
 from core.signals import STOP_SIGNALS, ignore_stop_signals
-from profiling import compile_account, flops, memory_account, memory_page, run_folder
+from profiling import (
+    compile_account,
+    flops,
+    gpu_clocks,
+    memory_account,
+    memory_page,
+    run_folder,
+)
 from profiling.communication import communication
 from profiling.environment import environment
 from profiling.scaling import combine, format_ranks, scaling
@@ -197,6 +204,8 @@ class ProfiledRun:
         self.dir: Path | None = None
         self.memory = None  # --memory-snapshot: the allocator's history over the window
         self.memory_timeline: dict | None = None  # and the profiler's, by category
+        self.clocks = None  # rank 0's GPU: its clocks over the sustained steps
+        self.clocks_summary: dict | None = None
 
     # -- the loop's side -------------------------------------------------------------
     def __enter__(self):
@@ -217,6 +226,9 @@ class ProfiledRun:
         self.profiler.__enter__()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
+        if self.cuda and ranks.main:
+            self.clocks = gpu_clocks.Sampler.start(
+                self.dir / "gpu_clocks.csv", gpu_clocks.gpu_id(torch.cuda.current_device()))
         if self.memory and self.cfg.wait + self.cfg.warmup == 0:
             self.memory.start()  # the first step is profiled
         self._exiting = False  # __exit__ says why
@@ -237,6 +249,8 @@ class ProfiledRun:
                 self.say(f"{self.cfg.seconds:g} s of steps reached: the run ends after "
                          f"{step} of {self.total} steps")
                 return
+            if self.clocks and step == self._first_sustained():
+                self.clocks.mark()
             yield step
 
     def schedule_of(self, step: int) -> str:
@@ -291,6 +305,8 @@ class ProfiledRun:
         if self.memory and step + 1 == self.window:
             self.say("writing the allocator's snapshot...")
             self.memory.stop()
+        if self.clocks:
+            self.clocks.step_ended()
         self.done = step + 1
         # Ctrl-C or SIGTERM inside the profiler's step transition could leave it unable to
         # write the trace of the steps already done: the signal waits until it is over.
@@ -327,6 +343,8 @@ class ProfiledRun:
 
     def _exit(self, exc_type, exc, tb):
         self._exiting = True  # signals are held from here on (__exit__)
+        if self.clocks:  # the steps are over, however the run ends
+            self.clocks_summary = self.clocks.stop()
         if self.memory:
             self.memory.abandon()  # an early end within the window: recording stops
         if exc is not None and self.ranks.distributed:
@@ -371,8 +389,7 @@ class ProfiledRun:
         if status != "complete":
             title += f" ({status} after {summary['steps']} profiled steps)"
         table = format_table(summary, title, on_gpu=self.cuda)
-        # A CUDA graph is captured at the last --wait step: not a step of the steady state.
-        first = max(self.cfg.settle, self.cfg.wait) if "graph" in self.phases else self.cfg.settle
+        first = self._first_sustained()
         rate = sustained(self.step_times, first, self.cfg.batch_size * self.ranks.world)
         busy = self._busy_fraction(summary)
         wait = data_wait(self.step_times, first)
@@ -385,6 +402,9 @@ class ProfiledRun:
         if rate:
             loader = self.facts.get("batches", {}).get("loader_rate")
             table += "\n" + describe(rate, busy, wait, loader, self.cfg.batch_size)
+            clocks = gpu_clocks.describe(self.clocks_summary)
+            if clocks:
+                table += "\n" + clocks
         memory = self._memory_account(status)
         if memory:
             table += "\n" + memory_account.describe(memory)
@@ -393,11 +413,18 @@ class ProfiledRun:
                 **self.facts,
                 "environment": env, "trace": trace.name, "table": table,
                 "step_times": self.step_times, "sustained": rate, "gpu_busy_fraction": busy,
-                "data_wait": wait, "flops": model_flops, "compile": compiled,
+                "data_wait": wait, "gpu_clocks": self.clocks_summary, "flops": model_flops,
+                "compile": compiled,
                 "steps_run": self.done,
                 "losses": self.losses,
                 "peak_gpu_memory_gb": self._peak_gb(), "memory": memory,
                 **summary}
+
+    def _first_sustained(self) -> int:
+        """The first step of the sustained rate: the steps before it compile and tune. A
+        CUDA graph is captured at the last --wait step: not a step of the steady state."""
+        cfg = self.cfg
+        return max(cfg.settle, cfg.wait) if "graph" in self.phases else cfg.settle
 
     def _title(self, device: str) -> str:
         return f"{self.label}, {self.cfg.mode} mode, batch {self.cfg.batch_size}, {device}"

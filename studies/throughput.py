@@ -14,8 +14,10 @@ rate** (the batch over the profiled steps' GPU busy time, the union over their s
 what it could take if never left waiting; a copy a step ahead, on its own stream beside
 the compute, adds nothing to it), their
 ratio, the model's TFLOP/s a GPU and MFU at the sustained rate (profiling/flops.py), the
-median and 95th-percentile step, the GPU's busy fraction over the profiled steps, and the
-host's wait for the loader over every step after --settle.
+median and 95th-percentile step, the GPU's busy fraction over the profiled steps, the
+GPU's SM clock and power (medians over the sustained steps) and what held its clock down
+(profiling/gpu_clocks.py: the profiled steps' rate is at the clocks of the run's end), and
+the host's wait for the loader over every step after --settle.
 Written under profiles/throughput-<UTC time>/: throughput.md, throughput.csv,
 throughput.png (the rates) and steps.png (every run's step times over the run, the steps a
 user sees), beside the run folders.
@@ -63,8 +65,9 @@ PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir")
 REFUSAL = ("is set per run by make throughput; choose runs with --strategies and the "
            "folder with --out")
 COLUMNS = ["strategy", "steps run", "sustained samples/s", "GPU's rate samples/s", "share",
-           "TFLOP/s a GPU", "MFU %", "step median ms", "step p95 ms", "GPU busy",
-           "data wait ms", "steps waited", "timer", "budget", "loader", "copy", "run folder"]
+           "TFLOP/s a GPU", "MFU %", "step median ms", "step p95 ms", "GPU busy", "SM MHz",
+           "power W", "clock held by", "data wait ms", "steps waited", "timer", "budget",
+           "loader", "copy", "run folder"]
 # With --against: each strategy's sustained rate over its rate in the other table.
 SCALING = "scaling"
 
@@ -139,6 +142,7 @@ def row_of(summary: dict, folder: Path) -> dict:
         "MFU %": None if sustained_mfu is None else sustained_mfu * 100,
         "step median ms": rate.get("step_ms_median"), "step p95 ms": rate.get("step_ms_p95"),
         "GPU busy": None if busy is None else f"{busy * 100:.1f} %",
+        **clock_cells(summary.get("gpu_clocks")),
         "data wait ms": wait.get("total_ms"), "steps waited": wait.get("steps_waited"),
         "timer": rate.get("timer"),
         "budget": f"{cfg['seconds']:g} s" if cfg.get("seconds") else None,
@@ -146,6 +150,17 @@ def row_of(summary: dict, folder: Path) -> dict:
         "loader": (summary.get("batches") or {}).get("loader", cfg.get("loader")),
         "copy": (summary.get("batches") or {}).get("copy"),
         "run folder": display(folder.absolute())}
+
+
+def clock_cells(clocks: dict | None) -> dict:
+    """The SM clock and power medians over the sustained steps, and the reason that held
+    the clock down in the most samples, with its share (idle is no reason under load)."""
+    if not clocks or "unavailable" in clocks:
+        return {}
+    held = {k: v for k, v in clocks["held_by"].items() if k != "idle"}
+    top = max(held, key=held.get) if held else None
+    return {"SM MHz": round(clocks["sm_mhz_median"]), "power W": round(clocks["power_w_median"]),
+            "clock held by": f"{top} {held[top] * 100:.0f} %" if top else "nothing"}
 
 
 def _main(argv) -> int:

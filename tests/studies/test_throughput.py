@@ -96,6 +96,10 @@ def test_a_small_throughput_table_on_the_gpu(tmp_path, capsys):
         assert summary["batches"]["copy"] == "a step ahead, on a side stream"
         assert summary["batches"]["loader"] == "ring"
         assert summary["data_wait"]["steps"] == 20 - summary["config"]["settle"]
+        # rank 0's card sampled beside the run: 18 short steps may fall between two of
+        # nvidia-smi's samples, and the summary then says so
+        clocks = summary["gpu_clocks"]
+        assert clocks.get("samples", 0) > 0 or clocks["unavailable"].startswith("no sample")
 
 
 def test_ctrl_c_keeps_the_table_of_the_runs_that_finished(tmp_path, monkeypatch):
@@ -183,3 +187,22 @@ def test_a_gpu_runs_row_gives_the_models_rate_at_the_sustained_rate(tmp_path):
     summary["flops"]["sustained_mfu"] = None
     row = row_of(summary, tmp_path)
     assert row["TFLOP/s a GPU"] is None and row["MFU %"] is None
+
+
+def test_a_runs_row_gives_its_clocks_and_what_held_them_down(tmp_path):
+    """The SM clock and power medians, and the reason held the most samples (idle is no
+    reason under load); nothing where the clocks were not sampled."""
+    from studies.throughput import row_of
+    summary = {"config": {"loss": "kernel", "backend": "cuda", "batch_size": 1024},
+               "sustained": {"samples_per_s": 50_000.0}, "step": {"busiest_stream_ms": 20},
+               "steps_run": 976,
+               "gpu_clocks": {"sm_mhz_median": 1754.6, "power_w_median": 689.7,
+                              "held_by": {"idle": 0.9, "the power cap": 0.62,
+                                          "software thermal": 0.1}}}
+    row = row_of(summary, tmp_path)
+    assert (row["SM MHz"], row["power W"], row["clock held by"]) == (1755, 690,
+                                                                     "the power cap 62 %")
+    summary["gpu_clocks"]["held_by"] = {"idle": 0.02}
+    assert row_of(summary, tmp_path)["clock held by"] == "nothing"
+    summary["gpu_clocks"] = {"unavailable": "nvidia-smi did not run"}
+    assert "SM MHz" not in row_of(summary, tmp_path)

@@ -1,0 +1,183 @@
+"""The card's clocks, power and temperature over a run, from nvidia-smi beside it: what
+the sustained rate ran at.
+
+A short profile at a run's start times the card cool and boosting; over an epoch it may
+hold its SM clock lower to stay under its power limit (or to cool), and every kernel
+bound by the SMs slows with it. The step reader's CUDA events see only the slower steps;
+this says why, from the reasons NVML gives for the clock the card holds.
+
+    clocks = Sampler.start(run_dir / "gpu_clocks.csv", gpu_id(torch.cuda.current_device()))
+    ...                     # the steps that compile and tune
+    clocks.mark()           # the sustained steps begin
+    ...                     # each step: clocks.step_ended()
+    summary["gpu_clocks"] = clocks.stop()   # the samples from the mark to the last step
+
+nvidia-smi samples NVML from its own process every SAMPLE_MS: no kernel, no sync, no
+host time in the training process. Where it cannot run (no nvidia-smi, a driver without
+the fields), the run goes on and the summary says why. A shell beside it ends it once the
+training process is gone, however it ended: a sampler left looping would outlive the run.
+"""
+
+import csv
+import statistics
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+SAMPLE_MS = 200
+FIELDS = ("timestamp", "clocks.sm", "clocks.mem", "power.draw", "power.limit",
+          "temperature.gpu")
+# The reasons' field was renamed in drivers of 2023 (nvidia-smi keeps the old name as an
+# alias on most, but not every, build): the new name first.
+REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+# nvmlClocksEventReasons bits: why the SM clock is below its maximum.
+REASONS = {0x4: "the power cap", 0x8: "a hardware slowdown", 0x20: "software thermal",
+           0x40: "hardware thermal", 0x80: "the power brake", 0x2: "application clocks",
+           0x10: "sync boost", 0x1: "idle", 0x100: "the display clock"}
+TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
+
+
+def gpu_id(index: int) -> str:
+    """nvidia-smi's name for torch's device `index`: its UUID, which holds whatever
+    CUDA_VISIBLE_DEVICES renumbered."""
+    import torch
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
+def _query(gpu: str, fields: tuple) -> list[str]:
+    return ["nvidia-smi", f"--id={gpu}", f"--query-gpu={','.join(fields)}",
+            "--format=csv,nounits"]
+
+
+def _usable_fields(gpu: str) -> tuple[tuple | None, str | None]:
+    """(the fields this nvidia-smi answers for this card, None) or (None, why not), from
+    one query: a field it does not know fails the whole query."""
+    why = None
+    for reason in REASON_FIELDS:
+        fields = (*FIELDS, reason)
+        try:
+            done = subprocess.run(_query(gpu, fields), capture_output=True, text=True,
+                                  timeout=15)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, f"nvidia-smi did not run ({exc})"
+        if done.returncode == 0:
+            return fields, None
+        why = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
+        why = f"nvidia-smi refused the query ({why[0]})"
+    return None, why
+
+
+# Runs the sampler ("$@") until told to stop or until the process that started it (the
+# shell's parent, $PPID) is gone. Not preexec_fn: Python code between fork and exec may
+# deadlock in a process with threads, as the training process is.
+WATCH = ('"$@" & s=$!; trap \'kill $s 2>/dev/null; exit 0\' TERM INT; '
+         'while kill -0 "$PPID" 2>/dev/null && kill -0 $s 2>/dev/null; do sleep 1; done; '
+         'kill $s 2>/dev/null')
+
+
+class Sampler:
+    """nvidia-smi writing a CSV row every SAMPLE_MS into `path` until stop()."""
+
+    def __init__(self, path: Path, process=None, unavailable: str | None = None):
+        self.path, self.process, self.unavailable = path, process, unavailable
+        self.since: datetime | None = None
+        self.until: datetime | None = None
+
+    @classmethod
+    def start(cls, path: Path, gpu: str) -> "Sampler":
+        """Sampling card `gpu` (nvidia-smi's --id) into `path`; one whose summary says why
+        not, where nvidia-smi cannot."""
+        fields, why = _usable_fields(gpu)
+        if fields is None:
+            return cls(path, unavailable=why)
+        with path.open("w") as out:  # the child holds its own descriptor
+            process = subprocess.Popen(["sh", "-c", WATCH, "sampler", *_query(gpu, fields),
+                                        f"-lms={SAMPLE_MS}"],
+                                       stdout=out, stderr=subprocess.DEVNULL)
+        return cls(path, process)
+
+    def mark(self) -> None:
+        """The samples from now on are the summary's (the sustained steps')."""
+        self.since = datetime.now()
+
+    def step_ended(self) -> None:
+        """A step is over: the samples after the last one (the trace's writing, the GPU
+        idle) are not the steps'."""
+        self.until = datetime.now()
+
+    def stop(self) -> dict:
+        """Ends the sampling; the summary of the samples from mark() to the last
+        step_ended() (from the first, to the last, without them)."""
+        if self.process is None:
+            return {"unavailable": self.unavailable}
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        samples = [s for s in read_samples(self.path)
+                   if (self.since is None or s["time"] >= self.since)
+                   and (self.until is None or s["time"] <= self.until)]
+        if not samples:
+            return {"unavailable": "no sample in the sustained steps (a run too short for "
+                    f"nvidia-smi's {SAMPLE_MS} ms)", "file": self.path.name}
+        return {**summarize(samples), "file": self.path.name}
+
+
+def read_samples(path: Path) -> list[dict]:
+    """The CSV's rows as numbers; a row cut short by the sampler's end, or a field the
+    card does not report ('[N/A]'), is left out."""
+    samples = []
+    with path.open(newline="") as f:
+        for row in csv.reader(f):
+            if len(row) != len(FIELDS) + 1:
+                continue
+            try:
+                stamp = datetime.strptime(row[0].strip(), TIME_FORMAT)
+                sm, mem, power, limit, temp = (float(v) for v in row[1:6])
+                reasons = int(row[6].strip(), 16)
+            except ValueError:
+                continue  # the header, or an [N/A]
+            samples.append({"time": stamp, "sm_mhz": sm, "mem_mhz": mem, "power_w": power,
+                            "limit_w": limit, "temperature_c": temp, "reasons": reasons})
+    return samples
+
+
+def summarize(samples: list[dict]) -> dict:
+    """Medians, the SM clock's range and its first and last tenth (the drift over the
+    run), and the share of samples each reason held the clock down."""
+    tenth = max(1, len(samples) // 10)
+    sm = [s["sm_mhz"] for s in samples]
+    held = {name: sum(bool(s["reasons"] & bit) for s in samples) / len(samples)
+            for bit, name in REASONS.items()}
+    return {"samples": len(samples), "every_ms": SAMPLE_MS,
+            "sm_mhz_median": statistics.median(sm), "sm_mhz_min": min(sm),
+            "sm_mhz_max": max(sm), "sm_mhz_first_tenth": statistics.median(sm[:tenth]),
+            "sm_mhz_last_tenth": statistics.median(sm[-tenth:]),
+            "mem_mhz_median": statistics.median(s["mem_mhz"] for s in samples),
+            "power_w_median": statistics.median(s["power_w"] for s in samples),
+            "power_limit_w": samples[-1]["limit_w"],
+            "temperature_c_max": max(s["temperature_c"] for s in samples),
+            "held_by": {name: round(share, 4) for name, share in held.items() if share}}
+
+
+def describe(clocks: dict | None) -> str | None:
+    """The summary's line, or None where there is nothing to say (a CPU run)."""
+    if not clocks:
+        return None
+    if "unavailable" in clocks:
+        return f"the GPU's clocks: not sampled ({clocks['unavailable']})"
+    held = ", ".join(f"{name} {share * 100:.0f} %"
+                     for name, share in sorted(clocks["held_by"].items(),
+                                               key=lambda kv: -kv[1]) if name != "idle")
+    return (f"the GPU's clocks over those steps (nvidia-smi, {clocks['samples']} samples): "
+            f"SM {clocks['sm_mhz_median']:.0f} MHz median ({clocks['sm_mhz_min']:.0f}–"
+            f"{clocks['sm_mhz_max']:.0f}; first tenth {clocks['sm_mhz_first_tenth']:.0f}, "
+            f"last {clocks['sm_mhz_last_tenth']:.0f}), memory {clocks['mem_mhz_median']:.0f} "
+            f"MHz, {clocks['power_w_median']:.0f} W median of {clocks['power_limit_w']:.0f}, "
+            f"{clocks['temperature_c_max']:.0f} °C at most; clock held down by: "
+            f"{held or 'nothing'}")

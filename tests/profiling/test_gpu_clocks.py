@@ -1,0 +1,170 @@
+"""profiling/gpu_clocks.py against a stand-in nvidia-smi on PATH (a Python script that
+answers the query as the real one does, its SM clock falling row by row): the sampler's
+rows, the window from mark() on, the reasons' bits, the older driver's field name, no
+nvidia-smi at all, and no sampler left behind by a killed parent."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import datetime
+
+import pytest
+
+from profiling import gpu_clocks
+from profiling.gpu_clocks import Sampler, describe, read_samples, summarize
+
+FAKE = textwrap.dedent('''\
+    #!{python}
+    import os, sys, time
+    from datetime import datetime
+    args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+    fields = args["--query-gpu"].split(",")
+    if os.environ.get("FAKE_SMI_OLD") and "clocks_event_reasons.active" in fields:
+        print('Field "clocks_event_reasons.active" is not a valid field to query.')
+        sys.exit(2)
+    with open(os.environ["FAKE_SMI_LOG"], "a") as log:
+        log.write(str(os.getpid()) + "\\n")
+    print(", ".join(fields), flush=True)
+    sm = 1980
+    while True:
+        print(f"{{datetime.now():%Y/%m/%d %H:%M:%S.%f}}"[:-3] +
+              f", {{sm}}, 2619, 690.5, 700.00, 61, 0x0000000000000004", flush=True)
+        sm -= 15
+        if "-lms" not in args:
+            break
+        time.sleep(int(args["-lms"]) / 1000)
+''')
+
+
+@pytest.fixture
+def fake_smi(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "nvidia-smi"
+    script.write_text(FAKE.format(python=sys.executable))
+    script.chmod(0o755)
+    log = tmp_path / "pids"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SMI_LOG", str(log))
+    monkeypatch.setattr(gpu_clocks, "SAMPLE_MS", 20)
+    return log
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped) counts as gone.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
+
+
+def test_the_samples_from_the_mark_on_and_their_summary(fake_smi, tmp_path):
+    sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0")
+    time.sleep(0.5)
+    sampler.mark()
+    marked = datetime.now()
+    time.sleep(0.6)
+    sampler.step_ended()
+    ended = datetime.now()
+    time.sleep(0.3)  # the trace written, say: not the steps'
+    clocks = sampler.stop()
+    every = read_samples(tmp_path / "gpu_clocks.csv")
+    inside = [s for s in every if marked <= s["time"] <= ended]
+    assert len(every) > clocks["samples"] == len(inside) >= 10
+    assert clocks["sm_mhz_max"] == inside[0]["sm_mhz"] < every[0]["sm_mhz"]
+    assert clocks["sm_mhz_min"] == inside[-1]["sm_mhz"] > every[-1]["sm_mhz"]
+    assert clocks["sm_mhz_first_tenth"] > clocks["sm_mhz_median"] > clocks["sm_mhz_last_tenth"]
+    assert clocks["power_w_median"] == 690.5 and clocks["power_limit_w"] == 700
+    assert clocks["mem_mhz_median"] == 2619 and clocks["temperature_c_max"] == 61
+    assert clocks["held_by"] == {"the power cap": 1.0}
+    assert clocks["file"] == "gpu_clocks.csv"
+    line = describe(clocks)
+    assert "690 W median of 700" in line and "held down by: the power cap 100 %" in line
+    pids = [int(p) for p in fake_smi.read_text().split()]
+    assert not any(_alive(p) for p in pids)
+
+
+def test_an_older_driver_s_field_name(fake_smi, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SMI_OLD", "1")
+    sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0")
+    time.sleep(0.3)
+    clocks = sampler.stop()
+    assert clocks["samples"] >= 3 and clocks["held_by"] == {"the power cap": 1.0}
+
+
+def test_no_nvidia_smi_says_why_and_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0")
+    clocks = sampler.stop()
+    assert "nvidia-smi did not run" in clocks["unavailable"]
+    assert describe(clocks).startswith("the GPU's clocks: not sampled (nvidia-smi did not run")
+    assert describe(None) is None
+
+
+def test_a_refused_query_says_nvidia_smi_s_own_line(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    clocks = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0").stop()
+    assert clocks == {"unavailable": "nvidia-smi refused the query (No devices were found)"}
+
+
+def test_a_killed_parent_leaves_no_sampler(fake_smi, tmp_path):
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from profiling.gpu_clocks import Sampler; "
+         "Sampler.start(Path(sys.argv[1]), 'GPU-0'); time.sleep(60)",
+         str(tmp_path / "gpu_clocks.csv")],
+        env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.monotonic() + 20
+    # Two pids: the query that checks the fields, then the sampler's loop.
+    while not (fake_smi.exists() and len(fake_smi.read_text().split()) == 2):
+        assert time.monotonic() < deadline, "the sampler never started"
+        time.sleep(0.05)
+    pid = int(fake_smi.read_text().split()[-1])
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(pid):
+        assert time.monotonic() < deadline, "the sampler outlived its killed parent"
+        time.sleep(0.1)
+
+
+def test_rows_cut_short_or_not_reported_are_left_out(tmp_path):
+    path = tmp_path / "gpu_clocks.csv"
+    path.write_text("timestamp, clocks.sm [MHz], ...\n"
+                    "2026/11/26 20:00:00.100, 1980, 2619, 690.5, 700.00, 61, 0x0\n"
+                    "2026/11/26 20:00:00.300, 1755, 2619, [N/A], 700.00, 62, 0x4\n"
+                    "2026/11/26 20:00:00.500, 17\n")
+    samples = read_samples(path)
+    assert [s["sm_mhz"] for s in samples] == [1980]
+    assert summarize(samples)["held_by"] == {}
+
+
+@pytest.mark.gpu
+def test_the_card_s_own_clocks_under_a_load(tmp_path):
+    """On the device: the real nvidia-smi answers for torch's current GPU by its UUID, and
+    a second of matrix products reads a clock, a power draw and a limit."""
+    import torch
+    sampler = Sampler.start(tmp_path / "gpu_clocks.csv",
+                            gpu_clocks.gpu_id(torch.cuda.current_device()))
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    sampler.mark()
+    started = time.monotonic()
+    while time.monotonic() - started < 1.5:
+        for _ in range(20):
+            a = (a @ a).clamp(-1, 1)
+        torch.cuda.synchronize()  # host-device sync: the load is timed on the host
+    sampler.step_ended()
+    clocks = sampler.stop()
+    assert "unavailable" not in clocks, clocks
+    assert clocks["samples"] >= 4
+    assert 500 < clocks["sm_mhz_median"] < 3000 and clocks["mem_mhz_median"] > 500
+    assert 0 < clocks["power_w_median"] and 100 < clocks["power_limit_w"] < 2000
+    assert 0 < clocks["temperature_c_max"] < 110
