@@ -69,11 +69,12 @@ def _usable_fields(gpu: str) -> tuple[tuple | None, str | None]:
 
 
 # Runs the sampler ("$@") until told to stop or until the process that started it (the
-# shell's parent, $PPID) is gone. Not preexec_fn: Python code between fork and exec may
-# deadlock in a process with threads, as the training process is.
+# shell's parent, $PPID) is gone; `wait` (not a plain sleep) lets the trap act at once.
+# Not preexec_fn: Python code between fork and exec may deadlock in a process with
+# threads, as the training process is.
 WATCH = ('"$@" & s=$!; trap \'kill $s 2>/dev/null; exit 0\' TERM INT; '
-         'while kill -0 "$PPID" 2>/dev/null && kill -0 $s 2>/dev/null; do sleep 1; done; '
-         'kill $s 2>/dev/null')
+         'while kill -0 "$PPID" 2>/dev/null && kill -0 $s 2>/dev/null; do '
+         'sleep 1 & wait $!; done; kill $s 2>/dev/null')
 
 
 class Sampler:
