@@ -63,8 +63,8 @@ def _usable_fields(gpu: str) -> tuple[tuple | None, str | None]:
             return None, f"nvidia-smi did not run ({exc})"
         if done.returncode == 0:
             return fields, None
-        why = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["no output"]
-        why = f"nvidia-smi refused the query ({why[0]})"
+        said = (done.stdout + done.stderr).strip().splitlines() or ["no output"]
+        why = f"nvidia-smi refused the query ({said[-1]})"
     return None, why
 
 
@@ -166,15 +166,20 @@ def summarize(samples: list[dict]) -> dict:
             "held_by": {name: round(share, 4) for name, share in held.items() if share}}
 
 
+def held_under_load(clocks: dict) -> list[tuple[str, float]]:
+    """(reason, share of samples) for each reason that held the clock down, most samples
+    first; idle left out (no reason under load)."""
+    return sorted(((name, share) for name, share in clocks["held_by"].items()
+                   if name != "idle"), key=lambda kv: -kv[1])
+
+
 def describe(clocks: dict | None) -> str | None:
     """The summary's line, or None where there is nothing to say (a CPU run)."""
     if not clocks:
         return None
     if "unavailable" in clocks:
         return f"the GPU's clocks: not sampled ({clocks['unavailable']})"
-    held = ", ".join(f"{name} {share * 100:.0f} %"
-                     for name, share in sorted(clocks["held_by"].items(),
-                                               key=lambda kv: -kv[1]) if name != "idle")
+    held = ", ".join(f"{name} {share * 100:.0f} %" for name, share in held_under_load(clocks))
     return (f"the GPU's clocks over those steps (nvidia-smi, {clocks['samples']} samples): "
             f"SM {clocks['sm_mhz_median']:.0f} MHz median ({clocks['sm_mhz_min']:.0f}–"
             f"{clocks['sm_mhz_max']:.0f}; first tenth {clocks['sm_mhz_first_tenth']:.0f}, "

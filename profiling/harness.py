@@ -226,12 +226,14 @@ class ProfiledRun:
         self.profiler.__enter__()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        if self.cuda and ranks.main:
-            self.clocks = gpu_clocks.Sampler.start(
-                self.dir / "gpu_clocks.csv", gpu_clocks.gpu_id(torch.cuda.current_device()))
         if self.memory and self.cfg.wait + self.cfg.warmup == 0:
             self.memory.start()  # the first step is profiled
         self._exiting = False  # __exit__ says why
+        if self.cuda and ranks.main:
+            # Last: an __enter__ that raised after it would leave the sampler running, as
+            # no __exit__ stops it, until the process ends (make compare's next runs).
+            self.clocks = gpu_clocks.Sampler.start(
+                self.dir / "gpu_clocks.csv", gpu_clocks.gpu_id(torch.cuda.current_device()))
         return self
 
     def say(self, text: str) -> None:

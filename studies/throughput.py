@@ -44,6 +44,7 @@ from core.files import write_whole
 from core.names import RAGGED, describe, parse_variants, variants
 from core.tables import csv_text, markdown_of_dicts
 from kernels.giou.cuda_extension import unavailable_reason
+from profiling.gpu_clocks import held_under_load
 from profiling.run_folder import display
 from profiling.trace_summary import step_device_ms
 from studies.charts import step_times_chart, throughput_chart
@@ -157,10 +158,9 @@ def clock_cells(clocks: dict | None) -> dict:
     the clock down in the most samples, with its share (idle is no reason under load)."""
     if not clocks or "unavailable" in clocks:
         return {}
-    held = {k: v for k, v in clocks["held_by"].items() if k != "idle"}
-    top = max(held, key=held.get) if held else None
+    held = held_under_load(clocks)
     return {"SM MHz": round(clocks["sm_mhz_median"]), "power W": round(clocks["power_w_median"]),
-            "clock held by": f"{top} {held[top] * 100:.0f} %" if top else "nothing"}
+            "clock held by": f"{held[0][0]} {held[0][1] * 100:.0f} %" if held else "nothing"}
 
 
 def _main(argv) -> int:
