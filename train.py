@@ -230,6 +230,8 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None,
     from training.distributed import GlobalBatch
     across = across or GlobalBatch(cfg.loss)
     cuda = device.type == "cuda"
+    # The strategy's loss as the speed-ups that are on run it (--graphed-loss).
+    loss_fn = speedups.wrap_loss(speedups.resolve(cfg, cuda)["on"], strategy.loss)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)
     forward_only = cfg.mode == "forward"
     one = torch.ones((), device=device)  # d loss / d loss, made once: no fill launch per step
@@ -260,7 +262,7 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None,
         with phase("loss"):
             # On several ranks: the mean over every rank's boxes, and what this rank
             # backpropagates so that the reduced gradient is the global batch's.
-            loss = across.loss(strategy.loss(pred, targets))
+            loss = across.loss(loss_fn(pred, targets))
             close_range()
         if not forward_only:
             # The backward in two ranges, so the loss's own backward shows apart from

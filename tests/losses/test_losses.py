@@ -87,6 +87,37 @@ def test_giou_is_one_minus_giou_with_clamped_intersection():
     assert giou_loss_terms(a, b).item() == pytest.approx(1 + (hull - union) / hull, rel=1e-6)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paired_giou_is_bitwise_the_coordinate_form(kind, dtype):
+    """giou_loss_terms (one maximum and minimum of the 4-vectors, extents in pairs) gives
+    the per-coordinate form's terms bit for bit, and its gradient bit for bit wherever a
+    box has no coordinate equal to its target's: the same arithmetic per element, fewer
+    launches. Where one ties, max and min split the gradient in both forms, but autograd
+    sums a coordinate's paths in another order, and at identical boxes those paths cancel
+    to rounding noise; there the float64 reference checks it (the strategies' tests)."""
+    from core.giou_rules import compute_dtype
+    from losses.giou import giou_loss_terms, giou_terms_of
+    case = make_case(kind, B=4, M=32, dtype=dtype)
+
+    def terms_and_grad(form):
+        pred = case.pred.clone().requires_grad_()
+        terms = form(pred, case.boxes)
+        weights = torch.arange(terms.numel(), dtype=terms.dtype).view_as(terms) % 7
+        (grad,) = torch.autograd.grad((terms * weights).sum(), pred)
+        return terms.detach(), grad
+
+    def by_coordinate(pred, target):
+        dt = compute_dtype(pred)
+        return giou_terms_of(*pred.to(dt).unbind(-1), *target.to(dt).unbind(-1))
+
+    (t0, g0), (t1, g1) = terms_and_grad(by_coordinate), terms_and_grad(giou_loss_terms)
+    assert torch.equal(t0, t1)
+    untied = (case.pred.to(compute_dtype(case.pred)) != case.boxes).all(-1)
+    assert kind == "identical" or untied.sum() >= untied.numel() // 4, "too few untied boxes"
+    assert torch.equal(g0[untied], g1[untied])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_compiled_padded_loss_matches_reference(dtype):
     """torch.compile of the padded loss (Inductor on CPU here, Triton on a GPU)."""

@@ -9,6 +9,7 @@ runs in it (channels_last before the Triton blocks that keep its layout).
     set_process_flags(...)   the process-wide flags, every run
     build(cfg, used, ...)    (model, runner, optimizer) with the model's and optimizer's
     graphed_step(...)        the CUDA graph's replay, or None
+    wrap_loss(used, loss)    the strategy's loss as the speed-ups run it
 
 Adding one: a module here with SPEEDUP = SpeedUp(...), and its name in ORDER
 (docs/layout.md walks one through). What each changes, and by how much, is make ladder's
@@ -26,7 +27,7 @@ from training.speedups.base import CHOICES, Build, SpeedUp
 ORDER = ("cudnn_benchmark", "fused_sgd", "channels_last", "triton_first_block",
          "triton_second_block", "triton_pool", "triton_conv_pool", "triton_conv_pool_bwd",
          "bf16_shadow", "triton_first_block_code", "lin1_update_beside_trunk", "split_master",
-         "cuda_graph")
+         "cuda_graph", "graphed_loss")
 SPEEDUPS: tuple[SpeedUp, ...] = tuple(
     importlib.import_module(f"{__name__}.{name}").SPEEDUP for name in ORDER)
 BY_NAME = {s.name: s for s in SPEEDUPS}
@@ -170,3 +171,11 @@ def graphed_step(used: dict, train_step, to_device, cfg):
         if used[s.name] and s.step:
             return s.step(train_step, to_device, cfg)
     return None
+
+
+def wrap_loss(used: dict, loss_fn):
+    """The strategy's loss wrapped by each loss speed-up that is on, in ORDER."""
+    for s in SPEEDUPS:
+        if used[s.name] and s.loss:
+            loss_fn = s.loss(loss_fn)
+    return loss_fn

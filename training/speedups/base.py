@@ -12,6 +12,8 @@ says its name, its help, where it applies, and how it applies:
                                autotuning)
     step(train_step, to_device, cfg)
                                -> what replays the step (the CUDA graph)
+    loss(loss_fn)              -> the strategy's loss wrapped (its graph), as Liger
+                               swaps a model's loss for its own
 
 and where it is refused: gpu_only; refusal(cfg, cuda) (why it cannot apply to a run, or
 None: a switch given there, or a choice given "on", is one line and exit 2, "auto" is off
@@ -47,6 +49,7 @@ class SpeedUp:
     optimizer: Callable | None = None
     process: Callable | None = None
     step: Callable | None = None
+    loss: Callable | None = None
 
     @property
     def flag(self) -> str:

@@ -11,11 +11,13 @@ import torch
 
 import losses
 import train
+from core.errors import InputError
 from data import SyntheticFaces
 from model.boxnet import BoxNet
+from tests.cases import KINDS, make_case
 from tests.helpers import REPO, SMALL, with_what_it_needs
 from training import speedups
-from training.cuda_graph import GraphedStep
+from training.cuda_graph import GraphedLoss, GraphedStep
 
 pytestmark = pytest.mark.gpu
 GRAPH_STEPS = ["--wait", "2", "--warmup", "1", "--active", "3"]
@@ -88,6 +90,47 @@ def test_a_graph_replay_never_syncs_and_matches_the_eager_step():
         replayed.append(loss.item())  # host-device sync: outside the check, as in train.py
         del loss  # as train.py: an eager step's graph must not outlive its step
     assert replayed == pytest.approx(eager, rel=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_the_graphed_loss_is_the_eager_loss_bit_for_bit_with_no_sync(dtype):
+    """Fresh cases of every kind (zero boxes and all 256 in a batch) through one graph:
+    each replay's loss and gradient are the eager padded loss's bit for bit, with no
+    host-device sync; another shape or dtype is one error."""
+    padded = losses.get("padded", capacity=256)
+    graphed = GraphedLoss(padded.loss)
+    one = torch.ones((), device="cuda")
+    for i, kind in enumerate(KINDS * 2):
+        case = make_case(kind, B=6, M=256, dtype=dtype).to("cuda")
+        pred, targets = case.pred.requires_grad_(), (case.boxes, case.counts)
+        loss = padded.loss(pred, targets)
+        (grad,) = torch.autograd.grad(loss, pred, grad_outputs=one)
+        if i:  # the first call captures (a sync, once); the replays must not sync
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            replayed = graphed(pred, targets)
+            (replayed_grad,) = torch.autograd.grad(replayed, pred, grad_outputs=one)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(replayed, loss) and torch.equal(replayed_grad, grad), case.seed
+    with pytest.raises(InputError, match="fixed shapes"):
+        graphed(pred[:, :128], (case.boxes[:, :128], case.counts))
+    other = torch.float64 if dtype != torch.float64 else torch.float32
+    with pytest.raises(InputError, match="fixed dtypes"):
+        graphed(pred.to(other), targets)
+
+
+def test_the_graphed_loss_keeps_the_steps_losses_in_a_few_launches(tmp_path):
+    eager = _losses(tmp_path, "--loss", "padded", "--graphed-loss", "off", "--active", "3")
+    graph = _losses(tmp_path, "--loss", "padded", "--graphed-loss", "on", "--active", "3")
+    assert graph["speedups"]["on"]["graphed_loss"]
+    assert not eager["speedups"]["on"]["graphed_loss"]
+    assert graph["losses"] == pytest.approx(eager["losses"], rel=1e-5)
+    launches = {run: sum(p["phases"][k]["launches"] for k in ("loss", "loss_backward"))
+                for run, p in (("eager", eager), ("graph", graph))}
+    # The copies in, one graph, the loss's clone; one multiply in the backward.
+    assert launches["graph"] <= 8 < 40 <= launches["eager"], launches
+    assert graph["phases"]["loss"]["syncs"] == 0
 
 
 # Every switch of the model or optimizer; cuDNN's autotuning, the update in the GEMM and

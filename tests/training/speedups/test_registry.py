@@ -156,7 +156,7 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
                              "triton_conv_pool_bwd": True, "bf16_shadow": False,
                              "triton_first_block_code": True,
                              "lin1_update_beside_trunk": False, "split_master": False,
-                             "cuda_graph": False}
+                             "cuda_graph": False, "graphed_loss": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()
     assert json.loads((tmp_path / "base" / "summary.json").read_text())["speedups"]["on"] == \
@@ -186,6 +186,33 @@ def test_auto_says_why_there_is_no_graph():
     assert "--wait 2 or more" in speedups.resolve(cfg, cuda=True)["cuda_graph_off_because"]
     cfg = train.parse_config(CPU + ["--wait", "2", "--cuda-graph", "auto"])
     assert speedups.resolve(cfg, cuda=True)["on"]["cuda_graph"] is True
+
+
+def _graphed_loss(*args, cuda=True):
+    used = speedups.resolve(train.parse_config(CPU + list(args)), cuda=cuda)
+    return used["on"]["graphed_loss"], used["graphed_loss_off_because"]
+
+
+def test_the_graphed_loss_is_padded_alone_in_train_mode_on_a_gpu():
+    assert _graphed_loss("--loss", "padded") == (True, None)
+    for loss in ("loop", "concat", "packed", "nested", "compiled_packed"):
+        assert "change shape every batch" in _graphed_loss("--loss", loss)[1]
+    for loss in ("kernel", "conditional", "compiled"):
+        assert f"the {loss} strategy's is a few fused ones" in _graphed_loss("--loss", loss)[1]
+    assert "forward mode" in _graphed_loss("--mode", "forward")[1]
+    assert "--wait 1 or more" in _graphed_loss("--wait", "0")[1]
+    assert _graphed_loss(cuda=False) == (False, "CUDA graphs need a CUDA GPU")
+    assert _graphed_loss("--graphed-loss", "off") == (False, "turned off")
+    # Inside the whole step's graph it has nothing left to do.
+    whole = _graphed_loss("--cuda-graph", "on", "--lin1-update-beside-trunk", "off", "--wait",
+                          "2")
+    assert whole == (False, "the whole step is one CUDA graph (--cuda-graph)")
+
+
+def test_a_graphed_loss_asked_for_another_strategy_is_one_line(tmp_path):
+    one_line_and_nothing_written(cli("--out-dir", str(tmp_path), "--loss", "kernel",
+                                     "--graphed-loss", "on"), tmp_path,
+                                 "--graphed-loss on: only padded's loss is many small")
 
 
 def test_the_third_blocks_triton_backward_is_off_without_its_forward():

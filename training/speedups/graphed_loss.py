@@ -1,0 +1,47 @@
+"""padded's loss and its gradient replayed as one CUDA graph (training/cuda_graph.py,
+GraphedLoss): one launch where the eager loss launches ~110 kernels a step.
+
+Why it pays: each of those kernels touches at most the [B, M] slots (1024 × 256 at the GPU
+preset: 1–4 MB, ~1–2 µs of work), and on a stream each waits ~2 µs behind the one before
+it, so the loss idles the GPU more than it uses it; inside a graph the GPU starts the next
+kernel with no launch between. Fixed shapes are what padding buys: the ragged and packed
+layouts change shape every batch and cannot be captured. The maths is the eager loss's,
+kernel for kernel (its loss and gradient bitwise equal).
+
+The capture happens at the first step (a device sync, once), before the profiled steps.
+"""
+
+from core.names import PACKED, RAGGED
+from training.speedups.base import SpeedUp
+
+
+def refusal(cfg, cuda: bool) -> str | None:
+    loss = cfg.loss
+    if loss in RAGGED or loss in PACKED:
+        return (f"the {loss} strategy's targets change shape every batch, so its loss "
+                "cannot be captured as a CUDA graph")
+    if loss != "padded":
+        return (f"only padded's loss is many small PyTorch kernels on fixed shapes; the "
+                f"{loss} strategy's is a few fused ones already")
+    if cfg.mode != "train":
+        return "the graph holds the loss's backward too, which forward mode does not run"
+    if not cuda:
+        return "CUDA graphs need a CUDA GPU"
+    if cfg.wait < 1:
+        return ("the graph is captured at the first step (a device sync), which needs "
+                "--wait 1 or more to stay out of the profiled steps")
+    return None
+
+
+def graphed(loss_fn):
+    from training.cuda_graph import GraphedLoss
+    return GraphedLoss(loss_fn)
+
+
+SPEEDUP = SpeedUp(
+    "graphed_loss",
+    "replay padded's loss and its gradient as one CUDA graph: auto (padded in train mode "
+    "on a GPU), on, off",
+    default="auto", gpu_only=True, refusal=refusal, loss=graphed,
+    idle=lambda cfg, on: "the whole step is one CUDA graph (--cuda-graph)"
+    if on["cuda_graph"] else None)
