@@ -10,7 +10,12 @@ once (a conv block: its input and its pooled output; its backward: those and the
 gradients). FLOPs are the tensor-core multiply-adds x 2; the SGD's few FLOPs an element
 are left out (they are not what bounds it).
 
-Run on the device: python3 bench/roofline.py [--loss padded] > roofline.md
+With --energy, each phase and the whole step also run back to back for two seconds under
+NVML's energy counter (profiling/energy.py): joules a call and the mean watts. Over an
+epoch the H100 holds its 700 W cap (results/step.md), so a step's time there follows its
+joules: the column says which phase to make cheaper, not only faster.
+
+Run on the device: python3 bench/roofline.py [--loss padded] [--energy] > roofline.md
 """
 
 import argparse
@@ -25,7 +30,9 @@ import train  # noqa: E402
 from bench.sharded_rank import cuda_ms, one_batch, top_kernels  # noqa: E402
 from kernels.lin1.master_halves import split  # noqa: E402
 from kernels.lin1.shadow_sgd import shadow_sgd_step  # noqa: E402
+from profiling.energy import joules_per_call, open_meter  # noqa: E402
 from profiling.flops import peak_of  # noqa: E402
+from profiling.gpu_clocks import gpu_id  # noqa: E402
 from training import speedups  # noqa: E402
 
 
@@ -60,7 +67,7 @@ def lin1_phases(B: int, Fe: int, H: int) -> list[dict]:
         (SGD, 0, H * Fe * 18 + H * Fe // 8,
          lambda: shadow_sgd_step(low, grad, buf, w, 1e-4, 0.9, False, ties)),
     ]
-    return [dict(phase=n, flops=f, bytes=b, ms=cuda_ms(fn)) for n, f, b, fn in rows]
+    return [dict(phase=n, flops=f, bytes=b, ms=cuda_ms(fn), fn=fn) for n, f, b, fn in rows]
 
 
 def lin2_phases(B: int, H: int, out: int) -> list[dict]:
@@ -68,8 +75,10 @@ def lin2_phases(B: int, H: int, out: int) -> list[dict]:
     h, w2, dout = torch.randn(B, H, **bf), torch.randn(out, H, **bf), torch.randn(B, out, **bf)
     gemm = 2 * B * H * out
     moved = (B * H + H * out + B * out) * 2
-    return [dict(phase="lin2 three GEMMs", flops=3 * gemm, bytes=3 * moved,
-                 ms=cuda_ms(lambda: (h @ w2.t(), dout @ w2, dout.t() @ h)))]
+    def three():
+        return h @ w2.t(), dout @ w2, dout.t() @ h
+    return [dict(phase="lin2 three GEMMs", flops=3 * gemm, bytes=3 * moved, ms=cuda_ms(three),
+                 fn=three)]
 
 
 def trunk_counts(B: int, S: int) -> tuple[int, int]:
@@ -100,7 +109,7 @@ def trunk_phase(model, images) -> dict:
         out.backward(grad)
     flops, moved = trunk_counts(images.shape[0], images.shape[-1])
     return dict(phase="conv trunk forward + backward", flops=flops, bytes=moved,
-                ms=cuda_ms(fwd_bwd, reps=10))
+                ms=cuda_ms(fwd_bwd, reps=10), fn=fwd_bwd)
 
 
 def small_sgd_phase(model) -> dict:
@@ -112,7 +121,7 @@ def small_sgd_phase(model) -> dict:
     opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9, fused=True)
     n = sum(p.numel() for p in params)
     return dict(phase=f"fused SGD of the other {n / 1e6:.1f} M parameters", flops=0,
-                bytes=n * 20, ms=cuda_ms(opt.step))
+                bytes=n * 20, ms=cuda_ms(opt.step), fn=opt.step)
 
 
 def preset_step(train_args: list[str]):
@@ -131,7 +140,8 @@ def preset_step(train_args: list[str]):
 
 
 def step_ms(args):
-    """(median step ms, model, images) of the whole train step, CUDA events."""
+    """(median step ms, model, images, the step on its batch) of the whole train step,
+    CUDA events."""
     _, model, fns, batch = preset_step(["--loss", args.loss, "--backend", args.backend])
     for _ in range(8):
         fns.train_step(*batch)
@@ -147,7 +157,8 @@ def step_ms(args):
         print(top_kernels("the step", fns.train_step, batch, args.top), flush=True)
     if args.ops:
         print(top_ops("the step", fns.train_step, batch, args.ops), flush=True)
-    return statistics.median(s.elapsed_time(e) for s, e in pairs), model, batch[0]
+    return (statistics.median(s.elapsed_time(e) for s, e in pairs), model, batch[0],
+            lambda: fns.train_step(*batch))
 
 
 def top_ops(label: str, step, batch, top: int) -> str:
@@ -190,6 +201,21 @@ def floors(rows: list[dict], peak_flops: float, peak_bw: float) -> str:
             f"sum {memory:.2f} ms: overlapped floor {max(compute, memory):.2f} ms")
 
 
+def energy_table(rows: list[dict], step, meter) -> str:
+    """Each phase's and the whole step's joules a call, back to back for two seconds."""
+    lines = ["| phase | ms a call (back to back) | J a call | mean W | share of the phases' J |",
+             "|---|---:|---:|---:|---:|"]
+    measured = [(r["phase"], *joules_per_call(meter, r["fn"])) for r in rows]
+    total = sum(j for _, j, _, _ in measured)
+    for name, joules, watts, ms in measured:
+        lines.append(f"| {name} | {ms:.3f} | {joules:.3f} | {watts:.0f} | "
+                     f"{joules / total:.0%} |")
+    joules, watts, ms = joules_per_call(meter, step)
+    lines.append(f"| **the whole step** | {ms:.3f} | {joules:.3f} | {watts:.0f} | "
+                 f"({joules / total:.0%} of the phases' sum) |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loss", default="padded")
@@ -199,7 +225,14 @@ def main() -> None:
                     "profile of 3 steps)")
     ap.add_argument("--ops", type=int, default=0, help="each step's N costliest ATen ops, "
                     "with their input shapes")
+    ap.add_argument("--energy", action="store_true", help="each phase's and the step's "
+                    "joules (NVML's energy counter, two seconds each)")
     args = ap.parse_args()
+    meter = None
+    if args.energy:
+        meter, why_not = open_meter(gpu_id(torch.cuda.current_device()))
+        if meter is None:
+            sys.exit(f"error: --energy: {why_not}")
     peak_flops, peak_bw = peaks()
     print(f"# The step's roofline, {torch.cuda.get_device_name()} (peaks {peak_flops / 1e12:.0f} "
           f"TFLOP/s bf16 dense, {peak_bw / 1e12:.2f} TB/s), torch {torch.__version__}, "
@@ -211,11 +244,13 @@ def main() -> None:
     if args.lin1_only:
         print(table(lin1, peak_flops, peak_bw), flush=True)
         return
-    whole, model, images = step_ms(args)
+    whole, model, images, step = step_ms(args)
     rows = lin1 + [trunk_phase(model, images), *lin2_phases(B, H, out), small_sgd_phase(model)]
     print(f"## The step's phases\n\n{table(rows, peak_flops, peak_bw)}\n\n"
           f"{floors(rows, peak_flops, peak_bw)}; the whole step (CUDA events, median of "
           f"30, one batch reused): **{whole:.2f} ms**\n", flush=True)
+    if meter is not None:
+        print(f"## Joules\n\n{energy_table(rows, step, meter)}\n", flush=True)
 
 
 if __name__ == "__main__":
