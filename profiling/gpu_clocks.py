@@ -12,6 +12,10 @@ this says why, from the reasons NVML gives for the clock the card holds.
     ...                     # each step: clocks.step_ended()
     summary["gpu_clocks"] = clocks.stop()   # the samples from the mark to the last step
 
+Beside the samples, NVML's energy counter (profiling/energy.py) read at the mark and at
+each step's end gives the sustained steps' joules a step: at a power cap the step's time
+follows them (results/step.md). One ctypes call a step; none where NVML is not there.
+
 nvidia-smi samples NVML from its own process every SAMPLE_MS: no kernel, no sync, no
 host time in the training process. Where it cannot run (no nvidia-smi, a driver without
 the fields), the run goes on and the summary says why. A shell beside it ends it once the
@@ -23,6 +27,8 @@ import statistics
 import subprocess
 from datetime import datetime
 from pathlib import Path
+
+from profiling import energy
 
 SAMPLE_MS = 200
 FIELDS = ("timestamp", "clocks.sm", "clocks.mem", "power.draw", "power.limit",
@@ -80,38 +86,64 @@ WATCH = ('"$@" & s=$!; trap \'kill $s 2>/dev/null; exit 0\' TERM INT; '
 class Sampler:
     """nvidia-smi writing a CSV row every SAMPLE_MS into `path` until stop()."""
 
-    def __init__(self, path: Path, process=None, unavailable: str | None = None):
+    def __init__(self, path: Path, process=None, unavailable: str | None = None,
+                 meter=None):
         self.path, self.process, self.unavailable = path, process, unavailable
         self.since: datetime | None = None
         self.until: datetime | None = None
+        self.meter = meter  # () -> millijoules, or None
+        self.energy: list[int] = []  # the counter at the mark, then at each step's end
 
     @classmethod
-    def start(cls, path: Path, gpu: str) -> "Sampler":
+    def start(cls, path: Path, gpu: str, open_meter=energy.open_meter) -> "Sampler":
         """Sampling card `gpu` (nvidia-smi's --id) into `path`; one whose summary says why
-        not, where nvidia-smi cannot."""
+        not, where nvidia-smi cannot. Its energy counter beside, where NVML has one."""
+        meter, _ = open_meter(gpu)
         fields, why = _usable_fields(gpu)
         if fields is None:
-            return cls(path, unavailable=why)
+            return cls(path, unavailable=why, meter=meter)
         with path.open("w") as out:  # the child holds its own descriptor
             process = subprocess.Popen(["sh", "-c", WATCH, "sampler", *_query(gpu, fields),
                                         f"-lms={SAMPLE_MS}"],
                                        stdout=out, stderr=subprocess.DEVNULL)
-        return cls(path, process)
+        return cls(path, process, meter=meter)
 
     def mark(self) -> None:
         """The samples from now on are the summary's (the sustained steps')."""
         self.since = datetime.now()
+        self.energy = []
+        self._read_energy()
 
     def step_ended(self) -> None:
         """A step is over: the samples after the last one (the trace's writing, the GPU
         idle) are not the steps'."""
         self.until = datetime.now()
+        if self.since is not None:
+            self._read_energy()
+
+    def _read_energy(self) -> None:
+        # The host reads the counter as it queues the work, a step or two ahead of the
+        # GPU at the mark and at the last step alike: over the sustained steps the lag
+        # cancels to within a step's joules.
+        if self.meter is None:
+            return
+        try:
+            self.energy.append(self.meter())
+        except (RuntimeError, OSError):
+            self.meter, self.energy = None, []  # a counter that stops answering: no figure
+
+    def _energy_summary(self) -> dict:
+        steps = len(self.energy) - 1
+        if steps < 1:
+            return {}
+        return {"joules_per_step": (self.energy[-1] - self.energy[0]) / 1e3 / steps,
+                "energy_steps": steps}
 
     def stop(self) -> dict:
         """Ends the sampling; the summary of the samples from mark() to the last
         step_ended() (from the first, to the last, without them)."""
         if self.process is None:
-            return {"unavailable": self.unavailable}
+            return {"unavailable": self.unavailable, **self._energy_summary()}
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -125,8 +157,9 @@ class Sampler:
                    and (self.until is None or s["time"] <= self.until)]
         if not samples:
             return {"unavailable": "no sample in the sustained steps (a run too short for "
-                    f"nvidia-smi's {SAMPLE_MS} ms)", "file": self.path.name}
-        return {**summarize(samples), "file": self.path.name}
+                    f"nvidia-smi's {SAMPLE_MS} ms)", "file": self.path.name,
+                    **self._energy_summary()}
+        return {**summarize(samples), "file": self.path.name, **self._energy_summary()}
 
 
 def read_samples(path: Path) -> list[dict]:
@@ -177,8 +210,10 @@ def describe(clocks: dict | None) -> str | None:
     """The summary's line, or None where there is nothing to say (a CPU run)."""
     if not clocks:
         return None
+    joules = (f"; {clocks['joules_per_step']:.2f} J a step over {clocks['energy_steps']} "
+              "steps (NVML's energy counter)" if "joules_per_step" in clocks else "")
     if "unavailable" in clocks:
-        return f"the GPU's clocks: not sampled ({clocks['unavailable']})"
+        return f"the GPU's clocks: not sampled ({clocks['unavailable']}){joules}"
     held = ", ".join(f"{name} {share * 100:.0f} %" for name, share in held_under_load(clocks))
     return (f"the GPU's clocks over those steps (nvidia-smi, {clocks['samples']} samples): "
             f"SM {clocks['sm_mhz_median']:.0f} MHz median ({clocks['sm_mhz_min']:.0f}–"
@@ -186,4 +221,4 @@ def describe(clocks: dict | None) -> str | None:
             f"last {clocks['sm_mhz_last_tenth']:.0f}), memory {clocks['mem_mhz_median']:.0f} "
             f"MHz, {clocks['power_w_median']:.0f} W median of {clocks['power_limit_w']:.0f}, "
             f"{clocks['temperature_c_max']:.0f} °C at most; clock held down by: "
-            f"{held or 'nothing'}")
+            f"{held or 'nothing'}{joules}")

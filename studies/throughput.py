@@ -155,12 +155,18 @@ def row_of(summary: dict, folder: Path) -> dict:
 
 def clock_cells(clocks: dict | None) -> dict:
     """The SM clock and power medians over the sustained steps, and the reason that held
-    the clock down in the most samples, with its share (idle is no reason under load)."""
-    if not clocks or "unavailable" in clocks:
+    the clock down in the most samples, with its share (idle is no reason under load);
+    the joules a step, where NVML's counter gave them."""
+    if not clocks:
         return {}
+    joules = ({"J a step": round(clocks["joules_per_step"], 2)}
+              if "joules_per_step" in clocks else {})
+    if "unavailable" in clocks:
+        return joules
     held = held_under_load(clocks)
     return {"SM MHz": round(clocks["sm_mhz_median"]), "power W": round(clocks["power_w_median"]),
-            "clock held by": f"{held[0][0]} {held[0][1] * 100:.0f} %" if held else "nothing"}
+            "clock held by": f"{held[0][0]} {held[0][1] * 100:.0f} %" if held else "nothing",
+            **joules}
 
 
 def _main(argv) -> int:

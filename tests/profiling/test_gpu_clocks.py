@@ -88,6 +88,53 @@ def test_the_samples_from_the_mark_on_and_their_summary(fake_smi, tmp_path):
     assert not any(_alive(p) for p in pids)
 
 
+def _counter(*readings, fail_at=None):
+    """open_meter's stand-in: a meter giving these millijoules in turn (raising at the
+    read numbered fail_at, as a counter that stops answering)."""
+    calls = iter(range(len(readings)))
+
+    def meter():
+        i = next(calls)
+        if i == fail_at:
+            raise RuntimeError("NVML's energy counter: error 999")
+        return readings[i]
+    return lambda gpu: (meter, None)
+
+
+def test_the_joules_a_step_from_the_mark_to_the_last_step(fake_smi, tmp_path):
+    """The counter read at the mark and at each step's end after it (a step ended before
+    the mark is not read): 7.5 J over the three sustained steps, 2.5 J a step."""
+    sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0",
+                            open_meter=_counter(1000, 3500, 6000, 8500))
+    sampler.step_ended()  # a warm-up step: before the mark
+    time.sleep(0.2)
+    sampler.mark()
+    for _ in range(3):
+        time.sleep(0.1)
+        sampler.step_ended()
+    clocks = sampler.stop()
+    assert clocks["joules_per_step"] == pytest.approx(2.5) and clocks["energy_steps"] == 3
+    assert "; 2.50 J a step over 3 steps (NVML's energy counter)" in describe(clocks)
+
+
+def test_a_counter_that_stops_answering_gives_no_figure(fake_smi, tmp_path, monkeypatch):
+    sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0",
+                            open_meter=_counter(1000, 2000, 0, fail_at=2))
+    sampler.mark()
+    for _ in range(3):
+        sampler.step_ended()
+    time.sleep(0.2)
+    assert "joules_per_step" not in sampler.stop()
+    # Without nvidia-smi the counter still gives its figure.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    sampler = Sampler.start(tmp_path / "none.csv", "GPU-0", open_meter=_counter(0, 4000))
+    sampler.mark()
+    sampler.step_ended()
+    clocks = sampler.stop()
+    assert clocks["joules_per_step"] == 4.0 and "not sampled" in describe(clocks)
+    assert describe(clocks).endswith("; 4.00 J a step over 1 steps (NVML's energy counter)")
+
+
 def test_an_older_driver_s_field_name(fake_smi, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_SMI_OLD", "1")
     sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0")
@@ -168,3 +215,5 @@ def test_the_card_s_own_clocks_under_a_load(tmp_path):
     assert 500 < clocks["sm_mhz_median"] < 3000 and clocks["mem_mhz_median"] > 500
     assert 0 < clocks["power_w_median"] and 100 < clocks["power_limit_w"] < 2000
     assert 0 < clocks["temperature_c_max"] < 110
+    # NVML's counter over the one "step": the watts of a card under GEMMs.
+    assert 50 < clocks["joules_per_step"] / (time.monotonic() - started) < 1500

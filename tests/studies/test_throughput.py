@@ -202,7 +202,10 @@ def test_a_runs_row_gives_its_clocks_and_what_held_them_down(tmp_path):
     row = row_of(summary, tmp_path)
     assert (row["SM MHz"], row["power W"], row["clock held by"]) == (1755, 690,
                                                                      "the power cap 62 %")
+    assert "J a step" not in row  # no energy counter there
     summary["gpu_clocks"]["held_by"] = {"idle": 0.02}
-    assert row_of(summary, tmp_path)["clock held by"] == "nothing"
+    summary["gpu_clocks"]["joules_per_step"] = 13.276
+    row = row_of(summary, tmp_path)
+    assert row["clock held by"] == "nothing" and row["J a step"] == 13.28
     summary["gpu_clocks"] = {"unavailable": "nvidia-smi did not run"}
     assert "SM MHz" not in row_of(summary, tmp_path)
