@@ -67,8 +67,8 @@ REFUSAL = ("is set per run by make throughput; choose runs with --strategies and
            "folder with --out")
 COLUMNS = ["strategy", "steps run", "sustained samples/s", "GPU's rate samples/s", "share",
            "TFLOP/s a GPU", "MFU %", "step median ms", "step p95 ms", "GPU busy", "SM MHz",
-           "power W", "clock held by", "data wait ms", "steps waited", "timer", "budget",
-           "loader", "copy", "run folder"]
+           "power W", "clock held by", "J a step", "data wait ms", "steps waited", "timer",
+           "budget", "loader", "copy", "run folder"]
 # With --against: each strategy's sustained rate over its rate in the other table.
 SCALING = "scaling"
 

@@ -192,7 +192,7 @@ def test_a_gpu_runs_row_gives_the_models_rate_at_the_sustained_rate(tmp_path):
 def test_a_runs_row_gives_its_clocks_and_what_held_them_down(tmp_path):
     """The SM clock and power medians, and the reason held the most samples (idle is no
     reason under load); nothing where the clocks were not sampled."""
-    from studies.throughput import row_of
+    from studies.throughput import COLUMNS, row_of
     summary = {"config": {"loss": "kernel", "backend": "cuda", "batch_size": 1024},
                "sustained": {"samples_per_s": 50_000.0}, "step": {"busiest_stream_ms": 20},
                "steps_run": 976,
@@ -207,5 +207,6 @@ def test_a_runs_row_gives_its_clocks_and_what_held_them_down(tmp_path):
     summary["gpu_clocks"]["joules_per_step"] = 13.276
     row = row_of(summary, tmp_path)
     assert row["clock held by"] == "nothing" and row["J a step"] == 13.28
+    assert set(row) <= set(COLUMNS), set(row) - set(COLUMNS)  # every cell has a column
     summary["gpu_clocks"] = {"unavailable": "nvidia-smi did not run"}
     assert "SM MHz" not in row_of(summary, tmp_path)
