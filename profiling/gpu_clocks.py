@@ -92,7 +92,9 @@ class Sampler:
         self.since: datetime | None = None
         self.until: datetime | None = None
         self.meter = meter  # () -> millijoules, or None
-        self.energy: list[int] = []  # the counter at the mark, then at each step's end
+        self.energy_at_mark: int | None = None  # the counter, millijoules
+        self.energy_last: int | None = None     # at the last step's end after the mark
+        self.energy_steps = 0
 
     @classmethod
     def start(cls, path: Path, gpu: str, open_meter=energy.open_meter) -> "Sampler":
@@ -111,33 +113,33 @@ class Sampler:
     def mark(self) -> None:
         """The samples from now on are the summary's (the sustained steps')."""
         self.since = datetime.now()
-        self.energy = []
-        self._read_energy()
+        self.energy_at_mark, self.energy_steps = self._read_energy(), 0
 
     def step_ended(self) -> None:
         """A step is over: the samples after the last one (the trace's writing, the GPU
         idle) are not the steps'."""
         self.until = datetime.now()
-        if self.since is not None:
-            self._read_energy()
+        if self.energy_at_mark is not None:
+            self.energy_last, self.energy_steps = self._read_energy(), self.energy_steps + 1
 
-    def _read_energy(self) -> None:
-        # The host reads the counter as it queues the work, a step or two ahead of the
-        # GPU at the mark and at the last step alike: over the sustained steps the lag
-        # cancels to within a step's joules.
+    def _read_energy(self) -> int | None:
+        # The host reads the counter as it queues the work: at the mark a step or two
+        # ahead of the GPU (their joules counted in), at the last step's end no later
+        # than the GPU (make throughput's window ends in a sync). At most two steps' joules
+        # too many, over hundreds of sustained steps.
         if self.meter is None:
-            return
+            return None
         try:
-            self.energy.append(self.meter())
-        except (RuntimeError, OSError):
-            self.meter, self.energy = None, []  # a counter that stops answering: no figure
+            return self.meter()
+        except (RuntimeError, OSError):  # a counter that stops answering: no figure
+            self.meter = self.energy_at_mark = None
+            return None
 
     def _energy_summary(self) -> dict:
-        steps = len(self.energy) - 1
-        if steps < 1:
+        if self.energy_at_mark is None or self.energy_last is None:
             return {}
-        return {"joules_per_step": (self.energy[-1] - self.energy[0]) / 1e3 / steps,
-                "energy_steps": steps}
+        return {"joules_per_step": (self.energy_last - self.energy_at_mark) / 1e3
+                / self.energy_steps, "energy_steps": self.energy_steps}
 
     def stop(self) -> dict:
         """Ends the sampling; the summary of the samples from mark() to the last
