@@ -10,8 +10,9 @@ once (a conv block: its input and its pooled output; its backward: those and the
 gradients). FLOPs are the tensor-core multiply-adds x 2; the SGD's few FLOPs an element
 are left out (they are not what bounds it).
 
-With --energy, each phase and the whole step also run back to back for two seconds under
-NVML's energy counter (profiling/energy.py): joules a call and the mean watts. Over an
+With --energy, each phase (right after its timing) and the whole step also run back to
+back for two seconds under NVML's energy counter (profiling/energy.py): joules a call and
+the mean watts. Over an
 epoch the H100 holds its 700 W cap (results/step.md), so a step's time there follows its
 joules: the column says which phase to make cheaper, not only faster.
 
@@ -50,7 +51,16 @@ FORWARD, DX, DW = "lin1 forward GEMM", "lin1 dX GEMM", "lin1 dW GEMM (bf16 dW)"
 SGD = "lin1 shadow SGD"
 
 
-def lin1_phases(B: int, Fe: int, H: int) -> list[dict]:
+def measured(phase: str, flops: int, moved: int, fn, meter, reps: int = 20) -> dict:
+    """A phase's row: its GPU time (CUDA events) and, given a meter, its joules back to back
+    for two seconds, taken at once while its tensors are alive."""
+    row = dict(phase=phase, flops=flops, bytes=moved, ms=cuda_ms(fn, reps))
+    if meter is not None:
+        row["joules"], row["watts"], row["ms_back_to_back"] = joules_per_call(meter, fn)
+    return row
+
+
+def lin1_phases(B: int, Fe: int, H: int, meter=None) -> list[dict]:
     """lin1's GEMMs and its shadow SGD."""
     bf = dict(device="cuda", dtype=torch.bfloat16)
     x, w = torch.randn(B, Fe, **bf), torch.randn(H, Fe, **bf) * 0.01
@@ -67,18 +77,17 @@ def lin1_phases(B: int, Fe: int, H: int) -> list[dict]:
         (SGD, 0, H * Fe * 18 + H * Fe // 8,
          lambda: shadow_sgd_step(low, grad, buf, w, 1e-4, 0.9, False, ties)),
     ]
-    return [dict(phase=n, flops=f, bytes=b, ms=cuda_ms(fn), fn=fn) for n, f, b, fn in rows]
+    return [measured(n, f, b, fn, meter) for n, f, b, fn in rows]
 
 
-def lin2_phases(B: int, H: int, out: int) -> list[dict]:
+def lin2_phases(B: int, H: int, out: int, meter=None) -> list[dict]:
     bf = dict(device="cuda", dtype=torch.bfloat16)
     h, w2, dout = torch.randn(B, H, **bf), torch.randn(out, H, **bf), torch.randn(B, out, **bf)
     gemm = 2 * B * H * out
     moved = (B * H + H * out + B * out) * 2
     def three():
         return h @ w2.t(), dout @ w2, dout.t() @ h
-    return [dict(phase="lin2 three GEMMs", flops=3 * gemm, bytes=3 * moved, ms=cuda_ms(three),
-                 fn=three)]
+    return [measured("lin2 three GEMMs", 3 * gemm, 3 * moved, three, meter)]
 
 
 def trunk_counts(B: int, S: int) -> tuple[int, int]:
@@ -96,7 +105,7 @@ def trunk_counts(B: int, S: int) -> tuple[int, int]:
     return flops, moved
 
 
-def trunk_phase(model, images) -> dict:
+def trunk_phase(model, images, meter=None) -> dict:
     """The trunk's forward and backward (flat_features), compiled apart as it is within the
     step's compiled model."""
     features = torch.compile(model.flat_features)
@@ -108,11 +117,10 @@ def trunk_phase(model, images) -> dict:
             out = features(images)
         out.backward(grad)
     flops, moved = trunk_counts(images.shape[0], images.shape[-1])
-    return dict(phase="conv trunk forward + backward", flops=flops, bytes=moved,
-                ms=cuda_ms(fwd_bwd, reps=10), fn=fwd_bwd)
+    return measured("conv trunk forward + backward", flops, moved, fwd_bwd, meter, reps=10)
 
 
-def small_sgd_phase(model) -> dict:
+def small_sgd_phase(model, meter=None) -> dict:
     """torch's fused SGD over every parameter but lin1's weight: 20 bytes a parameter
     (fp32 parameter, gradient and momentum)."""
     params = [p for n, p in model.named_parameters() if n != "lin1.weight"]
@@ -120,8 +128,8 @@ def small_sgd_phase(model) -> dict:
         p.grad = torch.zeros_like(p)
     opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9, fused=True)
     n = sum(p.numel() for p in params)
-    return dict(phase=f"fused SGD of the other {n / 1e6:.1f} M parameters", flops=0,
-                bytes=n * 20, ms=cuda_ms(opt.step), fn=opt.step)
+    return measured(f"fused SGD of the other {n / 1e6:.1f} M parameters", 0, n * 20, opt.step,
+                    meter)
 
 
 def preset_step(train_args: list[str]):
@@ -202,14 +210,14 @@ def floors(rows: list[dict], peak_flops: float, peak_bw: float) -> str:
 
 
 def energy_table(rows: list[dict], step, meter) -> str:
-    """Each phase's and the whole step's joules a call, back to back for two seconds."""
+    """Each phase's joules a call (measured with its row) and the whole step's, back to
+    back for two seconds."""
     lines = ["| phase | ms a call (back to back) | J a call | mean W | share of the phases' J |",
              "|---|---:|---:|---:|---:|"]
-    measured = [(r["phase"], *joules_per_call(meter, r["fn"])) for r in rows]
-    total = sum(j for _, j, _, _ in measured)
-    for name, joules, watts, ms in measured:
-        lines.append(f"| {name} | {ms:.3f} | {joules:.3f} | {watts:.0f} | "
-                     f"{joules / total:.0%} |")
+    total = sum(r["joules"] for r in rows)
+    for r in rows:
+        lines.append(f"| {r['phase']} | {r['ms_back_to_back']:.3f} | {r['joules']:.3f} | "
+                     f"{r['watts']:.0f} | {r['joules'] / total:.0%} |")
     joules, watts, ms = joules_per_call(meter, step)
     lines.append(f"| **the whole step** | {ms:.3f} | {joules:.3f} | {watts:.0f} | "
                  f"({joules / total:.0%} of the phases' sum) |")
@@ -240,12 +248,13 @@ def main() -> None:
     cfg = train.parse_config([])
     B, H, S = cfg.batch_size, cfg.hidden, cfg.image_size
     Fe, out = 256 * (S // 16) ** 2, cfg.max_boxes * 4
-    lin1 = lin1_phases(B, Fe, H)
+    lin1 = lin1_phases(B, Fe, H, None if args.lin1_only else meter)
     if args.lin1_only:
         print(table(lin1, peak_flops, peak_bw), flush=True)
         return
     whole, model, images, step = step_ms(args)
-    rows = lin1 + [trunk_phase(model, images), *lin2_phases(B, H, out), small_sgd_phase(model)]
+    rows = lin1 + [trunk_phase(model, images, meter), *lin2_phases(B, H, out, meter),
+                   small_sgd_phase(model, meter)]
     print(f"## The step's phases\n\n{table(rows, peak_flops, peak_bw)}\n\n"
           f"{floors(rows, peak_flops, peak_bw)}; the whole step (CUDA events, median of "
           f"30, one batch reused): **{whole:.2f} ms**\n", flush=True)
