@@ -81,6 +81,10 @@ class Config:
     copy_ahead: bool = option(True, "train mode on a GPU without a CUDA graph: batch k+1's "
                               "H2D copies on a side stream while the GPU runs step k "
                               "(training/feed.py)")
+    run_ahead: int = option(2, "train mode on a GPU: steps the host may enqueue ahead of the "
+                            "GPU, each step's loss read that many steps late; room for a "
+                            "late batch or launch before the GPU idles (profiling/"
+                            "step_reader.py)")
     lr: float = option(1e-4, "SGD learning rate (momentum 0.9)")
     # The step's speed-ups (training/speedups/): a field each, added after this one in the
     # ladder's order by @speedups.switches, from each one's module; all off with --baseline.
@@ -164,6 +168,9 @@ def validate(cfg: Config, world: int = 1) -> None:
     for name in ("wait", "warmup", "num_workers", "main_cores", "seed", "steps", "settle"):
         if getattr(cfg, name) < 0:
             raise UserError(f"--{name.replace('_', '-')} must not be negative")
+    if cfg.run_ahead < 1:
+        raise UserError(f"--run-ahead {cfg.run_ahead}: the host runs at least a step ahead "
+                        "of the GPU (1 or more)")
     if not (math.isfinite(cfg.lr) and cfg.lr > 0):
         raise UserError(f"--lr must be a positive number, got {cfg.lr}")
     window = cfg.wait + cfg.warmup + cfg.active
@@ -338,9 +345,9 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                  f"parameters built in {t_model:.1f} s")
         prof.say(f"speed-ups: {speedups.describe_used(speed)}")
         prof.say(f"batches: {cfg.loader} loader, copied to the device {batches['copy']}")
-        # The loss is read a step late in train mode on a GPU; forward mode syncs in every
-        # range anyway, and a CPU has no stream to run ahead of.
-        reader = StepReader(cuda, lag=1 if cfg.mode == "train" and cuda else 0)
+        # The loss is read --run-ahead steps late in train mode on a GPU; forward mode
+        # syncs in every range anyway, and a CPU has no stream to run ahead of.
+        reader = StepReader(cuda, lag=cfg.run_ahead if cfg.mode == "train" and cuda else 0)
         try:
             _steps(prof, feed, graphed, fns.train_step, reader)
         finally:  # an early end's summary has it too
@@ -350,9 +357,10 @@ def run(cfg: Config, reuse: bool = False) -> dict:
 
 def _steps(prof, feed, graphed, train_step, reader) -> None:
     """The run's steps under the profiler: each its data, copy and step phases (or the
-    CUDA graph's replay). Each step's loss is handed to the step reader, which reads it a
-    step later in train mode on a GPU (profiling/step_reader.py): no host-device sync per
-    step, so the host prepares step k+1 while the GPU runs step k."""
+    CUDA graph's replay). Each step's loss is handed to the step reader, which reads it
+    --run-ahead steps later in train mode on a GPU (profiling/step_reader.py): no
+    host-device sync per step, so the host prepares the next steps while the GPU runs
+    step k."""
     for step in prof.steps():
         t0 = time.perf_counter()
         if graphed is not None:
@@ -368,7 +376,7 @@ def _steps(prof, feed, graphed, train_step, reader) -> None:
         # Release this step's loss here, outside every phase: kept, it would be freed by
         # the next step's assignment inside its ranges.
         del loss
-        for read in reader.ready():  # waits for step k-1's end on the stream, if need be
+        for read in reader.ready():  # waits for step k-run_ahead's end, if need be
             prof.record_step(read)
         prof.end_step(step)
     for read in reader.drain():

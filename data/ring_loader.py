@@ -22,8 +22,10 @@ A slot is written again only once the device copy read from it has completed: a 
 handed out, its step enqueues its copies, and an event recorded when the next batch is
 asked for marks them; the ring holds as many slots as the loader keeps batches in flight
 (prefetch x workers) and two more, and before each request the event of the batch two
-back is waited for (long done, as the host runs at most a step ahead of the GPU; queried
-first, so the wait is not even a call as a rule). training/feed.py's copy ahead asks for
+back is waited for (queried first, so the wait is not even a call as a rule: copied
+ahead, on their own stream, the copies run as soon as they are enqueued, however many
+steps, --run-ahead, the host runs ahead of the compute stream; copied in the step, behind
+it, the host may wait here, and the slot stays safe). training/feed.py's copy ahead asks for
 the next batch on its side stream, so the event follows that batch's copies there.
 """
 

@@ -7,7 +7,7 @@ import torch
 
 import losses
 import train
-from core.errors import RunFailed
+from core.errors import RunFailed, UserError
 from data import SyntheticFaces
 from data.loader import make_loader
 from profiling import step_reader
@@ -41,12 +41,19 @@ def _force_lag(monkeypatch, forced: int):
     monkeypatch.setattr(StepReader, "__init__", init)
 
 
-def test_a_run_reading_its_losses_a_step_late_gets_the_same_losses(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lag", [1, 2])
+def test_a_run_reading_its_losses_steps_late_gets_the_same_losses(tmp_path, monkeypatch, lag):
     args = TINY + ["--out-dir", str(tmp_path), "--active", "4"]
     now = train.run(train.parse_config(args))["losses"]
-    _force_lag(monkeypatch, 1)
+    _force_lag(monkeypatch, lag)
     late = train.run(train.parse_config(args))["losses"]
     assert late == now and len(now) == 5
+
+
+def test_the_host_runs_at_least_a_step_ahead():
+    with pytest.raises(UserError, match="--run-ahead 0: the host runs at least a step ahead"):
+        train.validate(train.parse_config(TINY + ["--run-ahead", "0"]))
+    assert train.parse_config([]).run_ahead == 2
 
 
 def test_a_nan_read_a_step_late_still_ends_the_run(tmp_path, monkeypatch):
@@ -122,3 +129,22 @@ def test_a_train_step_has_no_host_device_sync(loss, backend):
     assert [r.step for r in reads] == [0, 1, 2, 3, 4, 5]
     assert all(torch.isfinite(torch.tensor(r.loss)) for r in reads)
     assert all(r.device_ms > 0 for r in reads[1:])
+
+
+@pytest.mark.gpu
+def test_the_host_runs_run_ahead_steps_ahead_with_the_same_losses(tmp_path, monkeypatch):
+    """train.py's reader reads each loss --run-ahead steps late on a GPU (the host may
+    enqueue that many steps beyond the GPU), and the losses are the same."""
+    lags, real = [], StepReader.__init__
+
+    def init(self, cuda, lag=0):
+        lags.append(lag)
+        real(self, cuda, lag=lag)
+    monkeypatch.setattr(StepReader, "__init__", init)
+    losses_of = {}
+    for ahead in (1, 3):
+        args = SMALL + ["--out-dir", str(tmp_path / str(ahead)), "--active", "4",
+                        "--run-ahead", str(ahead)]
+        losses_of[ahead] = train.run(train.parse_config(args))["losses"]
+    assert lags == [1, 3]
+    assert losses_of[1] == losses_of[3] and len(losses_of[1]) == 6
