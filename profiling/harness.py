@@ -6,7 +6,7 @@ the gzipped trace and summary.json. train.py's loop runs inside it:
         for step in run.steps():
             ...                                  # the phases, each a record_function
             for read in reader.ready():          # profiling/step_reader.py: a step's loss
-                run.record_step(read)            # and times, read a step later
+                run.record_step(read)            # and times, read --run-ahead steps later
             run.end_step(step)                   # the profiler moves on
     run.record                                   # what summary.json holds
 
@@ -263,8 +263,8 @@ class ProfiledRun:
                 "profiled" if step < self.window else "unprofiled")
 
     def record_step(self, read) -> None:
-        """A step's loss and times, as profiling/step_reader.py read them (a step late on a
-        GPU): the NaN check, the scalars and the progress line."""
+        """A step's loss and times, as profiling/step_reader.py read them (--run-ahead
+        steps late on a GPU): the NaN check, the scalars and the progress line."""
         step, loss = read.step, read.loss
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"the loss is {loss} at step {step + 1}: check --lr and the "
@@ -300,7 +300,7 @@ class ProfiledRun:
         """A step's work is enqueued: the profiler moves on to the next."""
         if self.cuda and step + 1 == self.window:
             # host-device sync: once a run, at the profiled window's end, so that its
-            # trace holds every kernel of its last step (the host runs a step ahead).
+            # trace holds every kernel of its last step (the host runs steps ahead).
             torch.cuda.synchronize()
         if self.memory and step + 1 == self.cfg.wait + self.cfg.warmup:
             self.memory.start()  # the next step is the first profiled one

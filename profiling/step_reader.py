@@ -1,5 +1,5 @@
-"""Each step's loss and its time on the device, read one step later: a train step without
-a host-device sync.
+"""Each step's loss and its time on the device, read `lag` steps later (train.py's
+--run-ahead, 2 by default): a train step without a host-device sync.
 
 Reading the loss with `loss.item()` at every step's end makes the host wait for the GPU to
 finish the step, so the GPU then waits for the host to launch the next one. Here each
