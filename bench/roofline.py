@@ -236,6 +236,8 @@ def main() -> None:
     ap.add_argument("--energy", action="store_true", help="each phase's and the step's "
                     "joules (NVML's energy counter, two seconds each)")
     args = ap.parse_args()
+    if args.energy and args.lin1_only:  # its table sets each phase against the whole step
+        ap.error("--energy needs the whole step, which --lin1-only leaves out: give one")
     meter = None
     if args.energy:
         meter, why_not = open_meter(gpu_id(torch.cuda.current_device()))
@@ -248,7 +250,7 @@ def main() -> None:
     cfg = train.parse_config([])
     B, H, S = cfg.batch_size, cfg.hidden, cfg.image_size
     Fe, out = 256 * (S // 16) ** 2, cfg.max_boxes * 4
-    lin1 = lin1_phases(B, Fe, H, None if args.lin1_only else meter)
+    lin1 = lin1_phases(B, Fe, H, meter)
     if args.lin1_only:
         print(table(lin1, peak_flops, peak_bw), flush=True)
         return
