@@ -13,8 +13,6 @@ import losses
 import train
 from core.errors import InputError
 from data import SyntheticFaces
-from losses.padded import padded_loss
-from losses.padded_by_hand import padded_loss_by_hand
 from model.boxnet import BoxNet
 from tests.cases import KINDS, make_case
 from tests.helpers import REPO, SMALL, with_what_it_needs
@@ -94,20 +92,18 @@ def test_a_graph_replay_never_syncs_and_matches_the_eager_step():
     assert replayed == pytest.approx(eager, rel=1e-4)
 
 
-@pytest.mark.parametrize("loss_fn", [padded_loss, padded_loss_by_hand],
-                         ids=["autograd", "by_hand"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-def test_the_graphed_loss_is_the_eager_loss_bit_for_bit_with_no_sync(dtype, loss_fn):
+def test_the_graphed_loss_is_the_eager_loss_bit_for_bit_with_no_sync(dtype):
     """Fresh cases of every kind (zero boxes and all 256 in a batch) through one graph:
-    each replay's loss and gradient are the eager padded loss's bit for bit (its backward
-    autograd's or written by hand), with no host-device sync; another shape or dtype is
-    one error."""
-    graphed = GraphedLoss(loss_fn)
+    each replay's loss and gradient are the eager padded loss's bit for bit, with no
+    host-device sync; another shape or dtype is one error."""
+    padded = losses.get("padded", capacity=256)
+    graphed = GraphedLoss(padded.loss)
     one = torch.ones((), device="cuda")
     for i, kind in enumerate(KINDS * 2):
         case = make_case(kind, B=6, M=256, dtype=dtype).to("cuda")
         pred, targets = case.pred.requires_grad_(), (case.boxes, case.counts)
-        loss = loss_fn(pred, targets)
+        loss = padded.loss(pred, targets)
         (grad,) = torch.autograd.grad(loss, pred, grad_outputs=one)
         if i:  # the first call captures (a sync, once); the replays must not sync
             torch.cuda.set_sync_debug_mode("error")
@@ -135,20 +131,6 @@ def test_the_graphed_loss_keeps_the_steps_losses_in_a_few_launches(tmp_path):
     # The copies in, one graph, the loss's clone; one multiply in the backward.
     assert launches["graph"] <= 8 < 40 <= launches["eager"], launches
     assert graph["phases"]["loss"]["syncs"] == 0
-
-
-def test_paddeds_backward_by_hand_keeps_the_steps_losses_in_fewer_launches(tmp_path):
-    common = ["--loss", "padded", "--graphed-loss", "off", "--active", "3"]
-    autograd = _losses(tmp_path, *common, "--padded-backward-by-hand", "off")
-    by_hand = _losses(tmp_path, *common, "--padded-backward-by-hand", "on")
-    assert by_hand["speedups"]["on"]["padded_backward_by_hand"]
-    assert not autograd["speedups"]["on"]["padded_backward_by_hand"]
-    assert by_hand["losses"] == pytest.approx(autograd["losses"], rel=1e-5)
-    launches = {run: sum(p["phases"][k]["launches"] for k in ("loss", "loss_backward"))
-                for run, p in (("autograd", autograd), ("by_hand", by_hand))}
-    # 37 forward ops either way; 30 backward ops against 61 and six slices' fills.
-    assert launches["by_hand"] + 25 <= launches["autograd"], launches
-    assert by_hand["phases"]["loss_backward"]["syncs"] == 0
 
 
 # Every switch of the model or optimizer; cuDNN's autotuning, the update in the GEMM and

@@ -126,11 +126,9 @@ def test_each_model_speedup_keeps_the_parameters_names_and_values(name):
 
 @CPU_ONLY
 @pytest.mark.parametrize("name", [s.name for s in speedups.SPEEDUPS
-                                  if s.gpu_only or s.refusal and s.why_not(_alone(s.name), False)])
+                                  if s.gpu_only or s.refusal])
 def test_each_speedup_asked_for_where_it_cannot_apply_is_one_line(tmp_path, name):
-    """Here, a CPU without autocast: one line naming the flag, exit 2, nothing written.
-    (padded_backward_by_hand applies here, to the default strategy: its refusal of the
-    others is tests/losses/test_padded_by_hand.py's.)"""
+    """Here, a CPU without autocast: one line naming the flag, exit 2, nothing written."""
     spec = speedups.BY_NAME[name]
     reason = spec.why_not(_alone(name), cuda=False)
     assert reason
@@ -158,8 +156,7 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
                              "triton_conv_pool_bwd": True, "bf16_shadow": False,
                              "triton_first_block_code": True,
                              "lin1_update_beside_trunk": False, "split_master": False,
-                             "cuda_graph": False, "padded_backward_by_hand": True,
-                             "graphed_loss": False}
+                             "cuda_graph": False, "graphed_loss": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()
     assert json.loads((tmp_path / "base" / "summary.json").read_text())["speedups"]["on"] == \
