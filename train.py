@@ -297,7 +297,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     from data.loader import make_loader, own_rate
     from profiling import compile_account
     from profiling.harness import ProfiledRun
-    from profiling.step_reader import StepReader
+    from profiling.step_reader import StepReader, reader_lag
     from training.distributed import GlobalBatch, RankShare
     from training.feed import CopyAhead, InStep
 
@@ -345,9 +345,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                  f"parameters built in {t_model:.1f} s")
         prof.say(f"speed-ups: {speedups.describe_used(speed)}")
         prof.say(f"batches: {cfg.loader} loader, copied to the device {batches['copy']}")
-        # The loss is read --run-ahead steps late in train mode on a GPU; forward mode
-        # syncs in every range anyway, and a CPU has no stream to run ahead of.
-        reader = StepReader(cuda, lag=cfg.run_ahead if cfg.mode == "train" and cuda else 0)
+        # The loss is read --run-ahead steps late in train mode on a GPU (reader_lag).
+        reader = StepReader(cuda, lag=reader_lag(cfg, cuda))
         try:
             _steps(prof, feed, graphed, fns.train_step, reader)
         finally:  # an early end's summary has it too

@@ -60,7 +60,7 @@ from profiling import (
 from profiling.communication import communication
 from profiling.environment import environment
 from profiling.scaling import combine, format_ranks, scaling
-from profiling.step_reader import data_wait, describe, sustained
+from profiling.step_reader import data_wait, describe, reader_lag, sustained, tail
 from profiling.table import format_table
 from profiling.trace_events import find_trace, load_trace, quiet_cpu_profiler
 from profiling.trace_summary import step_device_ms, summarize
@@ -395,6 +395,7 @@ class ProfiledRun:
         rate = sustained(self.step_times, first, self.cfg.batch_size * self.ranks.world)
         busy = self._busy_fraction(summary)
         wait = data_wait(self.step_times, first)
+        slow = tail(self.step_times, first, reader_lag(self.cfg, self.cuda))
         model_flops = self._model_flops(summary, rate, env["device"])
         table += "\n" + flops.describe(model_flops, "the step's device time", env["device"])
         first_ms = sum(t["host_ms"] for t in self.step_times[:self.cfg.settle])
@@ -403,7 +404,7 @@ class ProfiledRun:
             table += "\n" + compile_account.describe(compiled, self.cfg.settle)
         if rate:
             loader = self.facts.get("batches", {}).get("loader_rate")
-            table += "\n" + describe(rate, busy, wait, loader, self.cfg.batch_size)
+            table += "\n" + describe(rate, busy, wait, loader, self.cfg.batch_size, slow)
             clocks = gpu_clocks.describe(self.clocks_summary)
             if clocks:
                 table += "\n" + clocks
@@ -415,7 +416,8 @@ class ProfiledRun:
                 **self.facts,
                 "environment": env, "trace": trace.name, "table": table,
                 "step_times": self.step_times, "sustained": rate, "gpu_busy_fraction": busy,
-                "data_wait": wait, "gpu_clocks": self.clocks_summary, "flops": model_flops,
+                "data_wait": wait, "tail": slow, "gpu_clocks": self.clocks_summary,
+                "flops": model_flops,
                 "compile": compiled,
                 "steps_run": self.done,
                 "losses": self.losses,

@@ -110,6 +110,39 @@ def _median_p95(ordered: list[float]) -> tuple[float, float]:
     return ordered[len(ordered) // 2], ordered[min(last, round(0.95 * last))]
 
 
+def reader_lag(cfg, cuda: bool) -> int:
+    """How many steps late train.py reads each loss: --run-ahead in train mode on a GPU;
+    0 in forward mode (its ranges each end in a sync) and on a CPU (no stream to run
+    ahead of)."""
+    return cfg.run_ahead if cfg.mode == "train" and cuda else 0
+
+
+SLOWEST = 0.01  # the share of the steps tail() names
+
+
+def tail(step_times: list[dict], first: int, lag: int) -> dict | None:
+    """Where the mean step's excess over the median comes from (the sustained rate is the
+    mean's): the slowest 1 % of the steps from `first` on, by the timer sustained() uses,
+    what they add to the mean over the median, and the longest data wait and host step in
+    the lag + 1 steps up to each of them (the host runs up to `lag` steps ahead, so its
+    lateness idles the GPU in that step or the ones after). None without such steps."""
+    timed = step_times[first:]
+    key = "device_ms" if any(t["device_ms"] is not None for t in timed) else "host_ms"
+    steps = [i for i, t in enumerate(timed) if t[key] is not None]
+    if not steps:
+        return None
+    times = [timed[i][key] for i in steps]
+    median, _ = _median_p95(sorted(times))
+    slow = sorted(steps, key=lambda i: timed[i][key])[-max(1, round(len(steps) * SLOWEST)):]
+    before = [t for i in slow for t in timed[max(0, i - lag):i + 1]]
+    return {"steps": len(steps), "mean_ms": sum(times) / len(times),
+            "median_ms": median, "slowest": len(slow),
+            "slowest_ms": (timed[slow[0]][key], timed[slow[-1]][key]),
+            "slowest_add_ms": sum(timed[i][key] - median for i in slow) / len(steps),
+            "data_wait_max_ms": max(t.get("data_ms", 0.0) for t in before),
+            "host_max_ms": max(t["host_ms"] for t in before), "lag": lag}
+
+
 WAITED_MS = 1.0  # a step whose data phase took longer waited for the loader
 
 
@@ -127,9 +160,9 @@ def data_wait(step_times: list[dict], first: int) -> dict | None:
 
 
 def describe(rate: dict, busy_fraction: float | None, wait: dict | None = None,
-             loader: dict | None = None, batch: int = 0) -> str:
+             loader: dict | None = None, batch: int = 0, slow: dict | None = None) -> str:
     """The lines under a run's table. loader: the loader's own rate (data/loader.own_rate);
-    batch: samples per batch of one process's loader."""
+    batch: samples per batch of one process's loader; slow: tail()'s account."""
     line = (f"sustained: {rate['samples_per_s']:,.0f} samples/s over {rate['steps']} steps "
             f"({rate['timer']}; step median {rate['step_ms_median']:.2f} ms, p95 "
             f"{rate['step_ms_p95']:.2f} ms)")
@@ -140,6 +173,17 @@ def describe(rate: dict, busy_fraction: float | None, wait: dict | None = None,
         line += (f"\ndata wait (host): {wait['total_ms']:,.1f} ms over those steps, median "
                  f"{wait['median_ms']:.2f} ms, p95 {wait['p95_ms']:.2f} ms; "
                  f"{_count(wait['steps_waited'], 'step')} waited over {WAITED_MS:g} ms")
+    if slow:
+        low, high = slow["slowest_ms"]
+        span = f"{high:.1f}" if low == high else f"{low:.1f}–{high:.1f}"
+        ahead = (f"the host {_count(slow['lag'], 'step')} ahead" if slow["lag"]
+                 else "the host not ahead")
+        line += (f"\nthe tail: the mean step {slow['mean_ms']:.2f} ms against a median of "
+                 f"{slow['median_ms']:.2f}; the slowest {_count(slow['slowest'], 'step')} "
+                 f"({span} ms) add{'s' if slow['slowest'] == 1 else ''} "
+                 f"{slow['slowest_add_ms']:.2f} ms to the mean; the host's "
+                 f"steps up to each took up to {slow['host_max_ms']:.1f} ms, its data waits "
+                 f"up to {slow['data_wait_max_ms']:.1f} ms ({ahead})")
     if loader:
         who = (f"the loader's {_count(loader['workers'], 'worker')}" if loader['workers']
                else "the loader (no workers: the main process)")

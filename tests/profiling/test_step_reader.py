@@ -91,6 +91,40 @@ def test_the_data_wait_is_counted_over_the_steps_after_the_first():
     assert "2 steps waited over 1 ms" in line and "50.0 batches/s (0.4 k samples/s)" in line
 
 
+def test_the_tail_names_the_slowest_steps_and_the_host_before_them():
+    """200 device steps of 20 ms but two: step 150 of 60 ms after a 90 ms data wait two
+    steps before it, step 40 of 30 ms with nothing before it on the host."""
+    times = [{"host_ms": 900.0, "device_ms": None, "data_ms": 0.0}] + [
+        {"host_ms": 20.0, "device_ms": 20.0, "data_ms": 0.5} for _ in range(200)]
+    times[1 + 148].update(data_ms=90.0, host_ms=95.0)
+    times[1 + 150]["device_ms"] = 60.0
+    times[1 + 40]["device_ms"] = 30.0
+    slow = step_reader.tail(times, first=1, lag=2)
+    assert (slow["steps"], slow["slowest"], slow["lag"]) == (200, 2, 2)
+    assert slow["median_ms"] == 20.0 and slow["mean_ms"] == pytest.approx(20.25)
+    assert slow["slowest_ms"] == (30.0, 60.0)
+    assert slow["slowest_add_ms"] == pytest.approx((10.0 + 40.0) / 200)
+    assert (slow["data_wait_max_ms"], slow["host_max_ms"]) == (90.0, 95.0)
+    # One step back only: the wait two steps before step 150 is out of the window.
+    near = step_reader.tail(times, first=1, lag=1)
+    assert (near["data_wait_max_ms"], near["host_max_ms"]) == (0.5, 20.0)
+    line = step_reader.describe(sustained(times, 1, 8), None, slow=slow)
+    assert ("the tail: the mean step 20.25 ms against a median of 20.00; the slowest 2 "
+            "steps (30.0–60.0 ms) add 0.25 ms to the mean; the host's steps up to each took "
+            "up to 95.0 ms, its data waits up to 90.0 ms (the host 2 steps ahead)") in line
+    # On a CPU the host's clock times the steps, none ahead.
+    host = step_reader.tail([{"host_ms": ms, "device_ms": None} for ms in (5.0, 5.0, 9.0)],
+                            first=0, lag=0)
+    assert host["slowest_ms"] == (9.0, 9.0) and host["data_wait_max_ms"] == 0.0
+    assert step_reader.tail(times, first=201, lag=2) is None
+
+
+def test_a_cpu_runs_tail_is_in_its_summary_and_its_lines(tmp_path):
+    summary = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
+    assert summary["tail"]["lag"] == 0 and summary["tail"]["steps"] >= 1
+    assert "the tail: the mean step" in summary["table"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("loss,backend", [("padded", "triton"), ("compiled", "triton"),
                                           ("kernel", "triton"), ("kernel", "cuda"),
