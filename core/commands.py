@@ -10,7 +10,7 @@ import sys
 from core.errors import StudyInterrupted, exit_code, print_error, report_errors
 from core.files import release_claims
 from core.output import survive_closed_stdout
-from core.signals import stop_once
+from core.signals import ignore_stop_signals, stop_once
 
 
 def command(body):
@@ -48,8 +48,15 @@ _LEAVING: dict[str, int] = {}
 def leave(code: int) -> None:
     """sys.exit(code), the code noted first: an exit hook that must end the process
     itself, skipping the interpreter's shutdown (training/ranks.py's, whose process group
-    cannot be freed), exits with the command's own code."""
+    cannot be freed), exits with the command's own code. Ctrl-C and SIGTERM are ignored
+    from here on: the command has its code and is leaving. torchrun stops every rank with
+    SIGTERM once one has failed, and one that reached a rank in the interpreter's exit
+    callbacks (torch.library's finalizers) raised stop_once's KeyboardInterrupt there:
+    an "Exception ignored in atexit callback" traceback under the one-line error. Ignored,
+    not handled: the interpreter resets a Python handler to the default action as it
+    shuts down (a later signal then killed the process), never an ignored signal."""
     _LEAVING["code"] = code
+    ignore_stop_signals()
     sys.exit(code)
 
 

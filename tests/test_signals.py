@@ -6,11 +6,13 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.helpers import TINY, gone, our_lines, signal_after, start_long_run
+from tests.helpers import REPO, TINY, gone, our_lines, signal_after, start_long_run
 from training.speedups import ORDER as SPEEDUPS
 
 TRIALS = 4
@@ -180,3 +182,27 @@ def test_sigterm_to_make_ladder_alone_stops_its_rung_and_leaves_no_process(tmp_p
     assert [p.name for p in kept.iterdir() if p.name.endswith("-interrupted")] == \
         ["padded-0-baseline-interrupted"], sorted(p.name for p in kept.iterdir())
     assert gone(str(tmp_path))
+
+
+@pytest.mark.parametrize("signum", (signal.SIGTERM, signal.SIGINT))
+def test_a_stop_signal_while_a_command_leaves_changes_nothing(signum):
+    """torchrun's SIGTERM to every rank after one failed reached a rank in the
+    interpreter's exit callbacks, and stop_once's KeyboardInterrupt printed a traceback
+    there (the launcher's one-line refusal became 17 lines, a fresh-clone CI run). Now
+    the command leaves with its own code and says nothing more."""
+    script = f"""
+import atexit, os, time
+from core.commands import command, run_command
+
+def exit_callback():
+    os.kill(os.getpid(), {int(signum)})
+    time.sleep(0.2)  # the signal lands here
+    print("the exit callbacks ran on", flush=True)
+
+atexit.register(exit_callback)
+run_command(command(lambda argv: 3), "nothing was written")
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (3, "")
+    assert done.stdout == "the exit callbacks ran on\n"
