@@ -92,16 +92,22 @@ def sustained(step_times: list[dict], first: int, samples_per_step: int) -> dict
     median and 95th percentile step, by the device's clock where there is one (CUDA
     events at step boundaries), else the host's. None without such steps."""
     timed = step_times[first:]
-    on_device = any(t["device_ms"] is not None for t in timed)
+    key = _timer(timed)
     # A run's first step has no step before it to time from on the device.
-    times = sorted(t["device_ms"] for t in timed if t["device_ms"] is not None) if on_device \
-        else sorted(t["host_ms"] for t in timed)
+    times = sorted(t[key] for t in timed if t[key] is not None)
     if not times or sum(times) <= 0:
         return None
     median, p95 = _median_p95(times)
-    return {"timer": "device (CUDA events at step boundaries)" if on_device else "host wall",
+    return {"timer": "device (CUDA events at step boundaries)" if key == "device_ms"
+            else "host wall",
             "steps": len(times), "samples_per_s": samples_per_step * len(times) / sum(times) * 1e3,
             "step_ms_median": median, "step_ms_p95": p95}
+
+
+def _timer(timed: list[dict]) -> str:
+    """The step time sustained() and tail() read: the device's where any step has one
+    (CUDA events), else the host's."""
+    return "device_ms" if any(t["device_ms"] is not None for t in timed) else "host_ms"
 
 
 def _median_p95(ordered: list[float]) -> tuple[float, float]:
@@ -127,7 +133,7 @@ def tail(step_times: list[dict], first: int, lag: int) -> dict | None:
     the lag + 1 steps up to each of them (the host runs up to `lag` steps ahead, so its
     lateness idles the GPU in that step or the ones after). None without such steps."""
     timed = step_times[first:]
-    key = "device_ms" if any(t["device_ms"] is not None for t in timed) else "host_ms"
+    key = _timer(timed)
     steps = [i for i, t in enumerate(timed) if t[key] is not None]
     if not steps:
         return None
