@@ -45,8 +45,9 @@ def main() -> int:
 def shadow_sgd_cases() -> int:
     """lin1's shadow SGD (--bf16-shadow) over odd sizes, first and later steps: master
     and momentum against float64 by relative error, the bf16 copy against bf16(master);
-    and the split master's form (--split-master, a fifth of the masters on a tie) against
-    the fp32 form, bit for bit."""
+    and the split master's form (--split-master, a fifth of the masters on a tie), with
+    and without --skip-unchanged-weight's masked store, against the fp32 form, bit for
+    bit."""
     from kernels.lin1.master_halves import join, split
     from kernels.lin1.shadow_sgd import BLOCK, shadow_sgd_step
     failures = 0
@@ -57,17 +58,21 @@ def shadow_sgd_cases() -> int:
         grad = torch.randn(n, device="cuda").bfloat16()
         shadow = torch.empty(n, dtype=torch.bfloat16, device="cuda")
         weight, low, ties = split(master)
-        buf_split = buf.clone()
+        skipping = split(master)
+        buf_split, buf_skip = buf.clone(), buf.clone()
         for first in (True, False):
             ref_buf = grad.double() + (0 if first else 0.9 * buf.double())
             ref = master.double() - 0.1 * ref_buf
             shadow_sgd_step(master, grad, buf, shadow, 0.1, 0.9, first)
             shadow_sgd_step(low, grad, buf_split, weight, 0.1, 0.9, first, ties)
+            shadow_sgd_step(skipping[1], grad, buf_skip, skipping[0], 0.1, 0.9, first,
+                            skipping[2], skip_unchanged=True)
             torch.cuda.synchronize()  # host-device sync: the check reads the results
             err = max(rel_err(master, ref), rel_err(buf, ref_buf))  # host-device sync
             same = torch.equal(join(weight, low, ties).view(torch.int32),
                                master.view(torch.int32)) and torch.equal(buf_split, buf) \
-                and torch.equal(weight, shadow)
+                and torch.equal(weight, shadow) and torch.equal(buf_skip, buf) and \
+                all(torch.equal(a, b) for a, b in zip(skipping, (weight, low, ties)))
             ok = err < 1e-6 and torch.equal(shadow, master.bfloat16()) and same
             print(f"shadow_sgd n={n} first={first}: rel err {err:.1e}, split form "
                   f"{'the same bits' if same else 'DIFFERENT'} {'ok' if ok else 'WRONG'}")

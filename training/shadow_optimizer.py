@@ -38,6 +38,8 @@ class SGDWithShadow(torch.optim.Optimizer):
         # --lin1-update-beside-trunk: what runs the shadowed updates from their gradients'
         # hooks instead (training/speedups/lin1_update_beside_trunk.py), or None.
         self.updated_elsewhere = None
+        # --skip-unchanged-weight: the split kernel stores the weight only where it changed.
+        self.skip_unchanged_weight = False
         shadows = {id(p) for p, _ in self.shadows}
         self.inner = make([p for p in params if id(p) not in shadows])
         super().__init__([p for p, _ in self.shadows], {"lr": lr})
@@ -71,7 +73,8 @@ class SGDWithShadow(torch.optim.Optimizer):
         # Sharded (--parallel zero or tp): the local rows of the weight and its gradient,
         # beside the master's and momentum's rows (training/parallel.py).
         shadow_sgd_step(master, local(param.grad), state["momentum_buffer"],
-                        local(param.data), lr, MOMENTUM, first, state.get("master_ties"))
+                        local(param.data), lr, MOMENTUM, first, state.get("master_ties"),
+                        skip_unchanged=self.skip_unchanged_weight and "master_ties" in state)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.updated_elsewhere is not None and not set_to_none:

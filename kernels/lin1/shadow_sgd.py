@@ -72,7 +72,7 @@ def _shadow_sgd_kernel(master_ptr, grad_ptr, buf_ptr, shadow_ptr, n, lr, momentu
 
 @triton.jit
 def _split_sgd_kernel(low_ptr, grad_ptr, buf_ptr, hi_ptr, ties_ptr, n, lr, momentum,
-                      FIRST: tl.constexpr, WORDS: tl.constexpr):
+                      FIRST: tl.constexpr, WORDS: tl.constexpr, SKIP_UNCHANGED: tl.constexpr):
     # hi_ptr: the bf16 weight's bits as int16; ties_ptr: a word of tie bits for 32 elements.
     words = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
     bit = tl.arange(0, 32)[None, :]
@@ -83,23 +83,27 @@ def _split_sgd_kernel(low_ptr, grad_ptr, buf_ptr, hi_ptr, ties_ptr, n, lr, momen
     # neither the word's bits nor their sum go through shared memory.
     word = words[:, None]
     was = tl.load(ties_ptr + word, mask=word * 32 < n, other=0)
-    master = join_bits(tl.load(hi_ptr + offs, mask=mask, other=0),
-                       tl.load(low_ptr + offs, mask=mask, other=0), (was >> bit) & 1)
+    old = tl.load(hi_ptr + offs, mask=mask, other=0)
+    master = join_bits(old, tl.load(low_ptr + offs, mask=mask, other=0), (was >> bit) & 1)
     master = master - lr * buf
     tl.store(buf_ptr + offs, buf, mask=mask)
     hi, low, tie = split_bits(master)
     tl.store(low_ptr + offs, low, mask=mask)
-    tl.store(hi_ptr + offs, hi, mask=mask)
+    if SKIP_UNCHANGED:  # the weight's bits stored only where they changed (skip_unchanged)
+        tl.store(hi_ptr + offs, hi, mask=mask & (hi != old))
+    else:
+        tl.store(hi_ptr + offs, hi, mask=mask)
     now = tl.sum(tie << bit, axis=1, keep_dims=True)  # distinct bits: their sum is their or
     tl.store(ties_ptr + word, now, mask=(word * 32 < n) & (now != was))
 
 
 def shadow_sgd_step(master: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor,
                     shadow: torch.Tensor, lr: float, momentum: float, first: bool,
-                    ties: torch.Tensor | None = None) -> None:
+                    ties: torch.Tensor | None = None, skip_unchanged: bool = False) -> None:
     """One step, in place on master, buf and shadow (and ties): one launch, no sync.
     master is the fp32 master, or under --split-master its int16 low half with its tie
-    bits (shadow its high half)."""
+    bits (shadow its high half). skip_unchanged (split form only): shadow's elements are
+    stored only where the update changed them (training/speedups/skip_unchanged_weight.py)."""
     tensors = (master, grad, buf, shadow)
     split = master.dtype == torch.int16
     if master.dtype not in (torch.float32, torch.int16) or buf.dtype != torch.float32:
@@ -118,7 +122,7 @@ def shadow_sgd_step(master: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor,
     if split:
         _split_sgd_kernel[(triton.cdiv(n, SPLIT_BLOCK),)](
             master, grad, buf, shadow.view(torch.int16), ties, n, lr, momentum, FIRST=first,
-            WORDS=SPLIT_BLOCK // 32, num_warps=SPLIT_WARPS)
+            WORDS=SPLIT_BLOCK // 32, SKIP_UNCHANGED=skip_unchanged, num_warps=SPLIT_WARPS)
     else:
         _shadow_sgd_kernel[(triton.cdiv(n, BLOCK),)](
             master, grad, buf, shadow, n, lr, momentum, FIRST=first, BLOCK_=BLOCK,

@@ -32,7 +32,8 @@ def test_a_tiny_ladder_writes_every_rung_and_says_which_could_not_run(tmp_path, 
         assert set(skipped) == {(s, f"+ {n}") for s in ("padded", "kernel/triton")
                                 for n in ("cudnn_benchmark", "bf16_shadow",
                                           "lin1_update_beside_trunk", "split_master",
-                                          "cuda_graph", "graphed_loss")}
+                                          "skip_unchanged_weight", "cuda_graph",
+                                          "graphed_loss")}
         assert all(v == "skipped: needs a CUDA GPU" for v in skipped.values())
         # baseline, fused_sgd, channels_last, both Triton blocks, the Triton pool, the
         # third block's Triton forward and backward, the first block's code backward

@@ -156,6 +156,7 @@ def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path
                              "triton_conv_pool_bwd": True, "bf16_shadow": False,
                              "triton_first_block_code": True,
                              "lin1_update_beside_trunk": False, "split_master": False,
+                             "skip_unchanged_weight": False,
                              "cuda_graph": False, "graphed_loss": False}
     assert written["cuda_graph_off_because"] == "CUDA graphs need a CUDA GPU" or \
         torch.cuda.is_available()

@@ -93,18 +93,55 @@ def test_the_kernel_on_the_halves_takes_the_fp32_masters_steps(device, n):
         assert _same_bits(join(weight, low, ties), master)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reach", [2.0**-20, 2.0**-5])
+def test_skipping_unchanged_weights_stores_the_same_bits(device, reach):
+    """--skip-unchanged-weight's store under a mask: from one state, three steps with and
+    without it give the same weight, low half, tie bits and momentum, bit for bit, where
+    updates of 2^-20 of a master leave most bf16 weights as they were (what the mask
+    skips) and where updates of 2^-5 move most (what it still stores)."""
+    n = 10_000
+    first = split(_masters(n, device)[-n:])
+    states = [first, tuple(t.clone() for t in first)]
+    bufs = [torch.empty(n, device=device) for _ in range(2)]
+    size = join(*first).abs()
+    for step in range(3):
+        g = torch.randn(n, device=device) * size * reach / 0.01  # lr 0.01
+        g = torch.where(torch.rand_like(g) < 0.3, 0.0, g).bfloat16()
+        before = states[0][0].clone()
+        for (weight, low, ties), buf, skip in zip(states, bufs, (False, True)):
+            shadow_sgd_step(low, g, buf, weight, 0.01, MOMENTUM, first=step == 0, ties=ties,
+                            skip_unchanged=skip)
+        for a, b in zip((*states[0], bufs[0]), (*states[1], bufs[1])):
+            assert _same_bits(a, b)
+        moved = (states[0][0].view(torch.int16) != before.view(torch.int16)).float().mean()
+        assert (moved < 0.1) if reach < 2**-10 else (moved > 0.5)
+
+
+def test_skipping_unchanged_weights_is_idle_without_the_split_master():
+    base = {**speedups.baseline_values(), "bf16_shadow": True, "skip_unchanged_weight": True}
+    alone = speedups.resolve(train.Config(**base), cuda=True)
+    assert not alone["on"]["skip_unchanged_weight"]
+    both = speedups.resolve(train.Config(**{**base, "split_master": True}), cuda=True)
+    assert both["on"]["skip_unchanged_weight"]
+
+
 @pytest.mark.parametrize("beside", [False, True])
 def test_a_split_model_takes_the_shadowed_models_steps(beside):
     seed = torch.randint(0, 2**31, ()).item()
     names = {"bf16_shadow"} | ({"lin1_update_beside_trunk"} if beside else set())
     losses0, model0, opt0 = shadow_steps(names, seed)
-    losses1, model1, opt1 = shadow_steps(names | {"split_master"}, seed)
-    assert not hasattr(model1, "lin1_master") and model1.lin1_master_low.dtype == torch.int16
-    assert torch.equal(losses1, losses0)
-    assert torch.equal(model1.lin1.weight, model0.lin1.weight)
-    assert torch.equal(opt1.buffers[0], opt0.buffers[0])
-    held = join(model1.lin1.weight.detach(), model1.lin1_master_low, model1.lin1_master_ties)
-    assert _same_bits(held, model0.lin1_master)
+    for more in ({"split_master"}, {"split_master", "skip_unchanged_weight"}):
+        losses1, model1, opt1 = shadow_steps(names | more, seed)
+        assert not hasattr(model1, "lin1_master")
+        assert model1.lin1_master_low.dtype == torch.int16
+        assert opt1.skip_unchanged_weight == ("skip_unchanged_weight" in more)
+        assert torch.equal(losses1, losses0)
+        assert torch.equal(model1.lin1.weight, model0.lin1.weight)
+        assert torch.equal(opt1.buffers[0], opt0.buffers[0])
+        held = join(model1.lin1.weight.detach(), model1.lin1_master_low,
+                    model1.lin1_master_ties)
+        assert _same_bits(held, model0.lin1_master)
 
 
 def test_it_is_idle_without_the_shadow_and_on_with_it():
