@@ -61,23 +61,49 @@ def measured(phase: str, flops: int, moved: int, fn, meter, reps: int = 20) -> d
 
 
 def lin1_phases(B: int, Fe: int, H: int, meter=None) -> list[dict]:
-    """lin1's GEMMs and its shadow SGD."""
+    """lin1's GEMMs and its shadow SGD, each with its own tensors (freed between)."""
+    return gemm_phases(B, Fe, H, meter) + [sgd_phase(H, Fe, meter)]
+
+
+def gemm_phases(B: int, Fe: int, H: int, meter=None) -> list[dict]:
+    """lin1's forward, input-gradient and weight-gradient GEMMs."""
     bf = dict(device="cuda", dtype=torch.bfloat16)
     x, w = torch.randn(B, Fe, **bf), torch.randn(H, Fe, **bf) * 0.01
     bias, dy = torch.randn(H, **bf), torch.randn(B, H, **bf)
-    buf, grad = torch.zeros(H, Fe, device="cuda"), torch.randn(H, Fe, **bf)
-    _, low, ties = split(w.float())  # --split-master's form (the default): w its high half
     gemm = 2 * B * Fe * H
     act = (B * Fe + B * H) * 2
     rows = [
         (FORWARD, gemm, act + H * Fe * 2, lambda: F.linear(x, w, bias)),
         (DX, gemm, act + H * Fe * 2, lambda: dy @ w),
         (DW, gemm, act + H * Fe * 2, lambda: dy.t() @ x),
-        # 18 bytes an element and the tie bits' words read (kernels/lin1/shadow_sgd.py)
-        (SGD, 0, H * Fe * 18 + H * Fe // 8,
-         lambda: shadow_sgd_step(low, grad, buf, w, 1e-4, 0.9, False, ties)),
     ]
     return [measured(n, f, b, fn, meter) for n, f, b, fn in rows]
+
+
+def sgd_phase(H: int, Fe: int, meter=None, gradient_rms: float = 5e-6) -> dict:
+    """lin1's shadow SGD as the step runs it (--split-master, --skip-unchanged-weight) at
+    the step's scales: weights kaiming-uniform as lin1's (|w| <= 1/256), lr 1e-4, a
+    gradient whose momentum (~10x it) has the rms a GPU-preset run's has (4-6e-5,
+    results/toward-20ms.md). Its bytes: 16 an element, the tie bits' words (1/8), and 2
+    for each element of a 32-byte sector of the weight that one call changed (measured
+    here, once the momentum is at its steady size): only those are written."""
+    w = (torch.rand(H, Fe, device="cuda") * 2 - 1) / 256
+    w, low, ties = split(w)
+    buf = torch.zeros(H, Fe, device="cuda")
+    grad = (torch.randn(H, Fe, device="cuda") * gradient_rms).bfloat16()
+
+    def update():
+        shadow_sgd_step(low, grad, buf, w, 1e-4, 0.9, False, ties, skip_unchanged=True)
+    for _ in range(40):  # the momentum to ~98 % of its steady 10x
+        update()
+    before = w.view(torch.int16).clone()
+    update()
+    sectors = (w.view(torch.int16) != before).view(-1, 16).any(1).float().mean().item()
+    del before
+    moved = H * Fe * 16 + H * Fe // 8 + round(sectors * H * Fe * 2)
+    row = measured(SGD, 0, moved, update, meter)
+    row["sectors_written"] = sectors
+    return row
 
 
 def lin2_phases(B: int, H: int, out: int, meter=None) -> list[dict]:
@@ -251,15 +277,17 @@ def main() -> None:
     B, H, S = cfg.batch_size, cfg.hidden, cfg.image_size
     Fe, out = 256 * (S // 16) ** 2, cfg.max_boxes * 4
     lin1 = lin1_phases(B, Fe, H, meter)
+    written = f"lin1's SGD wrote {lin1[-1]['sectors_written']:.1%} of its weight's 32-byte " \
+        "sectors a call (--skip-unchanged-weight: the rest were unchanged)"
     if args.lin1_only:
-        print(table(lin1, peak_flops, peak_bw), flush=True)
+        print(f"{table(lin1, peak_flops, peak_bw)}\n\n{written}", flush=True)
         return
     whole, model, images, step = step_ms(args)
     rows = lin1 + [trunk_phase(model, images, meter), *lin2_phases(B, H, out, meter),
                    small_sgd_phase(model, meter)]
     print(f"## The step's phases\n\n{table(rows, peak_flops, peak_bw)}\n\n"
           f"{floors(rows, peak_flops, peak_bw)}; the whole step (CUDA events, median of "
-          f"30, one batch reused): **{whole:.2f} ms**\n", flush=True)
+          f"30, one batch reused): **{whole:.2f} ms**; {written}\n", flush=True)
     if meter is not None:
         print(f"## Joules\n\n{energy_table(rows, step, meter)}\n", flush=True)
 
