@@ -84,7 +84,7 @@ def sgd_phase(H: int, Fe: int, meter=None, gradient_rms: float = 5e-6) -> dict:
     """lin1's shadow SGD as the step runs it (--split-master, --skip-unchanged-weight) at
     the step's scales: weights kaiming-uniform as lin1's (|w| <= 1/256), lr 1e-4, a
     gradient whose momentum (~10x it) has the rms a GPU-preset run's has (4-6e-5,
-    results/toward-20ms.md). Its bytes: 16 an element, the tie bits' words (1/8), and 2
+    results/step.md). Its bytes: 16 an element, the tie bits' words (1/8), and 2
     for each element of a 32-byte sector of the weight that one call changed (measured
     here, once the momentum is at its steady size): only those are written."""
     w = (torch.rand(H, Fe, device="cuda") * 2 - 1) / 256

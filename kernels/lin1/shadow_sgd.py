@@ -23,7 +23,10 @@ With --split-master the master is held as the bf16 weight, an int16 low half and
 place of the fp32 master and writes both back, 18 bytes an element and 1/8 of a byte for
 the tie bits' words (19.4 GB for lin1, ~6.5 ms); the same master bits, the same bf16
 weight. Its block is [64 words, 32 elements]: a word's 32 tie bits are one row, read once
-and written by the block that owns it (no atomics), and only where a bit changed.
+and written by the block that owns it (no atomics), and only where a bit changed. With
+--skip-unchanged-weight (SKIP_UNCHANGED) the weight too is stored only where its bits
+changed: a 32-byte sector of 16 weights none of which moved past a bf16 rounding is never
+written back (at lr 1e-4, 97-98 % of them: about 16 bytes an element instead of 18).
 
 A plain launcher, not a custom op: an optimizer step runs outside autograd and outside
 torch.compile, where an op's autograd and fake would never be used.

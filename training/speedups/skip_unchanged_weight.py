@@ -6,10 +6,11 @@ element are written unchanged. Stored under a mask (the new bits differ from the
 32-byte sector none of whose 16 elements changed is never dirtied in L2 and never written
 to HBM: up to 2.15 GB less a step of the update's 19.4 GB for lin1's 1.07 B weights.
 
-Why it pays at all: at the GPU preset the step runs at the card's power cap, where a
-step's time follows its joules (results/step.md), and HBM's writes are a share of them.
-What it saves depends on the data: a sector is written when any of its 16 weights moves
-across a bf16 rounding boundary (results/toward-20ms.md has the share measured).
+Why it pays: the update is bound by HBM's bandwidth (90 % of it), so 11 % fewer bytes make
+it ~11 % shorter beside the trunk, and at the GPU preset, where the step runs at the card's
+700 W cap, a step that moves fewer bytes needs fewer joules. What it saves depends on the
+data: a sector is written when any of its 16 weights moves across a bf16 rounding
+boundary, 0.12 % of the weights a step at the preset (results/step.md has the A/B).
 
 The maths is --split-master's bit for bit: an element whose bits are unchanged is left as
 it was. It needs that form (the plain fp32 master's kernel does not read the bf16 weight,
