@@ -131,7 +131,10 @@ def tail(step_times: list[dict], first: int, lag: int) -> dict | None:
     mean's): the slowest 1 % of the steps from `first` on, by the timer sustained() uses,
     what they add to the mean over the median, and the longest data wait and host step in
     the lag + 1 steps up to each of them (the host runs up to `lag` steps ahead, so its
-    lateness idles the GPU in that step or the ones after). None without such steps."""
+    lateness idles the GPU in that step or the ones after), and where they fall: their
+    step numbers and how many lie in the first tenth of the steps (a warm-up's residue,
+    a compile or a loader still filling, against a tail spread over the run). None
+    without such steps."""
     timed = step_times[first:]
     key = _timer(timed)
     steps = [i for i, t in enumerate(timed) if t[key] is not None]
@@ -146,7 +149,11 @@ def tail(step_times: list[dict], first: int, lag: int) -> dict | None:
             "slowest_ms": (timed[slow[0]][key], timed[slow[-1]][key]),
             "slowest_add_ms": sum(timed[i][key] - median for i in slow) / len(steps),
             "data_wait_max_ms": max(t.get("data_ms", 0.0) for t in before),
-            "host_max_ms": max(t["host_ms"] for t in before), "lag": lag}
+            "host_max_ms": max(t["host_ms"] for t in before), "lag": lag,
+            # Numbered from 1, as the progress lines number the steps.
+            "slowest_at": sorted(first + i + 1 for i in slow),
+            "window": (first + steps[0] + 1, first + steps[-1] + 1),
+            "in_first_tenth": sum(i < steps[0] + (steps[-1] - steps[0] + 1) / 10 for i in slow)}
 
 
 WAITED_MS = 1.0  # a step whose data phase took longer waited for the loader
@@ -184,9 +191,12 @@ def describe(rate: dict, busy_fraction: float | None, wait: dict | None = None,
         span = f"{high:.1f}" if low == high else f"{low:.1f}–{high:.1f}"
         ahead = (f"the host {_count(slow['lag'], 'step')} ahead" if slow["lag"]
                  else "the host not ahead")
+        at, (begin, end) = slow["slowest_at"], slow["window"]
+        where = f"step {at[0]}" if len(at) == 1 else f"steps {at[0]}–{at[-1]}"
         line += (f"\nthe tail: the mean step {slow['mean_ms']:.2f} ms against a median of "
                  f"{slow['median_ms']:.2f}; the slowest {_count(slow['slowest'], 'step')} "
-                 f"({span} ms) add{'s' if slow['slowest'] == 1 else ''} "
+                 f"({span} ms; at {where} of {begin}–{end}, {slow['in_first_tenth']} in "
+                 f"the first tenth) add{'s' if slow['slowest'] == 1 else ''} "
                  f"{slow['slowest_add_ms']:.2f} ms to the mean; the host's "
                  f"steps up to each took up to {slow['host_max_ms']:.1f} ms, its data waits "
                  f"up to {slow['data_wait_max_ms']:.1f} ms ({ahead})")

@@ -105,17 +105,30 @@ def test_the_tail_names_the_slowest_steps_and_the_host_before_them():
     assert slow["slowest_ms"] == (30.0, 60.0)
     assert slow["slowest_add_ms"] == pytest.approx((10.0 + 40.0) / 200)
     assert (slow["data_wait_max_ms"], slow["host_max_ms"]) == (90.0, 95.0)
+    # Where they fall, numbered from 1 as the progress lines number the steps: steps 42
+    # and 152 of the window 2-201 (the first step is not sustained), neither in its first
+    # tenth.
+    assert (slow["slowest_at"], slow["window"], slow["in_first_tenth"]) == \
+        ([42, 152], (2, 201), 0)
     # One step back only: the wait two steps before step 150 is out of the window.
     near = step_reader.tail(times, first=1, lag=1)
     assert (near["data_wait_max_ms"], near["host_max_ms"]) == (0.5, 20.0)
     line = step_reader.describe(sustained(times, 1, 8), None, slow=slow)
     assert ("the tail: the mean step 20.25 ms against a median of 20.00; the slowest 2 "
-            "steps (30.0–60.0 ms) add 0.25 ms to the mean; the host's steps up to each took "
-            "up to 95.0 ms, its data waits up to 90.0 ms (the host 2 steps ahead)") in line
+            "steps (30.0–60.0 ms; at steps 42–152 of 2–201, 0 in the first tenth) add 0.25 "
+            "ms to the mean; the host's steps up to each took up to 95.0 ms, its data waits "
+            "up to 90.0 ms (the host 2 steps ahead)") in line
+    # A slow step in the first tenth of the window (step 13 of 2-201) is counted there.
+    times[1 + 11]["device_ms"] = 70.0
+    early = step_reader.tail(times, first=1, lag=2)
+    assert (early["slowest_at"], early["in_first_tenth"]) == ([13, 152], 1)
     # On a CPU the host's clock times the steps, none ahead.
     host = step_reader.tail([{"host_ms": ms, "device_ms": None} for ms in (5.0, 5.0, 9.0)],
                             first=0, lag=0)
     assert host["slowest_ms"] == (9.0, 9.0) and host["data_wait_max_ms"] == 0.0
+    assert host["slowest_at"] == [3] and host["window"] == (1, 3)
+    assert "(9.0 ms; at step 3 of 1–3, 0 in the first tenth)" in step_reader.describe(
+        sustained([{"host_ms": 5.0, "device_ms": None}] * 3, 0, 1), None, slow=host)
     assert step_reader.tail(times, first=201, lag=2) is None
 
 
