@@ -74,7 +74,7 @@ class SGDWithShadow(torch.optim.Optimizer):
         # beside the master's and momentum's rows (training/parallel.py).
         shadow_sgd_step(master, local(param.grad), state["momentum_buffer"],
                         local(param.data), lr, MOMENTUM, first, state.get("master_ties"),
-                        skip_unchanged=self.skip_unchanged_weight and "master_ties" in state)
+                        skip_unchanged=self.skip_unchanged_weight)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.updated_elsewhere is not None and not set_to_none:
