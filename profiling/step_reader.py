@@ -140,10 +140,12 @@ def tail(step_times: list[dict], first: int, lag: int) -> dict | None:
     steps = [i for i, t in enumerate(timed) if t[key] is not None]
     if not steps:
         return None
-    times = [timed[i][key] for i in steps]
-    median, _ = _median_p95(sorted(times))
-    slow = sorted(steps, key=lambda i: timed[i][key])[-max(1, round(len(steps) * SLOWEST)):]
+    order = sorted(steps, key=lambda i: timed[i][key])  # fastest first, sorted once
+    times = [timed[i][key] for i in order]
+    median, _ = _median_p95(times)
+    slow = order[-max(1, round(len(steps) * SLOWEST)):]
     before = [t for i in slow for t in timed[max(0, i - lag):i + 1]]
+    tenth = steps[0] + (steps[-1] - steps[0] + 1) / 10  # the window's first tenth ends here
     return {"steps": len(steps), "mean_ms": sum(times) / len(times),
             "median_ms": median, "slowest": len(slow),
             "slowest_ms": (timed[slow[0]][key], timed[slow[-1]][key]),
@@ -153,7 +155,7 @@ def tail(step_times: list[dict], first: int, lag: int) -> dict | None:
             # Numbered from 1, as the progress lines number the steps.
             "slowest_at": sorted(first + i + 1 for i in slow),
             "window": (first + steps[0] + 1, first + steps[-1] + 1),
-            "in_first_tenth": sum(i < steps[0] + (steps[-1] - steps[0] + 1) / 10 for i in slow)}
+            "in_first_tenth": sum(i < tenth for i in slow)}
 
 
 WAITED_MS = 1.0  # a step whose data phase took longer waited for the loader
