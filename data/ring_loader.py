@@ -36,6 +36,7 @@ from torch.utils.data import BatchSampler, Dataset, SequentialSampler
 
 from core.errors import UserError
 from core.trees import map_leaves
+from core.waits import wait_for
 from data import shared_memory
 from data.ring_targets import nbytes, pack, unpack
 
@@ -185,7 +186,7 @@ class RingLoader:
                     # The slot the loader fills next was last read by this batch's copy.
                     oldest = copies.pop(0)
                     if not oldest.query():  # done long ago, as a rule: no wait, no sync
-                        oldest.synchronize()  # host waits for an H2D copy
+                        wait_for(oldest)  # host waits for an H2D copy
             try:
                 slot, layout, seconds = next(batches)
             except StopIteration:

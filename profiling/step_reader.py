@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from core.waits import wait_for
+
 
 @dataclass
 class StepRead:
@@ -80,7 +82,7 @@ class StepReader:
         step, value, event, previous, host_ms, data_ms = pending
         device_ms = None
         if event is not None:
-            event.synchronize()  # waits for this step's end on the stream, not the device
+            wait_for(event)  # this step's end on the stream, not the device; a signal ends it
             if previous is not None:
                 device_ms = previous.elapsed_time(event)
         return StepRead(step, float(value), host_ms, device_ms, data_ms)
@@ -158,6 +160,37 @@ def tail(step_times: list[dict], first: int, lag: int) -> dict | None:
             "in_first_tenth": sum(i < tenth for i in slow)}
 
 
+SLOW = 1.3  # a step this many times the median is a slow one (pace())
+
+
+def pace(step_times: list[dict], first: int) -> dict | None:
+    """Whether the host keeps ahead of the GPU over the steps from `first` on: the host's
+    time a step (median, p90, p99: its work to enqueue a step, data waits included), its
+    median against the median step (sustained()'s timer), and how many steps after the
+    window's first tenth took over SLOW times the median step (a host that needs most of
+    the step leaves no slack, and any hiccup then idles the GPU). None without steps."""
+    timed = step_times[first:]
+    key = _timer(timed)
+    steps = [t for t in timed if t[key] is not None]
+    if not steps:
+        return None
+    host = sorted(t["host_ms"] for t in steps)
+    step = sorted(t[key] for t in steps)
+    median = step[len(step) // 2]
+    late = [t[key] for t in steps[len(steps) // 10:]]
+    slow = sum(ms > SLOW * median for ms in late)
+    return {"steps": len(steps), "host_ms_median": _at(host, 0.5),
+            "host_ms_p90": _at(host, 0.9), "host_ms_p99": _at(host, 0.99),
+            "step_ms_median": median, "host_share": _at(host, 0.5) / median if median else None,
+            "after_first_tenth": len(late), "slow_steps": slow,
+            "slow_share": slow / len(late) if late else 0.0}
+
+
+def _at(ordered: list[float], q: float) -> float:
+    """The q-quantile of values sorted in ascending order (not empty), nearest rank."""
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
 WAITED_MS = 1.0  # a step whose data phase took longer waited for the loader
 
 
@@ -175,9 +208,11 @@ def data_wait(step_times: list[dict], first: int) -> dict | None:
 
 
 def describe(rate: dict, busy_fraction: float | None, wait: dict | None = None,
-             loader: dict | None = None, batch: int = 0, slow: dict | None = None) -> str:
+             loader: dict | None = None, batch: int = 0, slow: dict | None = None,
+             paced: dict | None = None) -> str:
     """The lines under a run's table. loader: the loader's own rate (data/loader.own_rate);
-    batch: samples per batch of one process's loader; slow: tail()'s account."""
+    batch: samples per batch of one process's loader; slow: tail()'s account; paced:
+    pace()'s."""
     line = (f"sustained: {rate['samples_per_s']:,.0f} samples/s over {rate['steps']} steps "
             f"({rate['timer']}; step median {rate['step_ms_median']:.2f} ms, p95 "
             f"{rate['step_ms_p95']:.2f} ms)")
@@ -202,6 +237,8 @@ def describe(rate: dict, busy_fraction: float | None, wait: dict | None = None,
                  f"{slow['slowest_add_ms']:.2f} ms to the mean; the host's "
                  f"steps up to each took up to {slow['host_max_ms']:.1f} ms, its data waits "
                  f"up to {slow['data_wait_max_ms']:.1f} ms ({ahead})")
+    if paced:
+        line += "\n" + describe_pace(paced)
     if loader:
         who = (f"the loader's {_count(loader['workers'], 'worker')}" if loader['workers']
                else "the loader (no workers: the main process)")
@@ -209,6 +246,17 @@ def describe(rate: dict, busy_fraction: float | None, wait: dict | None = None,
                  f"batches/s ({loader['batches_per_s'] * batch / 1e3:.1f} k samples/s), "
                  f"{loader['worker_batch_ms']:.0f} ms a batch in a worker")
     return line
+
+
+def describe_pace(paced: dict) -> str:
+    """pace()'s line: the host's time a step against the step's, and the slow steps."""
+    share = paced["host_share"]
+    of = f", {share * 100:.0f} % of the median step" if share is not None else ""
+    return (f"the host: {paced['host_ms_median']:.1f} ms a step (median; p90 "
+            f"{paced['host_ms_p90']:.1f}, p99 {paced['host_ms_p99']:.1f}){of}; "
+            f"{paced['slow_steps']} of the {paced['after_first_tenth']} steps after the "
+            f"first tenth over {SLOW:g}x the median step "
+            f"({paced['slow_share'] * 100:.1f} %)")
 
 
 def _count(n: int, noun: str) -> str:
