@@ -60,7 +60,7 @@ from profiling import (
 from profiling.communication import communication
 from profiling.environment import environment
 from profiling.scaling import combine, format_ranks, scaling
-from profiling.step_reader import data_wait, describe, reader_lag, sustained, tail
+from profiling.step_reader import data_wait, describe, pace, reader_lag, sustained, tail
 from profiling.table import format_table
 from profiling.trace_events import find_trace, load_trace, quiet_cpu_profiler
 from profiling.trace_summary import step_device_ms, summarize
@@ -396,6 +396,7 @@ class ProfiledRun:
         busy = self._busy_fraction(summary)
         wait = data_wait(self.step_times, first)
         slow = tail(self.step_times, first, reader_lag(self.cfg, self.cuda))
+        paced = pace(self.step_times, first)
         model_flops = self._model_flops(summary, rate, env["device"])
         table += "\n" + flops.describe(model_flops, "the step's device time", env["device"])
         first_ms = sum(t["host_ms"] for t in self.step_times[:self.cfg.settle])
@@ -404,7 +405,8 @@ class ProfiledRun:
             table += "\n" + compile_account.describe(compiled, self.cfg.settle)
         if rate:
             loader = self.facts.get("batches", {}).get("loader_rate")
-            table += "\n" + describe(rate, busy, wait, loader, self.cfg.batch_size, slow)
+            table += "\n" + describe(rate, busy, wait, loader, self.cfg.batch_size, slow,
+                                      paced)
             clocks = gpu_clocks.describe(self.clocks_summary)
             if clocks:
                 table += "\n" + clocks
@@ -416,7 +418,8 @@ class ProfiledRun:
                 **self.facts,
                 "environment": env, "trace": trace.name, "table": table,
                 "step_times": self.step_times, "sustained": rate, "gpu_busy_fraction": busy,
-                "data_wait": wait, "tail": slow, "gpu_clocks": self.clocks_summary,
+                "data_wait": wait, "tail": slow, "pace": paced,
+                "gpu_clocks": self.clocks_summary,
                 "flops": model_flops,
                 "compile": compiled,
                 "steps_run": self.done,

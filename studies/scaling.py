@@ -25,7 +25,15 @@ from core.files import write_whole
 from core.names import describe, parse_variants
 from core.tables import csv_text, markdown_of_dicts
 from profiling.run_folder import display
-from studies.common import attempt, base_config, keep_interrupted, ranks_out, run_config
+from studies.common import (
+    PACE_COLUMNS,
+    attempt,
+    base_config,
+    keep_interrupted,
+    pace_cells,
+    ranks_out,
+    run_config,
+)
 from studies.compare_rows import load_summary, ran_on_gpu
 from studies.cost_model import Shape, sent_per_rank
 from training.parallel import PARALLEL
@@ -33,9 +41,9 @@ from training.ranks import from_env, per_host, stop
 
 PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir", "parallel")
 REFUSAL = "is set per run by make scaling; choose with --designs and --strategy"
-COLUMNS = ["design", "GPUs", "strategy", "step median ms", "step p95 ms", "NCCL ms",
-           "exposed NCCL ms", "sent GB per rank (model)", "optimizer GPU ms", "peak GB",
-           "samples/s", "scaling", "run folder"]
+COLUMNS = ["design", "GPUs", "strategy", "step median ms", "step p95 ms", *PACE_COLUMNS,
+           "NCCL ms", "exposed NCCL ms", "sent GB per rank (model)", "optimizer GPU ms",
+           "peak GB", "samples/s", "scaling", "run folder"]
 
 
 def row_of(summary: dict, folder: Path) -> dict:
@@ -53,6 +61,7 @@ def row_of(summary: dict, folder: Path) -> dict:
     return {"design": cfg["parallel"], "GPUs": world,
             "strategy": describe(cfg["loss"], cfg["backend"]),
             "step median ms": rate.get("step_ms_median"), "step p95 ms": rate.get("step_ms_p95"),
+            **pace_cells(summary),
             "NCCL ms": comm.get("comm_ms") if on_gpu else None,
             "exposed NCCL ms": comm.get("exposed_ms") if on_gpu else None,
             "sent GB per rank (model)": sent_per_rank(cfg["parallel"], world, shape,

@@ -49,6 +49,7 @@ from profiling.run_folder import display
 from profiling.trace_summary import step_device_ms
 from studies.charts import step_times_chart, throughput_chart
 from studies.common import (
+    PACE_COLUMNS,
     SKIPPED,
     attempt,
     base_config,
@@ -56,6 +57,7 @@ from studies.common import (
     folder_name,
     keep_interrupted,
     outcome,
+    pace_cells,
     ranks_out,
     run_config,
 )
@@ -67,8 +69,8 @@ REFUSAL = ("is set per run by make throughput; choose runs with --strategies and
            "folder with --out")
 COLUMNS = ["strategy", "steps run", "sustained samples/s", "GPU's rate samples/s", "share",
            "TFLOP/s a GPU", "MFU %", "step median ms", "step p95 ms", "GPU busy", "SM MHz",
-           "power W", "clock held by", "J a step", "data wait ms", "steps waited", "timer",
-           "budget", "loader", "copy", "run folder"]
+           "power W", "clock held by", "J a step", "data wait ms", "steps waited",
+           *PACE_COLUMNS, "timer", "budget", "loader", "copy", "run folder"]
 # With --against: each strategy's sustained rate over its rate in the other table.
 SCALING = "scaling"
 
@@ -145,6 +147,7 @@ def row_of(summary: dict, folder: Path) -> dict:
         "GPU busy": None if busy is None else f"{busy * 100:.1f} %",
         **clock_cells(summary.get("gpu_clocks")),
         "data wait ms": wait.get("total_ms"), "steps waited": wait.get("steps_waited"),
+        **pace_cells(summary),
         "timer": rate.get("timer"),
         "budget": f"{cfg['seconds']:g} s" if cfg.get("seconds") else None,
         # How the batches reached the step: what decides the share (docs/runs.md).
