@@ -92,12 +92,12 @@ class Config:
                             "speed-up given as well stays on)")
     # Several GPUs (make profile GPUS=N starts this script on N ranks; training/ddp.py):
     # --batch-size stays per rank, so the global batch is N times it.
-    # Defaults: the fastest measured on two H200s (results/several-gpus.md).
+    # Defaults: the fastest measured (results/several-gpus.md).
     bucket_mb: float = option(25.0, DDP_HELP["bucket_mb"])
     bucket_view: bool = option(True, DDP_HELP["bucket_view"])
     comm_hook: str = option("sum", DDP_HELP["comm_hook"], choices=COMM_HOOKS)
     overlap: bool = option(True, DDP_HELP["overlap"])
-    parallel: str = option("ddp", parallel.HELP, choices=parallel.PARALLEL)
+    parallel: str = option("auto", parallel.HELP, choices=parallel.CHOICES)
     scaling_baseline: str = option("", "a one-GPU run folder of the same batch size per GPU: "
                                    "summary.json gives this run's scaling against it")
     seed: int = option(0, "same seed, same batches and weights for every strategy")
@@ -303,6 +303,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
 
     ranks = from_env()  # torchrun's rank and world; a world of one otherwise
     validate(cfg, ranks.world)
+    design, why = parallel.choose(cfg, ranks.world)  # --parallel auto: which design
+    cfg = dataclasses.replace(cfg, parallel=design)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     cuda = torch.cuda.is_available()
     device = ranks.start(cuda)  # this rank's GPU (or the CPU), in the process group
@@ -335,7 +337,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     name = cfg.run_name or f"{label.replace('/', '-')}-{cfg.mode}-{utc_stamp()}"
     with ProfiledRun(cfg, label, phases_of(cfg.mode, graphed is not None), cuda,
                      check_out_dir(cfg.out_dir), name, used=speed, ranks=ranks,
-                     facts={"batches": batches}) as prof:
+                     facts={"batches": batches,
+                            "parallel": {"design": design, "why": why}}) as prof:
         params = sum(p.numel() for p in model.parameters())
         where = (f"{ranks.world} ranks ({device.type}, --parallel {cfg.parallel})"
                  if ranks.distributed else device)
@@ -344,6 +347,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                  f"on {where} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
                  f"parameters built in {t_model:.1f} s")
         prof.say(f"speed-ups: {speedups.describe_used(speed)}")
+        if ranks.distributed:
+            prof.say(f"design: --parallel {design} ({why})")
         prof.say(f"batches: {cfg.loader} loader, copied to the device {batches['copy']}")
         # The loss is read --run-ahead steps late in train mode on a GPU (reader_lag).
         reader = StepReader(cuda, lag=reader_lag(cfg, cuda))

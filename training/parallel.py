@@ -9,12 +9,13 @@ their gradients all-reduced by DDP (training/ddp.py) in every design.
           gradient reduce-scattered, its bf16 weight all-gathered before the conv forward
           (prefetcher(): the convolutions do not need it), its fp32 master and momentum
           (--bf16-shadow) kept for the local rows only, so each rank updates 1/N of it.
-    tp    lin1 column-parallel and lin2 row-parallel (DTensor tensor parallel,
-          parallelize_module on the same mesh): each rank's flattened features are
+    tp    lin1 column-parallel and lin2 row-parallel, in plain tensors and collectives
+          (training/tensor_parallel.py): each rank's flattened features are
           all-gathered, each rank computes its 1/N of lin1's outputs for the global batch,
           lin2's partial sums are reduce-scattered back to each rank's own samples. lin1's
           weight never moves; its gradient is the global batch's on each rank already, so
-          no gradient of the head is reduced, and each rank updates only its rows.
+          no gradient of the head's shards is reduced, and each rank updates only its
+          rows (beside the trunk's backward, as on one GPU: --lin1-update-beside-trunk).
     tp2d  tp inside each host and data-parallel across hosts (a 2-D DeviceMesh, hosts x
           ranks per host): the features are gathered over a host's NVLink only, lin1's and
           lin2's shards hold the host's batch's gradient, which is summed over the ranks
@@ -36,20 +37,27 @@ so the trunk's reduction must be one too (--comm-hook sum, the default, or --no-
 Nothing here imports torch at import time (train.py --help works without it).
 """
 
+import weakref
+
 from core.errors import UserError
 from training.ranks import hosts, per_host
 
 PARALLEL = ("ddp", "zero", "tp", "tp2d")
-HELP = ("several GPUs: ddp (lin1 replicated, its gradient all-reduced), zero (lin1's weight, "
-        "gradient, master and momentum sharded by rows: FSDP2), tp (lin1 column- and lin2 "
-        "row-parallel: DTensor tensor parallel, features all-gathered), tp2d (tp inside "
-        "each host, data-parallel across hosts)")
+CHOICES = ("auto", *PARALLEL)
+HELP = ("several GPUs: auto (tp on one host, tp2d across hosts, where they apply, else "
+        "ddp; the run's first lines say which and why), ddp (lin1 replicated, its gradient "
+        "all-reduced), zero (lin1's weight, gradient, master and momentum sharded by rows: "
+        "FSDP2), tp (lin1 column- and lin2 row-parallel, features all-gathered), tp2d (tp "
+        "inside each host, data-parallel across hosts)")
 # The buffer that --bf16-shadow adds for lin1's fp32 master (training/speedups/
 # bf16_shadow.py), and the two --split-master holds it in instead: its int16 low half and
 # its tie bits (training/speedups/split_master.py).
 MASTER = "lin1_master"
 MASTER_LOW = "lin1_master_low"
 MASTER_TIES = "lin1_master_ties"
+# tp's shards (training/tensor_parallel.py), plain parameters told apart by identity:
+# id -> a weak reference (a WeakSet compares tensors with ==, which is elementwise).
+_SHARDS: dict = {}
 
 
 def master_names(model) -> list[str]:
@@ -58,30 +66,61 @@ def master_names(model) -> list[str]:
 
 
 def check(cfg, world: int) -> None:
-    """Where a design cannot apply: one line, before anything is written."""
-    if cfg.parallel not in PARALLEL:
-        raise UserError(f"--parallel takes {', '.join(PARALLEL)}, not {cfg.parallel!r}")
-    if cfg.parallel == "ddp":
-        return
-    flag = f"--parallel {cfg.parallel}"
+    """Where a design given cannot apply: one line, before anything is written (auto
+    takes the next design that can)."""
+    if cfg.parallel not in CHOICES:
+        raise UserError(f"--parallel takes {', '.join(CHOICES)}, not {cfg.parallel!r}")
+    reason = None if cfg.parallel == "auto" else _refusal(cfg.parallel, cfg, world)
+    if reason:
+        raise UserError(f"--parallel {cfg.parallel} {reason}")
+
+
+def choose(cfg, world: int) -> tuple[str, str]:
+    """(the design this run uses, why): the one given, or for auto the fastest measured
+    that can apply (PREFERRED: tp inside a host, tp2d across hosts), else ddp."""
+    if cfg.parallel != "auto":
+        return cfg.parallel, "given"
     if world < 2:
-        raise UserError(f"{flag} shards lin1 over several ranks: run it with GPUS=N (N >= 2), "
-                        "or use --parallel ddp on one")
+        return "ddp", "auto: one rank, nothing to spread"
+    several_hosts = (hosts() or 1) > 1
+    best = "tp2d" if several_hosts else "tp"
+    reason = _refusal(best, cfg, world)
+    if reason is None:
+        return best, f"auto: {PREFERRED[best]}"
+    return "ddp", f"auto: ddp, because --parallel {best} {reason}"
+
+
+# Why auto picks each (the measurements: results/several-gpus.md).
+PREFERRED = {
+    "tp": "tp, the fastest design measured on 2 and 4 GPUs of one host "
+          "(results/several-gpus.md); --parallel ddp or zero for another",
+    "tp2d": "tp2d, tp inside each host and data-parallel across hosts, the cost model's "
+            "choice across hosts (unmeasured: docs/several-gpus.md)",
+}
+
+
+def _refusal(design: str, cfg, world: int) -> str | None:
+    """Why a design cannot apply to this run, or None."""
+    if design == "ddp":
+        return None
+    if world < 2:
+        return ("shards lin1 over several ranks: run it with GPUS=N (N >= 2), or use "
+                "--parallel ddp on one")
     parts = world
-    if cfg.parallel == "tp2d":
+    if design == "tp2d":
         parts = per_host()
         # A host of 1 in a job of 3 on 2 hosts divides 3 too: the host count tells.
         if world % parts or (hosts() or world // parts) * parts != world:
-            raise UserError(f"{flag} needs the same number of ranks on every host: this "
-                            f"host runs {parts} of the job's {world}")
+            return (f"needs the same number of ranks on every host: this host runs {parts} "
+                    f"of the job's {world}")
     if cfg.hidden % parts:
         over = "each host's" if parts != world else "the"
-        raise UserError(f"{flag} splits lin1's {cfg.hidden} rows evenly over {over} ranks: "
-                        f"--hidden must be a multiple of {parts}")
+        return (f"splits lin1's {cfg.hidden} rows evenly over {over} ranks: --hidden must "
+                f"be a multiple of {parts}")
     if cfg.overlap and cfg.comm_hook != "sum":
-        raise UserError(f"{flag} sums gradients over the ranks (the head's sharded gradients "
-                        f"are sums already): use --comm-hook sum (the default), not "
-                        f"{cfg.comm_hook}")
+        return (f"sums gradients over the ranks (the head's sharded gradients are sums "
+                f"already): use --comm-hook sum (the default), not {cfg.comm_hook}")
+    return None
 
 
 def sharded(cfg, ranks) -> bool:
@@ -140,22 +179,12 @@ def _fully_shard_lin1(model, mesh) -> None:
 
 
 def _tensor_parallel_head(model, mesh) -> None:
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-    # Each rank's features (batch-sharded) are all-gathered for lin1; lin2's output comes
-    # back batch-sharded, each rank its own samples, as a plain tensor.
-    parallelize_module(model, mesh, {"lin1": ColwiseParallel(input_layouts=Shard(0)),
-                                     "lin2": RowwiseParallel(output_layouts=Shard(0))})
-    # Only the trunk (the convolutions) is compiled; the head and DDP run eager. torch
-    # 2.11's compile of the whole model traced lin1 with the plain features, not the
-    # DTensor its input hook makes ("aten.addmm.default got mixed torch.Tensor and
-    # DTensor", bench/sharded_rank.py on the H100), and torch.compiler.disable around the
-    # head lost the output's grad_fn on 2.13. The head is three cuBLAS GEMMs either way:
-    # compile had nothing to fuse there.
+    from training.tensor_parallel import parallelize_head
+    for shard in parallelize_head(model, mesh.get_group()):
+        _SHARDS[id(shard)] = weakref.ref(shard)
+    # Only the trunk (the convolutions) is compiled; the head runs eager: its collectives
+    # wait on async work handles, which the compiler does not trace, and it is three
+    # cuBLAS GEMMs and a ReLU, nothing for the compiler to fuse.
     model.compile_whole = False
 
 
@@ -207,5 +236,7 @@ def local(tensor):
 
 
 def is_sharded(tensor) -> bool:
+    """A parameter that the design owns: a DTensor (zero's), or one of tp's shards."""
     from torch.distributed.tensor import DTensor
-    return isinstance(tensor, DTensor)
+    mine = _SHARDS.get(id(tensor))
+    return isinstance(tensor, DTensor) or (mine is not None and mine() is tensor)

@@ -32,13 +32,17 @@ results/step.md). `on` still turns it on there.
 
 Each element's update is the same kernel's: the same bits, the same losses. What reads
 lin1's weight, master or momentum between steps other than the model's forward calls
-model.lin1_update.join() first (the state dict does it itself). One GPU, no CUDA graph: on
-several ranks DDP reduces the gradient after the hook has fired, and a graph of one step
-cannot hold work that runs on into the next.
+model.lin1_update.join() first (the state dict does it itself). One GPU, or several under
+tp or tp2d (each rank's rows of lin1 updated beside its trunk); no CUDA graph: a graph of
+one step cannot hold work that runs on into the next.
 """
 
 from training.speedups.base import SpeedUp
 
+# The designs under which lin1's gradient is whole when its hook fires: tp's is the global
+# batch's on each rank by construction (tp2d's summed across hosts by an earlier hook of
+# the same gradient, training/parallel.py); DDP and FSDP2 reduce it after.
+WHOLE_GRADIENT = ("tp", "tp2d")
 HIGH = -1  # the step's stream priority (lower is higher; 0, the default, the lowest)
 _step_streams: dict = {}
 
@@ -140,10 +144,12 @@ def update_in_backward(model, make, build):
 
 
 def refusal(cfg, cuda: bool) -> str | None:
+    from training.parallel import choose
     from training.ranks import from_env
-    if from_env().distributed:
-        return ("on several ranks DDP reduces lin1's gradient after its hook has fired; "
-                "one GPU only")
+    world = from_env().world
+    if world > 1 and choose(cfg, world)[0] not in WHOLE_GRADIENT:
+        return ("on several ranks under ddp or zero lin1's gradient is reduced after its "
+                "hook has fired; tp and tp2d only")
     if cfg.cuda_graph == "on":
         return ("a CUDA graph holds one step, and this update runs on into the next "
                 "step's forward")
@@ -164,8 +170,8 @@ SPEEDUP = SpeedUp(
     "lin1_update_beside_trunk",
     "lin1's update (--bf16-shadow's) on a low-priority side stream from its gradient's "
     "hook, beside the trunk's backward and the next forward on the step's high-priority "
-    "stream: auto (one GPU, no CUDA graph, not the host-bound loop, concat, nested), on, "
-    "off",
+    "stream: auto (one GPU or --parallel tp/tp2d, no CUDA graph, not the host-bound loop, "
+    "concat, nested), on, off",
     default="auto", gpu_only=True, refusal=refusal, auto_off=host_bound,
     model=join_before_head,
     optimizer=update_in_backward, process=step_stream,

@@ -1,0 +1,142 @@
+"""--parallel tp's head with plain tensors and collectives: lin1 column-parallel, lin2
+row-parallel over a process group of N ranks, each rank holding 1/N of lin1's rows (and
+of its bias) and of lin2's columns.
+
+Rank r of N, its batch of B samples (x_r: [B, F] features, F = 65,536 at full size):
+
+    forward   x = all-gather(x_r)                     [N*B, F]  bf16 in, 2(N-1)·B·F bytes
+              y = x @ W1_r^T + b1_r                   [N*B, H/N]
+              h = relu(y)                             (the model's own)
+              z = reduce-scatter(h @ W2_r^T) + b2     [B, O]    each rank its own samples
+    backward  dz -> all-gather                        [N*B, O]
+              dh = dz @ W2_r, dW2_r = dz^T h
+              dx = dy @ W1_r                          [N*B, F]  -> reduce-scatter -> [B, F]
+              dW1_r = dy^T x, db1_r = sum(dy)
+
+lin1's weight never moves, and its gradient is the global batch's on each rank already:
+no gradient of the head's shards is reduced (lin2's bias, replicated, is DDP's).
+
+Why not DTensor's parallelize_module, which did this before (results/archive/
+several-gpus.md): its eager dispatch and hooks are Python on every op of the head, every
+step, and each rank's host needed about twice one GPU's time a step under it. Here the
+head is a dozen ATen calls and four collectives.
+
+What the communication hides behind:
+    the features' all-gather   this rank's own rows' GEMM (1/N of lin1's forward), which
+                               needs nothing gathered; the others' rows follow it
+    dx's reduce-scatter        lin1's weight-gradient GEMM (as many FLOPs as the forward),
+                               which needs dy and x, not dx; the wait comes after it
+lin2's two collectives move N·B·O·2 bytes (2 MB a rank at the full size): left inline.
+On NCCL every wait is a stream dependency (the current stream waits for NCCL's), never a
+host-device sync.
+
+Under bf16 autocast the GEMMs run in bf16, as autocast would run F.linear: the inputs
+are cast outside the autograd functions, so autograd casts their gradients back.
+"""
+
+import types
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+# torch 2.13 renamed the single-tensor collectives (the old names warn there; 2.11 has
+# only those).
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def gemm_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype autocast would give a GEMM on x's device, or x's own without autocast."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+
+
+def _rows_of(index: int, batch: int) -> slice:
+    return slice(index * batch, (index + 1) * batch)
+
+
+class _GatherLinear(torch.autograd.Function):
+    """y = all-gather(x) @ W^T + b over the group; backward: dx reduce-scattered behind
+    the weight's gradient GEMM. Every input already in the GEMM's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group, index):
+        parts, batch = dist.get_world_size(group), x.shape[0]
+        full = x.new_empty((parts * batch, x.shape[1]))
+        gathering = _all_gather(full, x, group=group, async_op=True)
+        out = x.new_empty((parts * batch, weight.shape[0]))
+        own = _rows_of(index, batch)
+        with torch.autocast(x.device.type, enabled=False):
+            torch.addmm(bias, x, weight.t(), out=out[own])  # beside the gather
+            gathering.wait()  # NCCL: the current stream waits for the gather; no host sync
+            for rows in (slice(0, own.start), slice(own.stop, parts * batch)):
+                if rows.stop > rows.start:
+                    torch.addmm(bias, full[rows], weight.t(), out=out[rows])
+        ctx.save_for_backward(full, weight)
+        ctx.group, ctx.batch = group, batch
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        full, weight = ctx.saved_tensors
+        dy = dy.contiguous()
+        dx_full = dy.mm(weight)
+        dx = dx_full.new_empty((ctx.batch, dx_full.shape[1]))
+        scattering = _reduce_scatter(dx, dx_full, group=ctx.group, async_op=True)
+        dw = dy.t().mm(full)  # beside the reduce-scatter
+        db = dy.sum(0)
+        scattering.wait()  # NCCL: a stream dependency, no host sync
+        return dx, dw, db, None, None
+
+
+class _ScatterRows(torch.autograd.Function):
+    """Partial sums [N*B, O] -> this rank's rows of their sum [B, O]; backward: the
+    gradient's rows all-gathered."""
+
+    @staticmethod
+    def forward(ctx, partial, group):
+        parts = dist.get_world_size(group)
+        out = partial.new_empty((partial.shape[0] // parts, *partial.shape[1:]))
+        _reduce_scatter(out, partial.contiguous(), group=group)
+        ctx.group = group
+        return out
+
+    @staticmethod
+    def backward(ctx, dz):
+        parts = dist.get_world_size(ctx.group)
+        full = dz.new_empty((parts * dz.shape[0], *dz.shape[1:]))
+        _all_gather(full, dz.contiguous(), group=ctx.group)
+        return full, None
+
+
+def _column_forward(group, index):
+    def forward(self, x):
+        dtype = gemm_dtype(x)
+        return _GatherLinear.apply(x.to(dtype).contiguous(), self.weight.to(dtype),
+                                   self.bias.to(dtype), group, index)
+    return forward
+
+
+def _row_forward(group):
+    def forward(self, h):
+        dtype = gemm_dtype(h)
+        partial = F.linear(h.to(dtype), self.weight.to(dtype))
+        return _ScatterRows.apply(partial, group) + self.bias.to(dtype)
+    return forward
+
+
+def parallelize_head(model, group) -> list:
+    """lin1 and lin2 of the model cut to this rank's shards of `group` and their forwards
+    rebound to the ones above (their parameter names kept); returns the parameters that
+    are now shards. Every rank built the same model from the same seed, so each keeps its
+    own rows of the same full tensors."""
+    parts, index = dist.get_world_size(group), dist.get_rank(group)
+    lin1, lin2 = model.lin1, model.lin2
+    with torch.no_grad():
+        lin1.weight = torch.nn.Parameter(lin1.weight.chunk(parts)[index].clone())
+        lin1.bias = torch.nn.Parameter(lin1.bias.chunk(parts)[index].clone())
+        lin2.weight = torch.nn.Parameter(lin2.weight.chunk(parts, dim=1)[index].contiguous())
+    lin1.forward = types.MethodType(_column_forward(group, index), lin1)
+    lin2.forward = types.MethodType(_row_forward(group), lin2)
+    return [lin1.weight, lin1.bias, lin2.weight]
