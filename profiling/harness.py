@@ -33,6 +33,7 @@ import signal
 import threading
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import torch
@@ -67,7 +68,7 @@ from profiling.trace_summary import step_device_ms, summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
 from training import job_notes, speedups
 from training.ddp import knobs
-from training.ranks import Ranks, launcher_gone, peer_gone, stop_watching
+from training.ranks import Ranks, abandon_nccl, launcher_gone, peer_gone, stop_watching
 
 
 @contextlib.contextmanager
@@ -125,6 +126,9 @@ def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train",
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     else:
         quiet_cpu_profiler()
+    # torch 2.11 warns, at each run's window, that a profiler of several cycles keeps only
+    # the last one's events: a schedule of one cycle (repeat=1) has nothing else.
+    warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
     return torch.profiler.profile(
         activities=activities,
         schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
@@ -354,6 +358,8 @@ class ProfiledRun:
             # torchrun's, which stops every rank once one has ended) must not cut its
             # trace or folder work short.
             ignore_stop_signals()
+            if not isinstance(exc, UserError):  # a refusal is every rank's, in step
+                abandon_nccl()  # a collective left waiting must not hold the GPU's streams
             if not self.ranks.main:
                 # Only rank 0 keeps an early end's steps: the others write no trace (into
                 # a folder that rank 0 may be renaming).

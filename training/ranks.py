@@ -7,6 +7,7 @@ here touches torch.distributed then, and the run is exactly the single-process o
 """
 
 import atexit
+import faulthandler
 import os
 import shutil
 import signal
@@ -84,6 +85,8 @@ class Ranks:
                 dist.init_process_group("nccl" if cuda else "gloo",
                                         timeout=timedelta(minutes=5))
             _watch_the_launcher()
+            # kill -USR2 <rank's pid>: its Python stacks on stderr, where it is stuck.
+            faulthandler.register(signal.SIGUSR2, all_threads=True)
             atexit.register(_leave_after_an_early_end)
         return device
 
@@ -312,6 +315,24 @@ def stop() -> None:
         dist.destroy_process_group()
 
 
+def abandon_nccl() -> None:
+    """An early end under NCCL: the group's communicators aborted, LEAVE_S at most.
+
+    Under NCCL a collective whose peer has died, or that a peer stopped before joining
+    (a Ctrl-C meets the ranks at different steps), never ends: its kernel waits on the
+    GPU, and every later kernel of its stream behind it. The rank's own end then hung in
+    whatever waited for that stream, its exit included, until torchrun's SIGKILL 30 s
+    later (a killed rank 0, Ctrl-C, a killed launcher: 30.3-30.6 s on two H200s).
+    ncclCommAbort ends the waiting kernels. No collective follows an early end (rank 0
+    writes the summary from its own steps), so nothing is lost."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if dist.get_backend() == "nccl" and abort is not None:
+        finished_within(abort, LEAVE_S, "abort the NCCL group")
+
+
 def _leave_after_an_early_end() -> None:
     """At exit, a gloo group that an early end left joined is freed while Python lives,
     without waiting for the others (one may be dead): its threads ended in the
@@ -334,7 +355,8 @@ def _leave_after_an_early_end() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not (dist.is_available() and dist.is_initialized()):
         return  # stop() left it, or there was none
-    if dist.get_backend() == "gloo":
+    abandon_nccl()  # an early end outside the harness's (the model's build, a study's)
+    if dist.is_initialized() and dist.get_backend() == "gloo":
         _forget_what_holds_the_group()
         if not finished_within(dist.destroy_process_group, LEAVE_S,
                                "leave the process group"):
