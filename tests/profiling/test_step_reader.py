@@ -132,10 +132,37 @@ def test_the_tail_names_the_slowest_steps_and_the_host_before_them():
     assert step_reader.tail(times, first=201, lag=2) is None
 
 
+def test_the_pace_sets_the_hosts_step_against_the_gpus_and_counts_the_slow_steps():
+    """400 device steps of 20 ms with the host at 8-12 ms: three steps over 1.3x the median
+    (26 ms), one of them in the first tenth (not counted), one at exactly 26 ms (not over);
+    the host's median, p90 and p99 by nearest rank."""
+    times = [{"host_ms": 900.0, "device_ms": None}] + [
+        {"host_ms": 8.0 + (i % 5), "device_ms": 20.0} for i in range(400)]
+    times[1 + 10]["device_ms"] = 40.0  # the first tenth: 40 of the 400
+    times[1 + 100]["device_ms"] = 26.0
+    times[1 + 200]["device_ms"] = 27.0
+    times[1 + 300].update(device_ms=50.0, host_ms=45.0)
+    paced = step_reader.pace(times, first=1)
+    assert (paced["steps"], paced["after_first_tenth"], paced["slow_steps"]) == (400, 360, 2)
+    assert paced["step_ms_median"] == 20.0 and paced["host_ms_median"] == 10.0
+    assert (paced["host_ms_p90"], paced["host_ms_p99"]) == (12.0, 12.0)
+    assert paced["host_share"] == pytest.approx(0.5)
+    assert paced["slow_share"] == pytest.approx(2 / 360)
+    assert step_reader.describe_pace(paced) == (
+        "the host: 10.0 ms a step (median; p90 12.0, p99 12.0), 50 % of the median step; 2 "
+        "of the 360 steps after the first tenth over 1.3x the median step (0.6 %)")
+    # On a CPU the host's clock times the steps: the host is the whole step.
+    host = step_reader.pace([{"host_ms": ms, "device_ms": None} for ms in (5.0, 5.0, 9.0)], 0)
+    assert host["host_share"] == 1.0 and host["slow_steps"] == 1
+    assert step_reader.pace(times, first=401) is None
+
+
 def test_a_cpu_runs_tail_is_in_its_summary_and_its_lines(tmp_path):
     summary = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
     assert summary["tail"]["lag"] == 0 and summary["tail"]["steps"] >= 1
     assert "the tail: the mean step" in summary["table"]
+    assert summary["pace"]["steps"] == summary["tail"]["steps"]
+    assert "the host: " in summary["table"] and "over 1.3x the median step" in summary["table"]
 
 
 @pytest.mark.gpu

@@ -71,6 +71,9 @@ def test_two_ranks_train_as_one_process_on_the_global_batch(tmp_path, loss):
     assert summary["losses"] == pytest.approx(one["losses"], rel=2e-5), loss
     ranks = summary["distributed"]
     assert ranks["world"] == 2 and ranks["backend"] == "gloo" and ranks["global_batch"] == 4
+    # No --parallel given: auto's pick, said at the start and kept with its reason.
+    assert ranks["parallel"] == "tp" and summary["parallel"]["design"] == "tp"
+    assert "design: --parallel tp (auto: tp, the fastest design measured" in out
     assert sorted(p.name.split(".")[0] for p in job.glob("*.pt.trace.json.gz")) == \
         ["rank0", "rank1"]
     assert [r["trace"].split(".")[0] for r in ranks["ranks"]] == ["rank0", "rank1"]

@@ -146,6 +146,42 @@ def test_a_design_that_cannot_apply_is_one_line(tmp_path, args, world, message):
         train.validate(cfg, world)
 
 
+def test_auto_takes_tp_on_one_host_tp2d_across_hosts_else_ddp_and_says_why(monkeypatch):
+    from training.parallel import choose
+    cfg = train.parse_config(RANK_ARGS)
+    assert cfg.parallel == "auto"
+    design, why = choose(cfg, 2)
+    assert design == "tp" and why.startswith("auto: tp, the fastest design measured")
+    assert choose(cfg, 1) == ("ddp", "auto: one rank, nothing to spread")
+    # Where tp cannot apply, ddp, with the reason tp gives when asked for.
+    assert choose(train.parse_config(RANK_ARGS + ["--hidden", "33"]), 2) == (
+        "ddp", "auto: ddp, because --parallel tp splits lin1's 33 rows evenly over the "
+        "ranks: --hidden must be a multiple of 2")
+    assert choose(train.parse_config(RANK_ARGS + ["--comm-hook", "none"]), 2)[0] == "ddp"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    assert choose(cfg, 4)[0] == "tp2d"
+    # A design given is the design run, auto or not.
+    assert choose(train.parse_config(RANK_ARGS + ["--parallel", "zero"]), 4) == ("zero",
+                                                                                 "given")
+    train.validate(cfg, 2)  # auto never refuses: it falls back
+
+
+@pytest.mark.parametrize("design,refused", [("auto", False), ("tp", False), ("tp2d", False),
+                                            ("ddp", True), ("zero", True)])
+def test_lin1s_update_beside_the_trunk_needs_a_whole_gradient(monkeypatch, design, refused):
+    """Under tp (auto's pick) lin1's gradient is the global batch's when its hook fires;
+    under ddp and zero it is reduced after."""
+    from training.speedups import BY_NAME
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    cfg = train.parse_config(RANK_ARGS + ["--parallel", design])
+    reason = BY_NAME["lin1_update_beside_trunk"].refusal(cfg, True)
+    assert (reason is not None) == refused, reason
+    if refused:
+        assert "tp and tp2d only" in reason
+
+
 def test_several_hosts_need_a_rendezvous_address():
     from training.launch import parse
     with pytest.raises(UserError, match="NODES=2 needs RDZV=HOST:PORT"):
