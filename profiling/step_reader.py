@@ -179,9 +179,10 @@ def pace(step_times: list[dict], first: int) -> dict | None:
     median = step[len(step) // 2]
     late = [t[key] for t in steps[len(steps) // 10:]]
     slow = sum(ms > SLOW * median for ms in late)
-    return {"steps": len(steps), "host_ms_median": _at(host, 0.5),
+    host_median = _at(host, 0.5)
+    return {"steps": len(steps), "host_ms_median": host_median,
             "host_ms_p90": _at(host, 0.9), "host_ms_p99": _at(host, 0.99),
-            "step_ms_median": median, "host_share": _at(host, 0.5) / median if median else None,
+            "step_ms_median": median, "host_share": host_median / median if median else None,
             "after_first_tenth": len(late), "slow_steps": slow,
             "slow_share": slow / len(late) if late else 0.0}
 

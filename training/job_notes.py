@@ -103,7 +103,6 @@ def settle(folder: Path, line: str) -> str:
     """Marks rank 0's unsettled run folder -failed with `line` as its reason (a summary
     of what is known: no step was summarised); '' if there is none, else what was done."""
     from profiling.run_folder import display, mark
-    from profiling.trace_writer import remove_plain_traces
     note_file = folder / RUN
     try:
         note = json.loads(note_file.read_text())
@@ -114,8 +113,10 @@ def settle(folder: Path, line: str) -> str:
                    "config": note["config"]}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         # Rank 0 died before packing its window's trace (past the window, under NCCL):
-        # a plain trace that no summary describes is not kept half-done.
-        remove_plain_traces(run_dir)
+        # a plain trace (profiling/trace_writer.py packs them) that no summary describes
+        # is not kept half-done.
+        for plain in run_dir.glob("*.pt.trace.json"):
+            plain.unlink(missing_ok=True)
         return f"its run folder is {display(mark(run_dir, 'failed'))}"
     except (OSError, ValueError, KeyError):  # none, or rank 0 settled it meanwhile
         return ""
