@@ -75,11 +75,11 @@ class _RingDataset(Dataset):
         started = time.perf_counter()
         number, indices = numbered
         slot = number % self.images.shape[0]
-        out = self.images[slot]
+        out = self.images[slot].numpy()  # numpy's copy of 64 KB: 2 us; a tensor's copy_: 15
         pairs = []
         for row, index in enumerate(indices):
             image, boxes = self.dataset[index]
-            out[row].copy_(image)
+            out[row] = image.numpy()
             pairs.append((_PIXEL, boxes))
         # The strategy's own collate makes the targets (and refuses a sample with more
         # boxes than the model predicts); its stacked stand-in images are dropped. The

@@ -2,11 +2,13 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from core.errors import UserError
 from data import SyntheticFaces, collate_list, collate_padded
+from data.synthetic import uniform_bytes
 
 
 def test_deterministic_per_seed_and_index():
@@ -22,6 +24,28 @@ def _expected_count_pmf(k: int, sigma: float = 3.0) -> float:
     """P(floor(|N(0, sigma)|) = k) = P(k <= |X| < k+1)."""
     cdf = lambda x: math.erf(x / (sigma * math.sqrt(2)))  # P(|X| < x)
     return cdf(k + 1) - cdf(k)
+
+
+@pytest.mark.parametrize("shape", [(1, 256, 256), (1, 64, 64), (1, 7, 7), (1, 2, 2), (8,)])
+def test_uniform_bytes_are_integers_bytes_and_leave_the_generator_where_it_does(shape):
+    # Fresh (seed, index) pairs each run; 7x7 and 2x2 are not a multiple of 8 (slow path).
+    for seed, index in np.random.default_rng().integers(0, 2**31, size=(20, 2)).tolist():
+        slow, fast = np.random.default_rng([seed, index]), np.random.default_rng([seed, index])
+        assert np.array_equal(slow.integers(0, 256, size=shape, dtype=np.uint8),
+                              uniform_bytes(fast, shape))
+        assert slow.standard_normal() == fast.standard_normal()
+        assert np.array_equal(slow.integers(0, 255, size=(3, 2)),
+                              fast.integers(0, 255, size=(3, 2)))
+
+
+def test_the_images_are_the_workloads_draw():
+    """The dataset's images are still `integers(0, 256, uint8)` of each sample's generator:
+    every recorded run saw these bytes."""
+    faces = SyntheticFaces(10, 256, seed=5)
+    for i in (0, 9):
+        rng = np.random.default_rng([5, i])
+        expected = rng.integers(0, 256, size=(1, 256, 256), dtype=np.uint8)
+        assert np.array_equal(faces[i][0].numpy(), expected)
 
 
 def test_box_counts_follow_the_workload_distribution():
