@@ -21,7 +21,7 @@ from core.commands import leave
 from core.errors import ProjectError, UserError, exit_code, one_line
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
-from core.signals import ignore_stop_signals, stop_once
+from core.signals import ignore_stop_signals, raise_if_stopped, stop_once
 from profiling.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from profiling.scaling import check_baseline
 from training import ddp, parallel, speedups
@@ -366,6 +366,7 @@ def _steps(prof, feed, graphed, train_step, reader) -> None:
     host-device sync per step, so the host prepares the next steps while the GPU runs
     step k."""
     for step in prof.steps():
+        raise_if_stopped()  # a signal whose KeyboardInterrupt some code swallowed ends here
         t0 = time.perf_counter()
         if graphed is not None:
             loss = graphed.step(step, *feed.host())
@@ -385,6 +386,7 @@ def _steps(prof, feed, graphed, train_step, reader) -> None:
         prof.end_step(step)
     for read in reader.drain():
         prof.record_step(read)
+    raise_if_stopped()
 
 
 def _report(line: str) -> None:

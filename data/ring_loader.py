@@ -35,6 +35,7 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler
 
 from core.errors import UserError
+from core.signals import stop_signals_held
 from core.trees import map_leaves
 from core.waits import wait_for
 from data import shared_memory
@@ -172,7 +173,8 @@ class RingLoader:
         self.close()
         if self.loader is None:
             self._make()
-        batches = iter(self.loader)
+        with stop_signals_held():  # a KeyboardInterrupt amid the forks left a half-made
+            batches = iter(self.loader)  # iterator (a traceback from its __del__)
         self.pinned = self.pin and _register(self.ring)
         copies = []  # events after the device copies of the batches handed out, oldest first
         handed = False

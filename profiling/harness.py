@@ -24,13 +24,10 @@ ranks only rank 0 keeps, marks or removes the folder; the others drop their unfi
 trace.
 """
 
-import contextlib
 import dataclasses
 import json
 import math
 import os
-import signal
-import threading
 import time
 import traceback
 import warnings
@@ -49,7 +46,7 @@ from core.errors import (
 )
 from core.files import write_whole
 from core.names import FUSED
-from core.signals import STOP_SIGNALS, ignore_stop_signals
+from core.signals import ignore_stop_signals, stop_signal, stop_signals_held
 from profiling import (
     compile_account,
     flops,
@@ -69,48 +66,6 @@ from profiling.trace_writer import gzip_traces, remove_plain_traces
 from training import job_notes, speedups
 from training.ddp import knobs
 from training.ranks import Ranks, abandon_nccl, launcher_gone, peer_gone, stop_watching
-
-
-@contextlib.contextmanager
-def _signals_deferred(act: bool = True, say=None, what: str | None = "the run's files"):
-    """Ctrl-C and SIGTERM that arrive inside are held and acted on at the end (act=False:
-    dropped, for a run already ending). say(line): told once when the first one arrives,
-    that `what` is being written and kept (None: that the run is ending and keeps
-    nothing).
-
-    Python-level handlers that only take note, not pthread_sigmask: a signal blocked in
-    the main thread is delivered to another thread, and its KeyboardInterrupt could still
-    be raised (and swallowed) inside the profiler; under load a test saw a Ctrl-C lost."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-    held = []
-
-    def hold(signum, _frame):
-        if not held and say is not None:
-            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            if what is None:
-                say(f"{name} received while the run ends early: it keeps nothing (no "
-                    "profiled step completed)")
-            else:
-                say(f"{name} received while {what} is written: held until it is, so that "
-                    "nothing is cut short (kill -9 would discard it)")
-        held.append(signum)
-
-    previous = {signum: signal.signal(signum, hold)
-                for signum in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            if signal.getsignal(signum) is hold:  # not where a rank chose to ignore them
-                signal.signal(signum, handler)
-        if held and act:
-            handler = previous[held[0]]
-            if callable(handler):
-                handler(held[0], None)  # Ctrl-C's KeyboardInterrupt, train.py's SIGTERM
-            elif handler == signal.SIG_DFL:
-                os.kill(os.getpid(), held[0])
 
 
 def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train",
@@ -316,7 +271,7 @@ class ProfiledRun:
         self.done = step + 1
         # Ctrl-C or SIGTERM inside the profiler's step transition could leave it unable to
         # write the trace of the steps already done: the signal waits until it is over.
-        with _signals_deferred():
+        with stop_signals_held():
             self.profiler.step()
 
     def __exit__(self, exc_type, exc, tb):
@@ -340,7 +295,7 @@ class ProfiledRun:
         what = f"the trace of {profiled} profiled steps" if profiled else "the run's folder"
         if exc is not None and not profiled:
             what = None  # ending early with no profiled step: nothing is written or kept
-        with _signals_deferred(act=exc is None, say=self.say, what=what):
+        with stop_signals_held(act=exc is None, say=self.say, what=what):
             return self._exit(exc_type, exc, tb)
 
     def _profiled_done(self) -> int:
@@ -404,7 +359,8 @@ class ProfiledRun:
         slow = tail(self.step_times, first, reader_lag(self.cfg, self.cuda))
         paced = pace(self.step_times, first)
         model_flops = self._model_flops(summary, rate, env["device"])
-        table += "\n" + flops.describe(model_flops, "the step's device time", env["device"])
+        table += "\n" + flops.describe(model_flops, "the step's device time", env["device"],
+                                       self.cfg.mode)
         first_ms = sum(t["host_ms"] for t in self.step_times[:self.cfg.settle])
         compiled = compile_account.account(self.compiled_before, first_ms)
         if compiled:
@@ -481,7 +437,8 @@ class ProfiledRun:
         every --parallel design does a rank's batch's FLOPs a rank, tp's shards of the
         global batch included)."""
         cfg = self.cfg
-        per_step = flops.step_flops(cfg.batch_size, cfg.image_size, cfg.max_boxes, cfg.hidden)
+        per_step = flops.step_flops(cfg.batch_size, cfg.image_size, cfg.max_boxes, cfg.hidden,
+                                    cfg.mode)
         gpu_s = step_device_ms(summary["step"]) / 1e3 if self.cuda else None
         account = flops.utilisation(per_step, gpu_s, device if self.cuda else None)
         if rate and self.cuda:
@@ -565,6 +522,12 @@ class ProfiledRun:
             # under NCCL always).
             interrupted, status = False, "failed"
             reason = "another rank failed; the launcher stopped this one"
+        elif not interrupted and not user_error and stop_signal():
+            # A stop signal came, then the run failed: the signal that reached the whole
+            # group killed a data worker before it had its own handler, and the loader
+            # said "worker killed by signal" before the KeyboardInterrupt came through.
+            interrupted, status = True, "interrupted"
+            reason = f"interrupted ({stop_signal()})"
         close_within(self.writer, WRITER_CLOSE_S)
         if self.ranks.distributed:
             # A rank ending early: a second Ctrl-C or SIGTERM (the terminal's and

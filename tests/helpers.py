@@ -73,15 +73,18 @@ def _ctrl_c_as_a_terminal_gives_it():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def signal_after(proc, line_part: str, signum, timeout=300, group=False, again=None):
-    """Sends signum once stdout shows line_part (group: to the process's whole group, as a
-    terminal or `timeout` does; again: seconds after which it is sent a second time);
-    returns (exit code, stderr lines); proc.rest_of_stdout holds what it printed after."""
+def signal_after(proc, line_part: str, signum, timeout=300, group=False, again=None,
+                 delay=0.0):
+    """Sends signum `delay` seconds after stdout shows line_part (group: to the process's
+    whole group, as a terminal or `timeout` does; again: seconds after which it is sent a
+    second time); returns (exit code, stderr lines); proc.rest_of_stdout holds what it
+    printed after."""
     import os
     send = (lambda: os.killpg(proc.pid, signum)) if group else (lambda: proc.send_signal(signum))
     deadline = time.time() + timeout
     for line in proc.stdout:
         if line_part in line:
+            time.sleep(delay)
             send()
             if again is not None:
                 time.sleep(again)

@@ -34,6 +34,7 @@ import time
 
 import torch
 
+from core.signals import stop_signals_held
 from core.trees import leaves
 
 phase = torch.profiler.record_function
@@ -46,7 +47,9 @@ class InStep:
     batch: what must follow them on the compute stream (several ranks' box counts)."""
 
     def __init__(self, loader, copy, arrive):
-        self.batches, self.copy, self.arrive = iter(loader), copy, arrive
+        with stop_signals_held():  # PyTorch's loader forks its workers here
+            self.batches = iter(loader)
+        self.copy, self.arrive = copy, arrive
         self._waited = 0.0
 
     def host(self):

@@ -1,0 +1,55 @@
+"""core/signals.py in this process: a stop signal whose KeyboardInterrupt was swallowed is
+raised again; a held one comes through at the end."""
+
+import os
+import signal
+
+import pytest
+
+from core import signals
+
+
+@pytest.fixture
+def stop_once_here(monkeypatch):
+    """stop_once's handlers for this test, this process's own put back after it."""
+    monkeypatch.setattr(signals, "_STOPPED", [])
+    kept = {s: signal.getsignal(s) for s in (*signals.STOP_SIGNALS, signal.SIGCHLD)}
+    signals.stop_once()
+    yield
+    for signum, handler in kept.items():
+        signal.signal(signum, handler)
+
+
+def _swallowing(signum):
+    """What an at-fork callback or a finalizer does to a KeyboardInterrupt."""
+    try:
+        os.kill(os.getpid(), signum)
+    except KeyboardInterrupt:
+        pass
+
+
+@pytest.mark.parametrize("signum,name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGINT, "Ctrl-C")])
+def test_a_swallowed_stop_signal_is_raised_again(stop_once_here, signum, name):
+    signals.raise_if_stopped()  # none came: nothing
+    _swallowing(signum)
+    assert signals.stop_signal() == name
+    with pytest.raises(KeyboardInterrupt) as raised:
+        signals.raise_if_stopped()
+    assert str(raised.value) == ("SIGTERM" if signum == signal.SIGTERM else "")
+    _swallowing(signum)  # a second signal is dropped, the first still stands
+    with pytest.raises(KeyboardInterrupt):
+        signals.raise_if_stopped()
+
+
+def test_a_stop_signal_leaves_childrens_deaths_unannounced(stop_once_here):
+    signal.signal(signal.SIGCHLD, lambda *_: pytest.fail("SIGCHLD handler ran"))
+    _swallowing(signal.SIGTERM)
+    assert signal.getsignal(signal.SIGCHLD) == signal.SIG_DFL
+
+
+def test_a_held_signal_comes_through_at_the_end(stop_once_here):
+    with pytest.raises(KeyboardInterrupt):
+        with signals.stop_signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            seen = "held"  # reached: the signal did not cut the block
+    assert seen == "held" and signals.stop_signal() == "SIGTERM"
