@@ -55,8 +55,11 @@ def peak_of(device_name: str | None) -> Peak | None:
 
 
 @lru_cache(maxsize=16)
-def step_flops(batch: int, image_size: int, capacity: int, hidden: int) -> int:
-    """FLOPs of one training step of the plain model at these shapes (module docstring)."""
+def step_flops(batch: int, image_size: int, capacity: int, hidden: int,
+               mode: str = "train") -> int:
+    """FLOPs of one step of the plain model at these shapes (module docstring): forward
+    and backward in train mode, the forward alone in forward mode (2.64 of the GPU
+    preset's 7.93 TFLOP: one GEMM of lin1's three, the convs' forward)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -65,8 +68,15 @@ def step_flops(batch: int, image_size: int, capacity: int, hidden: int) -> int:
         model = BoxNet(image_size, capacity, hidden)
         images = torch.empty(batch, 1, image_size, image_size, dtype=torch.uint8)
     with FlopCounterMode(display=False) as counter:
-        model(images).float().sum().backward()  # the loss: none of its FLOPs are counted
+        out = model(images).float().sum()  # the loss: none of its FLOPs are counted
+        if mode == "train":
+            out.backward()
     return counter.get_total_flops()
+
+
+def what_is_counted(mode: str) -> str:
+    """The line's words for what step_flops counted in this mode."""
+    return "forward and backward" if mode == "train" else "the forward alone"
 
 
 def utilisation(flops: float, seconds: float | None, device_name: str | None) -> dict:
@@ -101,11 +111,12 @@ def rate_text(tflop_per_s: float | None) -> str:
     return "-" if tflop_per_s is None else f"{tflop_per_s:.0f}"
 
 
-def describe(account: dict, over: str, device_name: str) -> str:
+def describe(account: dict, over: str, device_name: str, mode: str = "train") -> str:
     """The line under a table: 'model: 7.93 TFLOP a step (forward and backward,
     FlopCounterMode); over <over> 365 TFLOP/s, MFU 36.9 % of the dense bf16 peak (989
     TFLOP/s)', and the MFU at the sustained rate where the run has one."""
-    line = f"model: {account['tflop']:.3g} TFLOP a step (forward and backward, FlopCounterMode)"
+    line = (f"model: {account['tflop']:.3g} TFLOP a step ({what_is_counted(mode)}, "
+            "FlopCounterMode)")
     if account["mfu"] is None:
         why = ("no GPU time" if account["tflop_per_s"] is None
                else f"no dense bf16 peak known for {device_name} (profiling/flops.py)")
