@@ -73,6 +73,22 @@ def test_the_comparison_chart_on_a_gpu_has_both_bars(tmp_path, monkeypatch):
                                                                             "step CPU"]
 
 
+def test_the_comparison_chart_draws_close_steps_close(tmp_path, monkeypatch):
+    """nested at 569 and padded at 550 ms looked several times apart on a log axis: the
+    step panel is linear from zero; the loss panel goes to log only for bars over WIDE
+    times apart, and says so."""
+    rows = [{"strategy": s, "mode": m, "step CPU ms": ms, "step GPU ms": None,
+             "loss CPU ms": ms} for s, ms in (("padded", 550.0), ("nested", 569.0))
+            for m in ("train", "forward")]
+    fig = _drawn(monkeypatch, lambda: charts.compare_chart(rows, tmp_path / "c.png"))
+    left, right = fig.axes[:2]
+    assert right.get_yscale() == "linear" and right.get_ylim()[0] == 0
+    assert left.get_yscale() == "linear" and "log" not in left.get_title()
+    rows[1]["loss CPU ms"] = 550.0 * (charts.WIDE + 1)
+    fig = _drawn(monkeypatch, lambda: charts.compare_chart(rows, tmp_path / "c.png"))
+    assert fig.axes[0].get_yscale() == "log" and "(log scale)" in fig.axes[0].get_title()
+
+
 def test_the_sweep_chart_on_a_cpu_has_one_row_of_host_times(tmp_path, monkeypatch):
     row = {"axis": "batch", "strategy": "padded", "status": "ok", "batch": 4,
            "capacity": 8, "sigma": "1", "boxes per image": 1.0}
