@@ -46,9 +46,17 @@ NETWORK_GBS = 50.0
 CONTENTION = (3.78 - 1.45) / 8.73
 
 
-# Scaling measured over an epoch on several GPUs: (design, GPUs, factor, where). The
-# ddp point is the one CONTENTION was fitted to, so it does not test the model.
-MEASURED = [("ddp", 2, 1.73, "2 H200s, sustained (results/several-gpus.md)")]
+# Scaling measured over a run on several GPUs (results/several-gpus.md), beside the
+# predictions: (design, GPUs, factor, where). The H200 ddp point is the one CONTENTION was
+# fitted to, so it does not test the model; the H100 points do, and show how far the
+# model's input (a one-GPU step of 25.94 ms at 230c8f1) is from today's step (19.35 ms).
+MEASURED = [("ddp", 2, 1.73, "2 H200s, 860e475"),
+            ("ddp", 2, 1.55, "2 H100s, a8b9e5b"),
+            ("zero", 2, 1.46, "2 H100s, a8b9e5b"),
+            ("tp", 2, 2.02, "2 H100s, a8b9e5b"),
+            ("tp", 4, 3.89, "4 H100s, f12095b")]
+# The columns that are the model's output, not a measurement: the table says so.
+PREDICTED = ("compute ms", "NCCL ms", "exposed ms", "step ms", "scaling")
 
 
 @dataclass(frozen=True)
@@ -140,10 +148,34 @@ def predict(design: str, n: int, measured: dict, s: Shape, per_host: int, nvlink
 
 
 def table(rows: list[dict]) -> str:
+    """The predictions, each predicted column named so, with the scaling measured for the
+    same design and GPUs beside them where a run measured it."""
     keys = list(rows[0])
+    heads = [f"predicted {k}" if k in PREDICTED else k for k in keys] + ["measured scaling"]
     fmt = (lambda v: f"{v:.2f}" if isinstance(v, float) else str(v))
-    return "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)] +
-                     ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows])
+    return "\n".join(["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)] +
+                      ["| " + " | ".join([fmt(r[k]) for k in keys] + [measured(r)]) + " |"
+                       for r in rows])
+
+
+def measured(row: dict) -> str:
+    """The measured scalings of row's design on as many GPUs ('-' where none was)."""
+    found = [f"{factor:.2f} ({where})" for design, n, factor, where in MEASURED
+             if design == row["design"] and n == row["GPUs"]]
+    return "; ".join(found) or "-"
+
+
+def parse_worlds(text: str) -> list[int]:
+    """--worlds as numbers of GPUs, each 2 or more; one line naming what is not."""
+    worlds = []
+    for part in text.split(","):
+        if not part.strip().isdigit():
+            raise UserError(f"--worlds {text}: {part.strip()!r} is not a whole number of GPUs "
+                            "(e.g. --worlds 2,4,8)")
+        worlds.append(int(part))
+    if any(n < 2 for n in worlds):
+        raise UserError("--worlds are numbers of GPUs, 2 or more")
+    return worlds
 
 
 def chart(rows: list[dict], path: Path, title: str) -> None:
@@ -208,13 +240,11 @@ def _main(argv=None) -> int:
     ap.add_argument("--network-gbs", type=float, default=NETWORK_GBS)
     ap.add_argument("--chart", default="", help="a PNG of the predicted scaling")
     args = ap.parse_args(argv)
+    worlds = parse_worlds(args.worlds)
     try:
         measured = json.loads(Path(args.measured).read_text())
-        worlds = [int(n) for n in args.worlds.split(",")]
     except (OSError, ValueError) as exc:
-        raise UserError(f"--measured {args.measured} and --worlds {args.worlds}: {exc}") from None
-    if any(n < 2 for n in worlds):
-        raise UserError("--worlds are numbers of GPUs, 2 or more")
+        raise UserError(f"--measured {args.measured}: {exc}") from None
     _check_machine(args)
     s = Shape()
     # What a hidden collective can run beside, from the one-GPU step's kernels: the conv
@@ -225,9 +255,17 @@ def _main(argv=None) -> int:
     rows = [predict(d, n, measured, s, args.gpus_per_host, args.nvlink_gbs,
                     args.network_gbs, window) for n in worlds for d in DESIGNS
             if (d, n) not in refused]
-    print(f"Measured on: {measured.get('device')}, torch {measured.get('torch')}; NVLink "
+    if args.chart:  # before the table: a chart that cannot be written is the one line
+        try:
+            chart(rows, Path(args.chart), f"predicted from {measured.get('device')}")
+        except OSError as exc:
+            raise UserError(f"--chart {args.chart}: {exc.strerror or exc}") from None
+    one = next(r["step ms median"] for r in measured["steps"] if r["design"] == "one")
+    print(f"Predicted, not measured: from one GPU's step of {one:.2f} ms ({args.measured}: "
+          f"{measured.get('device')}, torch {measured.get('torch')}), NVLink "
           f"{args.nvlink_gbs:.0f} GB/s inside a host of {args.gpus_per_host}, network "
-          f"{args.network_gbs:.0f} GB/s across; contention {CONTENTION:.2f}\n")
+          f"{args.network_gbs:.0f} GB/s across, contention {CONTENTION:.2f}; the measured "
+          "scalings beside them are results/several-gpus.md's\n")
     print(table(rows))
     for (d, n), why in refused.items():
         print(f"not predicted: {d} on {n} GPUs ({why}; --parallel {d} refuses it)")
@@ -235,10 +273,6 @@ def _main(argv=None) -> int:
         f"{n}: {max((r for r in rows if r['GPUs'] == n), key=lambda r: r['scaling'])['design']}"
         for n in worlds))
     if args.chart:
-        try:
-            chart(rows, Path(args.chart), f"predicted from {measured.get('device')}")
-        except OSError as exc:
-            raise UserError(f"--chart {args.chart}: {exc.strerror or exc}") from None
         print(f"written: {args.chart}")
     return 0
 

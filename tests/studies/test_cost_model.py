@@ -49,12 +49,25 @@ def test_bad_worlds_are_one_line(capsys):
     assert "--worlds are numbers of GPUs, 2 or more" in capsys.readouterr().err
     assert cm.main(["--measured", "nowhere.json"]) == 2
     assert "--measured nowhere.json" in capsys.readouterr().err
+    assert cm.main(["--worlds", "2,x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --worlds 2,x: 'x' is not a whole number of GPUs (e.g. --worlds "
+                   "2,4,8)"], err
 
 
 def test_the_command_prints_the_table_and_the_choice(tmp_path, capsys):
     assert cm.main(["--worlds", "2,8", "--chart", str(tmp_path / "m.png")]) == 0
     out = capsys.readouterr().out
     assert "| tp | 2 |" in out and "Best design at each N: 2: tp" in out
+    # Every figure the model made says "predicted"; a measured one stands beside it.
+    assert out.startswith("Predicted, not measured: from one GPU's step of ")
+    head = next(line for line in out.splitlines() if line.startswith("| design"))
+    assert head.split(" | ")[2:] == ["predicted compute ms", "predicted NCCL ms",
+                                     "predicted exposed ms", "predicted step ms",
+                                     "GB sent a rank", "predicted scaling",
+                                     "measured scaling |"]
+    tp2 = next(line for line in out.splitlines() if line.startswith("| tp | 2 |"))
+    assert tp2.endswith("| 2.02 (2 H100s, a8b9e5b) |"), tp2
     assert (tmp_path / "m.png").stat().st_size > 1000
 
 
@@ -69,8 +82,10 @@ def test_bad_machine_numbers_and_charts_are_one_line(capsys, args, message):
     """They raised ZeroDivisionError, printed negative times, made ddp best everywhere
     (nan) or gave a traceback (a chart that cannot be written)."""
     assert cm.main(args) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    out, err = capsys.readouterr()
+    err = err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+    assert out == ""  # the table was printed before the chart's error
 
 
 def test_a_design_that_refuses_the_world_is_not_predicted(capsys):
