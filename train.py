@@ -21,8 +21,8 @@ from core.commands import leave
 from core.errors import ProjectError, UserError, exit_code, one_line
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
+from core.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from core.signals import ignore_stop_signals, raise_if_stopped, stop_once
-from profiling.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from profiling.scaling import check_baseline
 from training import ddp, parallel, speedups
 from training.ddp import COMM_HOOKS

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from core import run_folder
 from core.bounded import finished_within
 from core.errors import (
     NonFiniteLoss,
@@ -53,7 +54,6 @@ from profiling import (
     gpu_clocks,
     memory_account,
     memory_page,
-    run_folder,
 )
 from profiling.communication import communication
 from profiling.environment import environment

@@ -16,7 +16,7 @@ from core.errors import (
 )
 from core.files import claim, release_claims
 from core.names import describe
-from profiling.run_folder import check_out_dir, display, mark, new_run_dir, utc_stamp
+from core.run_folder import check_out_dir, display, mark, new_run_dir, utc_stamp
 from training.ranks import from_env
 
 SKIPPED = "skipped.json"  # rows that could not run, kept beside the runs for a rebuild

@@ -29,9 +29,9 @@ from core.commands import command, run_command
 from core.errors import UserError
 from core.files import write_whole
 from core.names import MODES, describe, parse_variants, variants
+from core.run_folder import display
 from core.tables import csv_text, markdown_of_dicts
 from kernels.giou.cuda_extension import unavailable_reason
-from profiling.run_folder import display
 from studies.charts import compare_chart
 from studies.common import (
     SKIPPED,

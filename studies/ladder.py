@@ -29,10 +29,10 @@ from core.commands import command, run_command
 from core.errors import RunInterrupted, interruption
 from core.files import write_whole
 from core.names import PHASES, describe, parse_variants
+from core.run_folder import display
 from core.tables import csv_text, markdown_of_dicts
 from kernels.giou.cuda_extension import unavailable_reason
 from profiling import flops
-from profiling.run_folder import display
 from profiling.trace_summary import step_device_ms
 from studies.charts import ladder_chart
 from studies.common import (

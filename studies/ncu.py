@@ -41,8 +41,8 @@ from core.commands import command, run_command
 from core.errors import ProjectError, UserError
 from core.files import write_whole
 from core.names import BACKENDS, FUSED
+from core.run_folder import display
 from core.tables import csv_text, markdown_of_dicts
-from profiling.run_folder import display
 from studies.common import folder_name, fresh_out
 
 KERNELS = r"regex:giou|packed_(fwd|bwd|finalize)"

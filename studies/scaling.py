@@ -23,8 +23,8 @@ from core.commands import command, run_command
 from core.errors import UserError
 from core.files import write_whole
 from core.names import describe, parse_variants
+from core.run_folder import display
 from core.tables import csv_text, markdown_of_dicts
-from profiling.run_folder import display
 from studies.common import (
     PACE_COLUMNS,
     attempt,

@@ -31,9 +31,9 @@ from core.commands import command, run_command
 from core.errors import StudyInterrupted, UserError, one_line
 from core.files import write_whole
 from core.names import describe, parse_variants, variants
+from core.run_folder import display
 from core.tables import csv_text
 from kernels.giou.cuda_extension import unavailable_reason
-from profiling.run_folder import display
 from studies.charts import sweep_chart
 from studies.common import fresh_out, keep_interrupted
 from studies.sweep_point import measure, samples, sigma_label

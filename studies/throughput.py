@@ -42,10 +42,10 @@ from core.commands import command, run_command
 from core.errors import UserError
 from core.files import write_whole
 from core.names import RAGGED, describe, parse_variants, variants
+from core.run_folder import display
 from core.tables import csv_text, markdown_of_dicts
 from kernels.giou.cuda_extension import unavailable_reason
 from profiling.gpu_clocks import held_under_load
-from profiling.run_folder import display
 from profiling.trace_summary import step_device_ms
 from studies.charts import step_times_chart, throughput_chart
 from studies.common import (

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from core.errors import launcher_folder
+from core.run_folder import display, mark
 
 RUN, INTERRUPTED, STOPPING = "run.json", "interrupted.txt", "stopping.txt"
 # How long a rank stopped by SIGTERM looks for the launcher's note: a SIGTERM sent to
@@ -102,7 +103,6 @@ def _leave(note: Path, text: str) -> None:
 def settle(folder: Path, line: str) -> str:
     """Marks rank 0's unsettled run folder -failed with `line` as its reason (a summary
     of what is known: no step was summarised); '' if there is none, else what was done."""
-    from profiling.run_folder import display, mark
     note_file = folder / RUN
     try:
         note = json.loads(note_file.read_text())
