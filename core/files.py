@@ -2,11 +2,13 @@
 and taking an output folder for one command at a time.
 
     write_whole(path, text)        the whole text or no file (a full disk leaves none)
+    read_json_object(path, what)   a JSON object, or one line naming the file and why not
     claim(folder, kind, owner)     folder is this command's until it ends
     release_claims()               command() calls it when the command ends, however
 """
 
 import contextlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -37,6 +39,24 @@ def whole(path: Path):
 def write_whole(path: Path, text: str) -> None:
     with whole(path) as partial:
         partial.write_text(text)
+
+
+def read_json_object(path: Path, what: str) -> dict:
+    """The JSON object in path (`what` says whose: "--runs", say); a UserError of one line
+    naming the file where it cannot be read, is not text, not JSON (empty or truncated)
+    or not an object. compare --runs met such files with 21-33 lines of traceback."""
+    try:
+        data = json.loads(Path(path).read_bytes().decode())
+    except OSError as exc:
+        raise UserError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{what}: {path} is not text") from None
+    except ValueError as exc:
+        why = "it is empty" if not exc.doc.strip() else f"{exc.msg} at line {exc.lineno}"
+        raise UserError(f"{what}: {path} is not JSON ({why}: truncated?)") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{what}: {path} holds a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def claim(folder: Path, kind: str, owner: str) -> None:

@@ -11,10 +11,10 @@ one: a handful of profiled steps carries the profiler's own cost, which differs 
 scaling read 1.25x where the sustained rates give 1.60x).
 """
 
-import json
 from pathlib import Path
 
 from core.errors import UserError
+from core.files import read_json_object
 from profiling import alike
 
 # What a baseline must share with the job besides strategy and mode: all of
@@ -34,12 +34,7 @@ def check_baseline(folder: str, config: dict | None = None) -> dict:
     """The summary of the one-GPU run a job is compared with; one line if it is not one,
     or (given the job's config) if it is not a run of the same strategy, mode and
     settings (profiling/alike.py; the device is checked when the job has run)."""
-    path = Path(folder) / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--scaling-baseline {folder}: no readable summary.json there "
-                        f"({exc.__class__.__name__})") from None
+    summary = read_json_object(Path(folder) / "summary.json", "--scaling-baseline")
     if summary.get("status") != "complete":
         raise UserError(f"--scaling-baseline {folder} is not a complete run")
     if summary.get("distributed", {}).get("world", 1) != 1:

@@ -148,10 +148,15 @@ def finished_runs(paths: list[Path]) -> tuple[list[Path], list[dict]]:
     for path in paths:
         if not (path / "summary.json").exists():
             raise UserError(f"no summary.json in {path}")
-        summary = load_summary(path)
+        summary = load_summary(path, "--runs")
         if summary.get("status", "complete") != "complete":
             raise UserError(f"{path} holds a run that {summary['status']} "
                             f"({summary.get('reason', '')}); leave it out of --runs")
+        try:
+            compare_rows([summary])  # a row of its own: every field the table reads
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise UserError(f"--runs: {path / 'summary.json'} is not a complete run's "
+                            f"summary ({type(exc).__name__}: {exc})") from None
         modes.add(summary["config"]["mode"])
         summaries.append(summary)
     check_distinct(summaries, paths)

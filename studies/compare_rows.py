@@ -14,18 +14,19 @@ the table opens with a warning naming them, and a speed-up is taken against a lo
 alike in all of them only. The same run given twice is refused.
 """
 
-import json
 from pathlib import Path
 
 from core.errors import UserError
+from core.files import read_json_object
 from core.names import PHASES
 from profiling import alike, flops
 from profiling.trace_summary import step_device_ms
 
 
-def load_summary(path: Path) -> dict:
+def load_summary(path: Path, what: str = "a run's summary") -> dict:
+    """A run folder's summary.json (or that file), one line if it is not a JSON object."""
     path = Path(path)
-    return json.loads((path / "summary.json" if path.is_dir() else path).read_text())
+    return read_json_object(path / "summary.json" if path.is_dir() else path, what)
 
 
 label = alike.strategy

@@ -40,7 +40,7 @@ from pathlib import Path
 import train
 from core.commands import command, run_command
 from core.errors import UserError
-from core.files import write_whole
+from core.files import read_json_object, write_whole
 from core.names import RAGGED, describe, parse_variants, variants
 from core.run_folder import display
 from core.tables import csv_text, markdown_of_dicts
@@ -268,8 +268,12 @@ def rates_in(folder: Path) -> dict:
     if not table.is_file():
         raise UserError(f"--against {display(folder)}: no throughput.csv there (a make "
                         "throughput folder, one GPU's, say)")
-    with table.open(newline="") as f:
-        rows = [row for row in csv.DictReader(f) if row.get("sustained samples/s")]
+    try:
+        with table.open(newline="") as f:
+            rows = [row for row in csv.DictReader(f) if row.get("sustained samples/s")]
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:  # binary: 30 lines before
+        raise UserError(f"--against {display(folder)}: cannot read {table.name} as a CSV "
+                        f"table ({type(exc).__name__})") from None
     rates = {}
     for row in rows:
         text = row["sustained samples/s"]
@@ -296,7 +300,8 @@ def check_against(folder: Path, against: dict, base) -> None:
     for name in against["folders"]:
         summary = Path(name) / "summary.json"
         if summary.is_file():
-            diffs = alike.differences(json.loads(summary.read_text()), here, SETTINGS)
+            diffs = alike.differences(read_json_object(summary, "--against"), here,
+                                      SETTINGS)
             if diffs:
                 raise UserError(f"--against {display(folder)} ran another workload "
                                 f"({alike.describe(diffs)}): give one GPU's make throughput "

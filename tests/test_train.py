@@ -82,8 +82,8 @@ def test_same_seed_same_losses_across_strategies(tmp_path):
                                 "at most 243"),
     (["--bucket-mb", "0"], "--bucket-mb must be a positive number, got 0.0"),
     (["--comm-hook", "bf16", "--no-overlap"], "--comm-hook bf16 is a DDP hook"),
-    (["--scaling-baseline", "/nonexistent"], "--scaling-baseline /nonexistent: no readable "
-                                             "summary.json there"),
+    (["--scaling-baseline", "/nonexistent"], "--scaling-baseline: cannot read "
+                                             "/nonexistent/summary.json"),
     # Found in the first batch, after the run folder was made: the folder goes again.
     (["--max-boxes", "1", "--num-workers", "1", "--batch-size", "16"],
      "boxes but the model predicts only 1: raise --max-boxes"),

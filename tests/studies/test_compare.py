@@ -294,3 +294,24 @@ def test_a_real_full_disk_is_one_line_per_run_and_no_result_file(tmp_path, capsy
         assert "Traceback" not in err, err
         assert err.count("(the disk is full)") >= 2, err
         assert not (disk / "cmp" / "comparison.md").exists()
+
+
+@pytest.mark.parametrize("text,says", [
+    ('{"status": "complete", "con', "is not JSON (Unterminated string"),
+    ("", "is not JSON (it is empty: truncated?)"),
+    ("[1, 2]", "holds a JSON list, not an object"),
+    ('{"status": "complete", "config": {"mode": "train"}}', "is not a complete run's summary"),
+])
+def test_runs_with_a_bad_summary_are_one_line(tmp_path, capsys, text, says):
+    """A truncated, empty or wrongly typed summary.json gave 21-33 lines of traceback."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(text)
+    assert compare.main(["--runs", str(run), "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --runs: ") and says in err[0], err
+    assert str(run / "summary.json") in err[0]
+    (run / "summary.json").write_bytes(b"\xff\xfe\x00binary")
+    assert compare.main(["--runs", str(run), "--out", str(tmp_path / "c")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --runs: {run / 'summary.json'} is not text"]

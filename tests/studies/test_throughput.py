@@ -210,3 +210,12 @@ def test_a_runs_row_gives_its_clocks_and_what_held_them_down(tmp_path):
     assert set(row) <= set(COLUMNS), set(row) - set(COLUMNS)  # every cell has a column
     summary["gpu_clocks"] = {"unavailable": "nvidia-smi did not run"}
     assert "SM MHz" not in row_of(summary, tmp_path)
+
+
+def test_against_a_table_that_is_not_text_is_one_line(tmp_path):
+    """A throughput.csv that is not text gave 30 lines (UnicodeDecodeError)."""
+    from core.errors import UserError
+    (tmp_path / "throughput.csv").write_bytes(b"\xff\xfe\x00\x81 binary")
+    with pytest.raises(UserError, match=r"cannot read throughput.csv as a CSV table "
+                                        r"\(UnicodeDecodeError\)"):
+        throughput.rates_in(tmp_path)
