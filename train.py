@@ -98,6 +98,10 @@ class Config:
     comm_hook: str = option("sum", DDP_HELP["comm_hook"], choices=COMM_HOOKS)
     overlap: bool = option(True, DDP_HELP["overlap"])
     parallel: str = option("auto", parallel.HELP, choices=parallel.CHOICES)
+    hang_timeout: float = option(120.0, "several ranks: seconds a rank waits for the others "
+                                 "in a collective, once the first --settle steps are done "
+                                 "(compiling is not a hang), before the job ends naming the "
+                                 "rank that stopped answering")
     scaling_baseline: str = option("", "a one-GPU run folder of the same batch size per GPU: "
                                    "summary.json gives this run's scaling against it")
     seed: int = option(0, "same seed, same batches and weights for every strategy")
@@ -173,6 +177,9 @@ def validate(cfg: Config, world: int = 1) -> None:
                         "of the GPU (1 or more)")
     if not (math.isfinite(cfg.lr) and cfg.lr > 0):
         raise UserError(f"--lr must be a positive number, got {cfg.lr}")
+    if not (math.isfinite(cfg.hang_timeout) and cfg.hang_timeout > 0):
+        raise UserError(f"--hang-timeout must be a positive number of seconds, got "
+                        f"{cfg.hang_timeout}")
     window = cfg.wait + cfg.warmup + cfg.active
     if cfg.steps and cfg.steps < window:
         raise UserError(f"--steps {cfg.steps} is shorter than the profiled window (--wait "

@@ -65,7 +65,15 @@ from profiling.trace_summary import step_device_ms, summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
 from training import job_notes, speedups
 from training.ddp import knobs
-from training.ranks import Ranks, abandon_nccl, launcher_gone, peer_gone, stop_watching
+from training.ranks import (
+    Ranks,
+    abandon_nccl,
+    launcher_gone,
+    peer_cause,
+    peer_line,
+    set_hang_timeout,
+    stop_watching,
+)
 
 
 def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train",
@@ -172,6 +180,7 @@ class ProfiledRun:
         ranks = self.ranks
         # Rank 0 names the folder (never an existing one); every rank writes into it.
         self.dir = ranks.share(lambda: run_folder.new_run_dir(self.out_dir, self.run_name))
+        set_hang_timeout(None)  # this run's first steps may compile (a run before it did not)
         if ranks.main:  # for the launcher, should this process die unable to mark it
             job_notes.running(self.dir, dataclasses.asdict(self.cfg), self.total)
         self.writer = SummaryWriter(str(self.dir)) if ranks.main else _NoScalars()
@@ -269,6 +278,8 @@ class ProfiledRun:
         if self.clocks:
             self.clocks.step_ended()
         self.done = step + 1
+        if self.done == max(self.cfg.settle, 1):  # compiled and tuned: a long wait is a hang
+            set_hang_timeout(self.cfg.hang_timeout)
         # Ctrl-C or SIGTERM inside the profiler's step transition could leave it unable to
         # write the trace of the steps already done: the signal waits until it is over.
         with stop_signals_held():
@@ -512,7 +523,7 @@ class ProfiledRun:
         # A dead launcher or peer: what this rank met first (a closed socket, a line of
         # DDP's hook) is not the cause.
         gone = launcher_gone() or (self.ranks.distributed and not interrupted and
-                                   peer_gone(exc))
+                                   peer_cause(exc, self.ranks.rank, self.ranks.world))
         if gone:
             interrupted, status, reason = False, "failed", gone
         elif interrupted and self.ranks.distributed and \
@@ -521,7 +532,8 @@ class ProfiledRun:
             # the run -interrupted (under gloo when met before the peer's closed socket,
             # under NCCL always).
             interrupted, status = False, "failed"
-            reason = "another rank failed; the launcher stopped this one"
+            reason = (peer_line(self.ranks.rank, self.ranks.world) or
+                      "another rank failed; the launcher stopped this one")
         elif not interrupted and not user_error and stop_signal():
             # A stop signal came, then the run failed: the signal that reached the whole
             # group killed a data worker before it had its own handler, and the loader

@@ -81,6 +81,7 @@ def test_same_seed_same_losses_across_strategies(tmp_path):
     (["--run-name", "r" * 250], "--run-name is 250 bytes long: a run folder's name may have "
                                 "at most 243"),
     (["--bucket-mb", "0"], "--bucket-mb must be a positive number, got 0.0"),
+    (["--hang-timeout", "0"], "--hang-timeout must be a positive number of seconds, got 0.0"),
     (["--comm-hook", "bf16", "--no-overlap"], "--comm-hook bf16 is a DDP hook"),
     (["--scaling-baseline", "/nonexistent"], "--scaling-baseline: cannot read "
                                              "/nonexistent/summary.json"),

@@ -25,6 +25,8 @@ Files, not collectives: the writer may be dead, and the readers are other proces
 """
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from core.errors import launcher_folder
 from core.run_folder import display, mark
 
 RUN, INTERRUPTED, STOPPING = "run.json", "interrupted.txt", "stopping.txt"
+PID = "pid"  # pid<rank>: a rank's process id
 # How long a rank stopped by SIGTERM looks for the launcher's note: a SIGTERM sent to
 # the whole process group reaches the ranks as the launcher's handler writes it.
 NOTE_WAIT_S = 0.5
@@ -88,9 +91,35 @@ def note_the_users_signal(folder: Path) -> None:
 
 def note_a_failures_stop(folder: Path) -> None:
     """Said by the launcher as torchrun begins to stop the ranks: for a failure, unless
-    the user's signal was noted first (then the stop is the user's)."""
+    the user's signal was noted first (then the stop is the user's). A stopped rank
+    (SIGSTOP) is continued, so that torchrun's SIGTERM ends it now, not its SIGKILL 30 s
+    later."""
     if not (folder / INTERRUPTED).exists():
         _leave(folder / STOPPING, "a rank failed; torchrun stops the others\n")
+    for pid in rank_pids(folder).values():
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:  # ended meanwhile
+            pass
+
+
+def leave_pid(rank: int) -> None:
+    """This rank's pid in the launcher's folder (the launcher continues a stopped rank;
+    a rank that timed out looks for the peer that stopped answering)."""
+    folder = launcher_folder()
+    if folder is not None:
+        _leave(folder / f"{PID}{rank}", str(os.getpid()))
+
+
+def rank_pids(folder: Path) -> dict[int, int]:
+    """rank -> pid of the ranks that left theirs in the launcher's folder."""
+    pids = {}
+    for path in folder.glob(f"{PID}*"):
+        try:
+            pids[int(path.name.removeprefix(PID))] = int(path.read_text())
+        except (OSError, ValueError):  # being written, or removed
+            continue
+    return pids
 
 
 def _leave(note: Path, text: str) -> None:

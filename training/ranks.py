@@ -17,9 +17,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 from core.bounded import finished_within
-from core.errors import ERRORS_ENV, ProjectError, leave_for_launcher, one_line
+from core.errors import ERRORS_ENV, ProjectError, launcher_folder, leave_for_launcher, one_line
+from training import job_notes
 
 # How often a rank looks for its launcher, and how long its early end may then take
 # before it exits regardless (its main thread may be stuck in a collective).
@@ -82,8 +84,8 @@ class Ranks:
             # The step's collectives finish in milliseconds; a rank that waits minutes is
             # waiting for a dead peer, which torchrun kills sooner anyway.
             with _peers_alive():
-                dist.init_process_group("nccl" if cuda else "gloo",
-                                        timeout=timedelta(minutes=5))
+                dist.init_process_group("nccl" if cuda else "gloo", timeout=START_TIMEOUT)
+            job_notes.leave_pid(self.rank)
             _watch_the_launcher()
             # kill -USR2 <rank's pid>: its Python stacks on stderr, where it is stuck.
             faulthandler.register(signal.SIGUSR2, all_threads=True)
@@ -245,6 +247,86 @@ def launcher_gone() -> str | None:
 
 
 # What gloo and NCCL say when the rank at the other end of a collective has ended.
+# A collective's wait until a run's first steps are done (compiling, cuDNN's tuning: a
+# rank may be minutes behind its peers); then --hang-timeout (set_hang_timeout).
+START_TIMEOUT = timedelta(minutes=5)
+TIMED_OUT = ("timed out", "timeout")  # gloo's and NCCL's words for a collective's wait
+
+
+def set_hang_timeout(seconds: float | None) -> None:
+    """Every process group's collectives wait `seconds` for the other ranks from now on
+    (None: START_TIMEOUT again, for the next run of a process). A rank stopped (SIGSTOP)
+    or hung was found only after 345 s: the group's 5 minutes, then torchrun's SIGKILL."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    if not dist.is_initialized():
+        return
+    timeout = START_TIMEOUT if seconds is None else timedelta(seconds=seconds)
+    for group in list(c10d._world.pg_map):
+        c10d._set_pg_timeout(timeout, group)
+
+
+def peer_stopped(exc: BaseException, rank: int, world: int) -> str | None:
+    """The line of a rank whose collective timed out (--hang-timeout), naming the rank that
+    stopped answering: one whose process is stopped (SIGSTOP, a debugger), else one that
+    still runs without joining; None for another error."""
+    if not any(word in text for text in _chain_texts(exc) for word in TIMED_OUT):
+        return None
+    folder = launcher_folder()
+    pids = job_notes.rank_pids(folder) if folder is not None else {}
+    states = {peer: _process_state(pids.get(peer)) for peer in range(world) if peer != rank}
+    stopped = [p for p, state in states.items() if state in ("T", "t")]
+    # Those still running that have not failed themselves (no line left): the hung ones.
+    running = [p for p, state in states.items() if state not in (None, "Z", "X", "T", "t")
+               and not (folder / f"rank{p}.txt").exists()]
+    if stopped:
+        return (f"rank {stopped[0]} stopped answering: its process is stopped (SIGSTOP or "
+                "a debugger), and this rank's collective waited --hang-timeout for it")
+    if running:
+        names = ", ".join(map(str, running))
+        return (f"rank {names} stopped answering: running, but it did not join this "
+                "rank's collective within --hang-timeout (hung?)")
+    return (peer_line(rank, world) or  # this rank was the one stopped: a peer says so
+            "a collective waited --hang-timeout for another rank, which never joined")
+
+
+def peer_line(rank: int, world: int) -> str | None:
+    """'rank N failed: <its line>' of the first other rank that left its line for the
+    launcher (its cause, where this rank met only its end), else None."""
+    folder = launcher_folder()
+    for peer in range(world):
+        said = folder / f"rank{peer}.txt" if folder is not None else None
+        if peer != rank and said is not None and said.exists():
+            return f"rank {peer} failed: {said.read_text().strip()}"
+    return None
+
+
+def peer_cause(exc: BaseException, rank: int, world: int) -> str | None:
+    """Why this rank's collective failed, where another rank is the cause: one that stopped
+    answering (peer_stopped), or one that ended (peer_gone), in its own words where it left
+    them."""
+    gone = peer_gone(exc)
+    return peer_stopped(exc, rank, world) or (gone and (peer_line(rank, world) or gone))
+
+
+def _process_state(pid: int | None) -> str | None:
+    """The state letter of a process (Linux /proc), None if it is gone or unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]  # after the command's name, which may hold ')'
+
+
+def _chain_texts(exc: BaseException) -> list[str]:
+    """The lowercased messages of an exception and of those it came from."""
+    chain = []
+    while exc is not None and all(exc is not seen for seen in chain):
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return [str(e).lower() for e in chain]
+
+
 PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe",
              "connection was likely closed",
              "remote process exited", "communicator was aborted")

@@ -619,3 +619,27 @@ def test_a_peers_end_is_named_as_such():
     except RuntimeError as after_ctrl_c:
         assert after_ctrl_c.__context__ is not None
         assert peer_gone(after_ctrl_c) is None
+
+
+@pytest.mark.parametrize("stopped", [0, 1])
+def test_a_stopped_rank_is_named_within_the_hang_timeout(tmp_path, stopped):
+    """A rank stopped by SIGSTOP (no SIGCONT) was found only after 345 s (the group's
+    5 minutes, then torchrun's SIGKILL), as 'killed by SIGKILL', with a source line as
+    the folder's reason. Once the first --settle steps are done, a collective waits
+    --hang-timeout; the launcher continues the stopped rank so that SIGTERM ends it."""
+    proc = _launch(tmp_path, "--active", "2000", "--run-name", "job", "--hang-timeout", "3")
+    for line in proc.stdout:
+        if "step 5/" in line:
+            break
+    os.kill(_ranks_of(proc.pid)[stopped], signal.SIGSTOP)
+    sent = time.time()
+    code, _, err = _finish(proc, timeout=120)
+    took = time.time() - sent
+    said = (f"rank {stopped} stopped answering: its process is stopped (SIGSTOP or a "
+            "debugger), and this rank's collective waited --hang-timeout for it")
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"error: rank {1 - stopped} failed: ") and said in err[0], err
+    assert took < 3 + 20, took  # measured on 2 cores: 5.3-5.6 s
+    (folder,) = tmp_path.iterdir()
+    assert folder.name == "job-failed"
+    assert said in json.loads((folder / "summary.json").read_text())["reason"]
