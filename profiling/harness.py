@@ -518,7 +518,8 @@ class ProfiledRun:
         user_error = isinstance(exc, UserError)
         at = (f"after step {self.done} of {self.total}" if self.done == self.total else
               f"at step {self.done + 1} of {self.total}")
-        reason = interruption(exc) if interrupted else one_line(exc)
+        # one_line of a worker's death ends "Killed.": "at step N" follows it
+        reason = interruption(exc) if interrupted else one_line(exc).rstrip(".")
         stop_watching()
         # A dead launcher or peer: what this rank met first (a closed socket, a line of
         # DDP's hook) is not the cause.

@@ -23,6 +23,7 @@ honoured (training/rendezvous.py).
 
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -103,7 +104,7 @@ def check_devices(nproc: int) -> None:
                         "GPU(s): ask for at most that many")
 
 
-def first_failure(failures: dict) -> int:
+def first_failure(failures: dict, folder: Path | None = None) -> int:
     """The rank whose end ended the job. A rank that loses its peer fails too, often at
     the same poll of torchrun's, with a line about the peer or about its own data
     workers (the SIGTERM torchrun sends reaches them); torchrun's choice, the earliest
@@ -111,13 +112,27 @@ def first_failure(failures: dict) -> int:
     (rank 1 exiting at its start was reported as 'rank 0 failed: killed by SIGTERM'). So:
     a rank killed by a signal other than torchrun's SIGTERM, then one that ended on its
     own (exit 2, a user error, first), and last those torchrun stopped (SIGTERM, or 130:
-    the run's own end on it); the earliest, lowest rank first within each."""
+    the run's own end on it); within each, one whose line (in `folder`) is its own before
+    one whose line is another rank's end (a dead data worker of rank 1 was blamed on rank
+    0, which met rank 1's closed socket in the same second), then the earliest, lowest."""
     def order(rank):
         failure = failures[rank]
         killed = failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
         stopped = failure.exitcode in (-signal.SIGTERM, 130)
-        return (not killed, stopped, failure.exitcode != 2, failure.timestamp, rank)
+        return (not killed, stopped, failure.exitcode != 2, _met_another(folder, rank),
+                failure.timestamp, rank)
     return min(failures, key=order)
+
+
+def _met_another(folder: Path | None, rank: int) -> bool:
+    """Whether the rank's line says another rank's end or stop was its cause
+    (training/ranks.peer_cause's lines)."""
+    left = folder / f"rank{rank}.txt" if folder is not None else None
+    if left is None or not left.exists():
+        return False
+    line = left.read_text()
+    return "another rank" in line or re.search(r"\brank \d+ (failed|stopped answering)",
+                                               line) is not None
 
 
 def explain(rank: int, failure, folder: Path) -> tuple[str, int]:
@@ -205,7 +220,7 @@ def launch(nproc: int, meeting: Meeting | None, script: list[str]) -> int:
         run(args)
         return 0
     except ChildFailedError as exc:
-        rank = first_failure(exc.failures)
+        rank = first_failure(exc.failures, folder)
         line, code = explain(rank, exc.failures[rank], folder)
         settled = job_notes.settle(folder, line.removesuffix(EVERY))
         return say(f"{line}; {settled}" if settled else line, code)

@@ -643,3 +643,44 @@ def test_a_stopped_rank_is_named_within_the_hang_timeout(tmp_path, stopped):
     (folder,) = tmp_path.iterdir()
     assert folder.name == "job-failed"
     assert said in json.loads((folder / "summary.json").read_text())["reason"]
+
+
+def test_a_dead_data_worker_is_blamed_on_its_own_rank(tmp_path):
+    """A data worker of rank 1 killed: rank 0 met rank 1's closed socket in the same
+    second, and the launcher said 'rank 0 failed: ... another rank ended'. The worker's
+    death is the line, with its rank."""
+    proc = _launch(tmp_path, "--active", "2000", "--run-name", "job", "--num-workers", "1")
+    for line in proc.stdout:
+        if "step 5/" in line:
+            break
+    rank1 = _ranks_of(proc.pid)[1]
+    workers = [int(p) for p in os.listdir("/proc") if p.isdigit()
+               and _parent_of(int(p)) == rank1]
+    assert workers, "rank 1 has no data worker"
+    os.kill(workers[0], signal.SIGKILL)
+    code, _, err = _finish(proc, timeout=100)
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"error: rank 1 failed: DataLoader worker (pid {workers[0]}) "
+                             "is killed by signal: Killed at step "), err
+    (folder,) = tmp_path.iterdir()
+    reason = json.loads((folder / "summary.json").read_text())["reason"]
+    assert folder.name == "job-failed" and reason.startswith("rank 1 failed: DataLoader "
+                                                             "worker"), reason
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def test_a_rank_whose_line_is_anothers_end_is_not_blamed(tmp_path):
+    from training.launch import first_failure
+    (tmp_path / "rank0.txt").write_text("run failed at step 4 of 9: another rank ended "
+                                        "(connection closed by peer); this rank stopped")
+    (tmp_path / "rank1.txt").write_text("DataLoader worker (pid 5) is killed by signal: "
+                                        "Killed at step 4 of 9")
+    same = {r: SimpleNamespace(exitcode=1, timestamp=5) for r in (0, 1)}
+    assert first_failure(same, tmp_path) == 1
+    assert first_failure(same) == 0  # without the lines: the lowest rank, as before
