@@ -410,6 +410,7 @@ def main(argv=None) -> int:
     stop_once()  # Ctrl-C or SIGTERM ends a run, once
     try:
         run(parse_config(argv))
+        raise_if_stopped()  # one that came as the run ended, swallowed on the way: not 0
         stop()  # leaves the process group of a torchrun job
         # The run is over (its files kept or removed): a further Ctrl-C or SIGTERM, while
         # the line is printed and the data workers and the interpreter shut down, changes

@@ -10,7 +10,7 @@ import sys
 from core.errors import StudyInterrupted, exit_code, print_error, report_errors
 from core.files import release_claims
 from core.output import survive_closed_stdout
-from core.signals import ignore_stop_signals, stop_once
+from core.signals import ignore_stop_signals, stop_once, stop_signal
 
 
 def command(body):
@@ -39,6 +39,12 @@ def run_command(main, unwritten: str, stop_signals: bool = True) -> None:
         print_error(str(exc) if isinstance(exc, StudyInterrupted)
                     else f"{str(exc) or 'interrupted'}; {unwritten}")
         code = exit_code(exc)
+    if code == 0 and stop_signal():
+        # The signal's KeyboardInterrupt was swallowed on the way (make ladder SIGTERMed
+        # as it wrote its tables exited 0, with no word of it): never 0 after one.
+        print_error(f"interrupted ({stop_signal()}) as the command ended; what it said it "
+                    "wrote is whole")
+        code = 130
     leave(code)
 
 

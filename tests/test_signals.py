@@ -223,3 +223,27 @@ run_command(command(lambda argv: 3), "nothing was written")
                           text=True, timeout=60)
     assert (done.returncode, done.stderr) == (3, "")
     assert done.stdout == "the exit callbacks ran on\n"
+
+
+def test_a_swallowed_stop_signal_never_ends_a_command_with_0():
+    """make ladder SIGTERMed as it wrote its tables exited 0 with no word of the signal:
+    some code on the way swallowed its KeyboardInterrupt. The command's 0 becomes 130."""
+    script = """
+import os, signal
+from core.commands import command, run_command
+
+def body(argv):
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+    except KeyboardInterrupt:
+        pass  # what an at-fork callback or a finalizer does
+    print("written: the tables", flush=True)
+    return 0
+
+run_command(command(body), "the ladder was not written")
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 130 and done.stdout == "written: the tables\n"
+    assert done.stderr == ("error: interrupted (SIGTERM) as the command ended; what it said "
+                           "it wrote is whole\n")
