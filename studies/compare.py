@@ -169,16 +169,25 @@ def finished_runs(paths: list[Path]) -> tuple[list[Path], list[dict]]:
 
 
 def _parse(argv) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(prog="make compare", allow_abbrev=False,
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", nargs="+", type=Path,
+    parser = argparse.ArgumentParser(
+        prog="make compare", allow_abbrev=False,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__.split("\n\n")[0],
+        epilog="Every other option goes to each run: python3 train.py --help lists them.")
+    parser.add_argument("--runs", nargs="+", type=Path, default=argparse.SUPPRESS,
                         help="rebuild the comparison from these run folders; runs nothing")
-    parser.add_argument("--out", type=Path, help="a new folder for the comparison "
-                        "(default: profiles/compare-<time>/)")
+    parser.add_argument("--out", type=Path, default=argparse.SUPPRESS,
+                        help="a new folder for the comparison (default: "
+                        "profiles/compare-<time>/)")
     parser.add_argument("--strategies", default=",".join(variants()),
                         help="comma-separated, <loss>[:<kernel backend>]")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated")
-    return parser.parse_known_args(argv)
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated: train (the whole step), forward (the "
+                        "original's measurement)")
+    args, rest = parser.parse_known_args(argv)
+    for name in ("runs", "out"):  # SUPPRESSed defaults: their help says what none means
+        setattr(args, name, getattr(args, name, None))
+    return args, rest
 
 
 def _main(argv) -> int:

@@ -78,23 +78,32 @@ def parse(argv) -> argparse.Namespace:
     preset = "gpu" if torch.cuda.is_available() else "cpu"
     grid = GRIDS[preset]
     p = argparse.ArgumentParser(prog="make sweep", description=__doc__.split("\n\n")[0],
-                                allow_abbrev=False)
-    p.add_argument("--batch", default=",".join(map(str, grid["batch"])))
-    p.add_argument("--capacity", default=",".join(map(str, grid["capacity"])))
+                                allow_abbrev=False,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--batch", default=",".join(map(str, grid["batch"])),
+                   help=f"comma-separated batch sizes of the batch axis ({preset} preset)")
+    p.add_argument("--capacity", default=",".join(map(str, grid["capacity"])),
+                   help="comma-separated box capacities M of the capacity axis")
     p.add_argument("--sigma", default=",".join("full" if math.isinf(s) else f"{s:g}"
-                                                for s in grid["sigma"]))
+                                                for s in grid["sigma"]),
+                   help="comma-separated spreads of the boxes per image ('full': every "
+                        "image holds M boxes)")
     p.add_argument("--boxes-capacity", type=int, default=grid["boxes_capacity"],
                    help="M of the boxes-per-image axis")
-    p.add_argument("--strategies", default=",".join(variants()))
+    p.add_argument("--strategies", default=",".join(variants()),
+                   help="comma-separated, <loss>[:<kernel backend>]")
     p.add_argument("--loop-max-batch", type=int, default=grid["loop_max_batch"],
                    help="the loop runs only up to this batch size")
     p.add_argument("--rep-ms", type=int, default=grid["rep_ms"],
                    help="time per point given to the timer")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None)
-    p.add_argument("--redraw", type=Path, default=None, metavar="DIR",
+    p.add_argument("--seed", type=int, default=0, help="the synthetic targets' seed")
+    p.add_argument("--out", type=Path, default=argparse.SUPPRESS,
+                   help="a new folder for the sweep (default: profiles/sweep-<UTC time>/)")
+    p.add_argument("--redraw", type=Path, default=argparse.SUPPRESS, metavar="DIR",
                    help="draw DIR/sweep.png again from DIR/sweep.csv; nothing is measured")
     args = p.parse_args(argv)
+    for name in ("out", "redraw"):  # SUPPRESSed defaults: their help says what none means
+        setattr(args, name, getattr(args, name, None))
     args.preset = preset
     args.batch = _numbers(args.batch, int, "batch")
     args.capacity = _numbers(args.capacity, int, "capacity")

@@ -60,7 +60,12 @@ def _cell(row: dict | None) -> str:
         return "-"
     if row["status"] != "ok":
         return "left out" if row["status"].startswith("left out") else "failed"
-    return f"{row['GPU ms']:.4g} / {row['elapsed ms']:.3g}"
+    return f"{_ms(row['GPU ms'], 4)} / {_ms(row['elapsed ms'], 3)}"
+
+
+def _ms(value: float, digits: int) -> str:
+    """`digits` significant digits, never an exponent (2401 ms printed as 2.4e+03)."""
+    return f"{value:.{digits}g}" if value < 10 ** digits else f"{value:.0f}"
 
 
 def _axis_table(rows, axis) -> list[str]:
@@ -147,8 +152,8 @@ def _largest(rows) -> list[str]:
             r = max(ok, key=position)
             peak = "-" if r["% of peak"] in (None, "") else f"{r['% of peak']:.1f}"
             lines.append([axis, str(r["batch"]), str(r["capacity"]), r["sigma"], s,
-                          f"{r['bytes']:,}", f"{r['GPU ms']:.4g}", f"{r['GB/s']:.3g}", peak,
-                          str(r["launches"]), str(r["H2D copies"]), f"{r['host ms']:.3g}"])
+                          f"{r['bytes']:,}", _ms(r["GPU ms"], 4), f"{r['GB/s']:.3g}", peak,
+                          str(r["launches"]), str(r["H2D copies"]), _ms(r["host ms"], 3)])
     return table(head, lines, left={"axis", "strategy"}).splitlines()
 
 
@@ -157,7 +162,8 @@ def markdown(rows: list[dict], args, seconds: float) -> str:
     timer = next((r["timer"] for r in rows if r["status"] == "ok"), "-")
     out = [f"# make sweep: the loss alone, forward + backward, {args.preset} grid", "",
            f"Device {env['device']}, torch {env['torch']}, Triton {env['triton']}, commit "
-           f"{env['commit']}, {env['date']}; {seconds:.0f} s. Per call of "
+           f"{env['commit'] or 'unknown (not a git checkout)'}, {env['date']}; "
+           f"{seconds:.0f} s. Per call of "
            "`loss(pred, targets).backward()`, medians: **GPU ms**, the GPU's own work (the "
            "profiler's kernel, copy and memset durations of each call, over repeated "
            f"calls), and **elapsed ms**, {timer}: the time the call takes as the stream "

@@ -211,3 +211,31 @@ def test_a_small_sweep_on_the_gpu_times_with_cuda_events(tmp_path):
     assert all(float(r["launches"]) == 4 for r in fused)
     # The layout's two copies (boxes and counts) per call.
     assert all(float(r["H2D copies"]) == 2 for r in fused)
+
+
+@pytest.mark.parametrize("module", ["sweep", "compare"])
+def test_help_explains_every_option_and_its_default(module, capsys):
+    """make sweep ARGS=--help gave no help and no defaults for --batch, --capacity,
+    --sigma, --strategies, --seed or --out; compare's said only '--modes comma-separated'."""
+    import importlib
+    main = importlib.import_module(f"studies.{module}").main
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    options = ["--strategies", "--out"] + (["--batch", "--capacity", "--sigma", "--seed"]
+                                           if module == "sweep" else ["--modes", "--runs"])
+    for option in options:
+        said = text.split(f"{option} ", 1)[1].split(" --", 1)[0]
+        assert len(said.split()) > 3, (option, said)  # more than its metavar
+    assert "(default: None)" not in text
+    if module == "sweep":
+        assert "(default: 0)" in text and "profiles/sweep-<UTC time>/" in text
+    else:
+        assert "(default: train,forward)" in text and "train.py --help" in text
+
+
+def test_the_report_prints_no_exponents():
+    """sweep.md said '2401 / 2.4e+03'."""
+    from studies.sweep_report import _cell
+    assert _cell({"status": "ok", "GPU ms": 2401.3, "elapsed ms": 2401.3}) == "2401 / 2401"
+    assert _cell({"status": "ok", "GPU ms": 1.23456, "elapsed ms": 0.5}) == "1.235 / 0.5"
