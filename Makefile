@@ -75,9 +75,11 @@ costmodel: $(SETUP)
 # The loss kernels of a short run through Nsight Compute (studies/ncu.py), on the GPU
 # machine: make ncu LOSS=kernel BACKEND=cuda (LOSS and BACKEND only where given: the
 # default strategy, padded, has no kernel of its own).
+# One line when make echoes it (a continued recipe line echoed as a blank one).
+NCU_ARGS = $(if $(filter-out file,$(origin LOSS)),--loss $(LOSS)) \
+  $(if $(filter-out file,$(origin BACKEND) $(origin KERNEL)),--backend $(BACKEND))
 ncu: $(SETUP)
-	$(PYTHON) -m studies.ncu $(if $(filter-out file,$(origin LOSS)),--loss $(LOSS),) \
-	  $(if $(filter-out file,$(origin BACKEND) $(origin KERNEL)),--backend $(BACKEND),) $(ARGS)
+	$(PYTHON) -m studies.ncu $(strip $(NCU_ARGS) $(ARGS))
 
 # The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
 # test-browser's.

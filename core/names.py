@@ -46,13 +46,14 @@ def variants() -> tuple[str, ...]:
     return tuple(plain + [f"{s}:{b}" for b in BACKENDS for s in FUSED])
 
 
-def parse_variant(text: str) -> tuple[str, str]:
+def parse_variant(text: str, flag: str = "--strategies") -> tuple[str, str]:
     """A strategy as make compare, ladder and sweep take it, '<loss>[:<backend>]', as
     (loss, backend): 'kernel:cuda' -> ('kernel', 'cuda'), 'padded' -> ('padded',
-    'triton'). An unknown loss or backend is a UserError."""
+    'triton'). An unknown loss or backend is a UserError naming `flag`, what the user
+    typed (make ladder's LADDER=)."""
     loss, _, backend = text.partition(":")
     if loss not in STRATEGIES or backend not in ("", *BACKENDS):
-        raise UserError(f"unknown strategy {text!r} in --strategies: use "
+        raise UserError(f"unknown strategy {text!r} in {flag}: use "
                         f"<loss>[:{'|:'.join(BACKENDS)}] with a loss from "
                         f"{', '.join(STRATEGIES)}")
     if backend and loss not in FUSED:
@@ -61,15 +62,15 @@ def parse_variant(text: str) -> tuple[str, str]:
     return loss, backend or BACKENDS[0]
 
 
-def parse_variants(text: str) -> list[tuple[str, str]]:
+def parse_variants(text: str, flag: str = "--strategies") -> list[tuple[str, str]]:
     """A comma-separated list of strategies (parse_variant); an empty one, or one naming a
-    strategy twice, is refused."""
+    strategy twice, is refused, naming `flag`."""
     variants_given = [v for v in text.split(",") if v]
     if not variants_given:
-        raise UserError("--strategies is empty: name at least one strategy")
-    parsed = [parse_variant(v) for v in variants_given]
+        raise UserError(f"{flag} is empty: name at least one strategy")
+    parsed = [parse_variant(v, flag) for v in variants_given]
     names = [describe(*variant) for variant in parsed]  # padded:cuda is padded
     for i, name in enumerate(names):
         if name in names[:i]:  # it would run twice and keep one
-            raise UserError(f"--strategies names {name} twice")
+            raise UserError(f"{flag} names {name} twice")
     return parsed

@@ -313,7 +313,8 @@ def _main(argv) -> int:
                         "(default: profiles/ladder-<time>/)")
     parser.add_argument("--group", choices=tuple(GROUPS), help=argparse.SUPPRESS)
     args, train_args = parser.parse_known_args(argv)
-    plan_strategies = parse_variants(args.strategies)
+    # make ladder passes LADDER= as --strategies: the user typed one or the other.
+    plan_strategies = parse_variants(args.strategies, "--strategies (make: LADDER=)")
     if args.group:
         return _group(args.out, args.group, train_args, plan_strategies)
     base, _ = base_config(train_args, PER_RUN, REFUSAL, baseline=True)

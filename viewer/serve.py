@@ -52,8 +52,19 @@ def _children_go_with_the_server() -> None:
     os.register_at_fork(after_in_child=in_child)
 
 
+def _check_port(argv: list[str]) -> None:
+    """--port as a number of 0..65535 (0: any free one), one line otherwise (TensorBoard
+    printed its usage, 20 lines, for `make tensorboard PORT=abc`)."""
+    ports = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"]
+    for port in ports + [a.split("=", 1)[1] for a in argv if a.startswith("--port=")]:
+        if not (port.isdigit() and int(port) < 65536):
+            raise UserError(f"port {port!r} is not a port number: give 0..65535, 0 for any "
+                            "free one (make tensorboard PORT=6006)")
+
+
 def _main(argv) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _check_port(argv)
     for logdir in _logdirs(argv):
         # TensorBoard serves an empty page for a folder that does not exist, and says
         # nothing; a local one is checked here (a URL such as gs:// is left to it).

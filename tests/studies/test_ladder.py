@@ -56,6 +56,13 @@ def test_options_set_per_rung_are_refused(tmp_path, capsys, option):
     assert not (tmp_path / "x").exists()
 
 
+def test_an_unknown_strategy_names_what_make_ladder_took(tmp_path, capsys):
+    """make ladder LADDER=foo named --strategies, which the user never typed."""
+    assert ladder.main(["--strategies", "foo", "--out", str(tmp_path / "x"), *TINY]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown strategy 'foo' in --strategies (make: LADDER=)" in err[0]
+
+
 def test_a_ladder_is_never_overwritten(tmp_path, capsys):
     (tmp_path / "ladder.md").write_text("x")
     assert ladder.main(["--out", str(tmp_path), *TINY]) == 2

@@ -369,6 +369,17 @@ def test_a_logdir_that_does_not_exist_is_one_line(tmp_path, capsys):
                        "profiles/ (LOGDIR= picks another folder)"]
 
 
+@pytest.mark.parametrize("port", ["abc", "70000", "-1"])
+def test_a_port_that_is_not_one_is_one_line(tmp_path, capsys, port):
+    """make tensorboard PORT=abc printed TensorBoard's usage, 20 lines."""
+    from viewer import serve
+    for args in (["--port", port], [f"--port={port}"]):
+        assert serve.main(["--logdir", str(tmp_path), *args]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"error: port {port!r} is not a port number: give 0..65535, 0 for any free one "
+            "(make tensorboard PORT=6006)"]
+
+
 @pytest.mark.parametrize("signum", ["SIGINT", "SIGTERM"])
 def test_a_signal_while_traces_load_ends_the_server_and_its_children(tmp_path, signum):
     """Ctrl-C (or SIGTERM) to make tensorboard's group while the plugin loads traces: the
