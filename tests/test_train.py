@@ -45,7 +45,7 @@ def test_profile_run_writes_trace_and_summary(tmp_path, loss, mode):
     # The model's FLOPs are counted on a CPU too; its MFU is the GPU's alone.
     cfg = summary["config"]
     assert summary["flops"]["tflop"] * 1e12 == flops.step_flops(
-        cfg["batch_size"], cfg["image_size"], cfg["max_boxes"], cfg["hidden"])
+        cfg["batch_size"], cfg["image_size"], cfg["max_boxes"], cfg["hidden"], mode)
     assert summary["flops"]["mfu"] is None and "MFU -: no GPU time" in summary["table"]
     assert summary["compile"] is None  # the CPU preset does not compile
 
