@@ -61,7 +61,7 @@ from profiling.scaling import combine, format_ranks, scaling
 from profiling.step_reader import data_wait, describe, pace, reader_lag, sustained, tail
 from profiling.table import format_table
 from profiling.trace_events import find_trace, load_trace, quiet_cpu_profiler
-from profiling.trace_summary import step_device_ms, summarize
+from profiling.trace_summary import not_measured_on_a_cpu, step_device_ms, summarize
 from profiling.trace_writer import gzip_traces, remove_plain_traces
 from training import job_notes, speedups
 from training.ddp import knobs
@@ -356,6 +356,8 @@ class ProfiledRun:
         trace = find_trace(self.dir, self.ranks.worker_name())
         events = load_trace(trace)
         summary = summarize(events, self.phases, max_steps=profiled)
+        if not self.cuda:
+            summary = not_measured_on_a_cpu(summary)
         if self.ranks.distributed:
             summary["communication"] = communication(events, self.phases, profiled)
         env = environment()
@@ -485,7 +487,8 @@ class ProfiledRun:
                 return  # ranks other than 0: rank 0 writes the job's summary
         for name, p in record["phases"].items():
             self.writer.add_scalar(f"phase_cpu_ms/{name}", p["cpu_ms"], 0)
-            self.writer.add_scalar(f"phase_gpu_ms/{name}", p["gpu_ms"], 0)
+            if p["gpu_ms"] is not None:  # None: not measured (a CPU run)
+                self.writer.add_scalar(f"phase_gpu_ms/{name}", p["gpu_ms"], 0)
         self.writer.close()
         self._write(record)
         job_notes.settled()

@@ -129,6 +129,21 @@ def summarize(events: list[dict], phases: tuple[str, ...], max_steps: int | None
     return result
 
 
+GPU_FIELDS = {"phase": ("gpu_ms", "launches", "h2d_copies", "syncs"),
+              "step": ("gpu_ms", "busiest_stream_ms", "busy_ms")}
+
+
+def not_measured_on_a_cpu(summary: dict) -> dict:
+    """The summary with every figure only a GPU gives set to None ("not measured", null
+    in summary.json): a CPU's trace has no kernels, and its 0.0 read as a measured zero
+    in the JSON and in TensorBoard's phase_gpu_ms scalars. top_kernels goes empty."""
+    for phase in summary["phases"].values():
+        phase.update(dict.fromkeys(GPU_FIELDS["phase"]))
+    summary["step"].update(dict.fromkeys(GPU_FIELDS["step"]))
+    summary["top_kernels"] = []
+    return summary
+
+
 def step_device_ms(step: dict, before: str = "gpu_ms") -> float:
     """A step's device time from its summary: busy_ms, or for a summary written before
     busy_ms existed, what the table read then (`before`: gpu_ms, which agrees with

@@ -121,3 +121,18 @@ def test_a_refused_flag_names_the_make_variable(tmp_path):
     assert done.returncode == 2
     assert "argument --loss: invalid choice: 'nope'" in done.stderr
     assert "(make's LOSS=)" in done.stderr
+
+
+def test_a_cpu_runs_summary_says_not_measured_as_null(tmp_path):
+    """summary.json recorded 0.0 for every phase's gpu_ms, launches and syncs and for the
+    step's gpu_ms on a CPU: a reader could not tell 'not measured' from zero."""
+    import json
+    done = cli("--out-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run,) = tmp_path.iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    for phase in summary["phases"].values():
+        assert phase["cpu_ms"] > 0
+        assert [phase[k] for k in ("gpu_ms", "launches", "h2d_copies", "syncs")] == [None] * 4
+    assert summary["step"]["cpu_ms"] > 0 and summary["step"]["gpu_ms"] is None
+    assert summary["step"]["busy_ms"] is None and summary["top_kernels"] == []
