@@ -21,6 +21,7 @@ from core.commands import leave
 from core.errors import ProjectError, UserError, exit_code, one_line
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
+from core.phases import phase
 from core.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from core.signals import ignore_stop_signals, raise_if_stopped, stop_once
 from profiling.scaling import check_baseline
@@ -249,7 +250,6 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None,
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)
     forward_only = cfg.mode == "forward"
     one = torch.ones((), device=device)  # d loss / d loss, made once: no fill launch per step
-    phase = torch.profiler.record_function
 
     def close_range():
         # The original's method: a device sync closes each range, so the range's CPU time

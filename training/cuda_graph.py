@@ -21,6 +21,7 @@ the graph's kernels is still there, attributed to the "graph" range by the repla
 import torch
 
 from core.errors import InputError
+from core.phases import phase
 
 
 def copy_into(static, fresh):
@@ -47,7 +48,7 @@ class GraphedStep:
     host sync) and to_device moves a batch to the GPU; capture_at is the step captured
     (the eager steps are those before it)."""
 
-    def __init__(self, step_fn, to_device, capture_at: int, phase=torch.profiler.record_function):
+    def __init__(self, step_fn, to_device, capture_at: int, phase=phase):
         if capture_at < 1:
             raise ValueError("a CUDA graph needs at least one eager step before its capture")
         self.step_fn, self.to_device, self.capture_at, self.phase = (

@@ -34,10 +34,9 @@ import time
 
 import torch
 
+from core.phases import phase
 from core.signals import stop_signals_held
 from core.trees import leaves
-
-phase = torch.profiler.record_function
 
 
 class InStep:
