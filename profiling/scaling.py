@@ -94,8 +94,10 @@ def combine(main: dict, per_rank: list[dict], world: int, backend: str) -> dict:
 def format_ranks(record: dict) -> str:
     """The per-rank lines printed under rank 0's table."""
     job = record["distributed"]
-    lines = [f"{job['world']} ranks ({job['backend']}), global batch {job['global_batch']}: "
-             f"{job['samples_per_s']:.0f} samples/s over the profiled steps",
+    # No rate here: the sustained line above is the job's; a second one from the profiled
+    # steps' mean read as a contradiction (394 against 384 samples/s).
+    lines = [f"{job['world']} ranks ({job['backend']}), global batch {job['global_batch']}; "
+             "each rank's profiled steps:",
              "| rank | step CPU ms | step GPU ms | comm GPU ms | overlapped | exposed | "
              "collectives |", "|---|---|---|---|---|---|---|"]
     for r, rank in enumerate(job["ranks"]):

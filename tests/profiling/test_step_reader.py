@@ -114,10 +114,10 @@ def test_the_tail_names_the_slowest_steps_and_the_host_before_them():
     near = step_reader.tail(times, first=1, lag=1)
     assert (near["data_wait_max_ms"], near["host_max_ms"]) == (0.5, 20.0)
     line = step_reader.describe(sustained(times, 1, 8), None, slow=slow)
-    assert ("the tail: the mean step 20.25 ms against a median of 20.00; the slowest 2 "
-            "steps (30.0–60.0 ms; at steps 42–152 of 2–201, 0 in the first tenth) add 0.25 "
-            "ms to the mean; the host's steps up to each took up to 95.0 ms, its data waits "
-            "up to 90.0 ms (the host 2 steps ahead)") in line
+    assert ("the tail: the sustained steps' mean is 20.25 ms, their median 20.00; the "
+            "slowest 2 steps (30.0–60.0 ms; steps 42 and 152 of 2–201, none in the first "
+            "tenth) add 0.25 ms to the mean; in the 2 steps before each, the host took up "
+            "to 95.0 ms a step and waited up to 90.0 ms for data") in line
     # A slow step in the first tenth of the window (step 13 of 2-201) is counted there.
     times[1 + 11]["device_ms"] = 70.0
     early = step_reader.tail(times, first=1, lag=2)
@@ -127,7 +127,8 @@ def test_the_tail_names_the_slowest_steps_and_the_host_before_them():
                             first=0, lag=0)
     assert host["slowest_ms"] == (9.0, 9.0) and host["data_wait_max_ms"] == 0.0
     assert host["slowest_at"] == [3] and host["window"] == (1, 3)
-    assert "(9.0 ms; at step 3 of 1–3, 0 in the first tenth)" in step_reader.describe(
+    assert ("(9.0 ms; step 3 of 1–3, none in the first tenth) adds 1.33 ms to the mean; "
+            "in each, the host took up to 9.0 ms a step") in step_reader.describe(
         sustained([{"host_ms": 5.0, "device_ms": None}] * 3, 0, 1), None, slow=host)
     assert step_reader.tail(times, first=201, lag=2) is None
 
@@ -160,7 +161,7 @@ def test_the_pace_sets_the_hosts_step_against_the_gpus_and_counts_the_slow_steps
 def test_a_cpu_runs_tail_is_in_its_summary_and_its_lines(tmp_path):
     summary = train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
     assert summary["tail"]["lag"] == 0 and summary["tail"]["steps"] >= 1
-    assert "the tail: the mean step" in summary["table"]
+    assert "the tail: the sustained steps' mean is " in summary["table"]
     assert summary["pace"]["steps"] == summary["tail"]["steps"]
     assert "the host: " in summary["table"] and "over 1.3x the median step" in summary["table"]
 
