@@ -1,18 +1,60 @@
 """One home for every list of names: strategies, kernel backends, modes, profiler phases.
 Everything else (the registry, the command line, make compare, the tests) imports them."""
 
+from dataclasses import dataclass
+
 from core.errors import UserError
 
-# The loss strategies, in the order tables list them.
-STRATEGIES = ("loop", "concat", "padded", "compiled", "kernel", "conditional", "packed",
-              "nested", "compiled_packed")
-RAGGED = ("loop", "concat")              # targets stay a list of per-sample tensors
-PACKED = ("packed", "nested", "compiled_packed")  # every box in one [N, 4], N per batch
-# Their steps wait on the host's Python (per sample, or the nested tensors'): the GPU
-# idles half of each step or more over an epoch (results/step.md).
-HOST_BOUND = RAGGED + ("nested",)
-FUSED = ("kernel", "conditional", "packed")  # the strategies whose kernel backend is chosen
+# How a strategy lays out a batch's targets (data/collate.py): a list of per-sample
+# [n_i, 4] tensors; [B, M, 4] and the counts; every box in one [N, 4], N per batch.
+LAYOUTS = ("list", "padded", "packed")
+
+
+@dataclass(frozen=True)
+class Traits:
+    """One loss strategy's record: where its maker lives, and every fact about it that the
+    rest of the project checks. Torch-free: train.py --help reads it without torch."""
+    maker: str                # "module:function" that makes it (losses/, imported on use)
+    layout: str               # one of LAYOUTS
+    fused: bool = False       # its kernels come in each of BACKENDS (Triton, CUDA C++)
+    host_bound: bool = False  # its step waits on the host's Python (per sample, or the
+    #                           nested tensors'): the GPU idles half of each step or more
+    #                           over an epoch (results/step.md)
+    syncs: bool = False       # its loss waits for the device: no CUDA graph can hold it
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r} is none of {LAYOUTS}")
+
+
+# The loss strategies, in the order tables list them: a new one is a file in losses/ and
+# one line here. None syncs with the host (results/strategies.md: 0 syncs in a train step).
+REGISTRY = {
+    "loop": Traits("losses.loop:make", "list", host_bound=True),
+    "concat": Traits("losses.concat:make", "list", host_bound=True),
+    "padded": Traits("losses.padded:make", "padded"),
+    "compiled": Traits("losses.compiled:make", "padded"),
+    "kernel": Traits("losses.fused:make_kernel", "padded", fused=True),
+    "conditional": Traits("losses.fused:make_conditional", "padded", fused=True),
+    "packed": Traits("losses.packed:make", "packed", fused=True),
+    "nested": Traits("losses.nested:make", "packed", host_bound=True),
+    "compiled_packed": Traits("losses.compiled_packed:make", "packed"),
+}
+STRATEGIES = tuple(REGISTRY)
+# The lists the checks read, each derived from the records.
+RAGGED = tuple(n for n, t in REGISTRY.items() if t.layout == "list")
+PACKED = tuple(n for n, t in REGISTRY.items() if t.layout == "packed")
+HOST_BOUND = tuple(n for n, t in REGISTRY.items() if t.host_bound)
+FUSED = tuple(n for n, t in REGISTRY.items() if t.fused)
 BACKENDS = ("triton", "cuda")            # the fused kernels' implementations
+
+
+def traits(name: str) -> Traits:
+    """A strategy's record; an unknown name raises (never a default layout)."""
+    if name not in REGISTRY:
+        raise UserError(f"unknown loss strategy {name!r}: choose one of "
+                        f"{', '.join(STRATEGIES)}")
+    return REGISTRY[name]
 
 # train: the full step; forward: the original's measurement (forward and loss only, a
 # device sync closing each range).

@@ -6,31 +6,29 @@
     loss = strategy.loss(pred, strategy.to_device(targets, device))
 
 Adding a strategy: write losses/<name>.py with a `make(capacity, backend) -> Strategy`,
-add its name to core.names.STRATEGIES and one line to _MAKERS.
+and add its record, one line, to core.names.REGISTRY (its maker, layout and traits).
 """
 
-from core.names import BACKENDS, STRATEGIES
-from losses import compiled, compiled_packed, concat, fused, loop, nested, packed, padded
+import importlib
+
+from core.names import BACKENDS, REGISTRY, STRATEGIES
 from losses.strategy import Strategy
 
-_MAKERS = {
-    "loop": loop.make,
-    "concat": concat.make,
-    "padded": padded.make,
-    "compiled": compiled.make,
-    "kernel": fused.make_kernel,
-    "conditional": fused.make_conditional,
-    "packed": packed.make,
-    "nested": nested.make,
-    "compiled_packed": compiled_packed.make,
-}
-assert tuple(_MAKERS) == STRATEGIES, "core.names.STRATEGIES and _MAKERS must agree"
+
+def _maker(path: str):
+    module, function = path.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+# Every maker, imported now as the modules were before the registry held their paths (their
+# kernels' custom ops are registered on import).
+_MAKERS = {name: _maker(record.maker) for name, record in REGISTRY.items()}
 
 
 def get(name: str, backend: str = "triton", capacity: int = 256) -> Strategy:
     """The strategy `name`; `backend` picks the fused strategies' kernels and must be one
     of core.names.BACKENDS for every strategy (a typo is an error, never ignored)."""
-    if name not in _MAKERS:
+    if name not in STRATEGIES:
         raise ValueError(f"unknown loss strategy {name!r}: choose one of "
                          f"{', '.join(STRATEGIES)}")
     if backend not in BACKENDS:

@@ -35,7 +35,7 @@ import time
 import torch
 
 import losses
-from core.names import PACKED, RAGGED
+from core.names import RAGGED, traits
 from core.trees import leaves, map_leaves
 from data import SyntheticFaces
 from model.boxnet import boxes_from_raw
@@ -76,9 +76,10 @@ def layout_bytes(loss: str, batch: int, capacity: int, valid: int, pred_bytes: i
     count_bytes is then the index's element size); the backward writes the dense gradient
     of every prediction."""
     box = 4 * (pred_bytes + target_bytes)
-    if loss in RAGGED:
+    layout = traits(loss).layout  # an unknown strategy raises: never read as padded
+    if layout == "list":
         read = valid * box
-    elif loss in PACKED:  # and the int64 offsets
+    elif layout == "packed":  # and the int64 offsets
         read = valid * (box + 2 * count_bytes) + (batch + 1) * 8
     elif loss == "conditional":
         read = valid * box + batch * count_bytes

@@ -5,19 +5,23 @@ Static-shape strategies in train mode on one GPU only.
 Off by default: measured on the H100, the replay saved no GPU time (the step is GPU-bound)
 and its step wall time was less steady (results/step.md)."""
 
-from core.names import PACKED, RAGGED
+from core.names import traits
 from training.speedups.base import SpeedUp
 
 
 def refusal(cfg, cuda: bool) -> str | None:
     from training.ranks import from_env
     loss = cfg.loss
-    if loss in RAGGED:
+    record = traits(loss)
+    if record.layout == "list":
         return (f"the {loss} strategy's targets are ragged (their shapes change every "
                 "batch), so its step cannot be captured as a CUDA graph")
-    if loss in PACKED:
+    if record.layout == "packed":
         return (f"the {loss} strategy's targets are packed ([boxes, 4]: the number of "
                 "boxes changes every batch), so its step cannot be captured as a CUDA graph")
+    if record.syncs:
+        return (f"the {loss} strategy's loss waits for the device (a host-device sync), "
+                "which a CUDA graph cannot hold")
     if cfg.mode != "train":
         return ("forward mode closes each phase with a device sync, which a CUDA graph "
                 "cannot hold")
