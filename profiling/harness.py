@@ -43,6 +43,7 @@ from core.errors import (
     RunInterrupted,
     UserError,
     interruption,
+    is_write_failure,
     one_line,
 )
 from core.files import write_whole
@@ -521,6 +522,10 @@ class ProfiledRun:
         user_error = isinstance(exc, UserError)
         at = (f"after step {self.done} of {self.total}" if self.done == self.total else
               f"at step {self.done + 1} of {self.total}")
+        if is_write_failure(exc) and not exc.filename:
+            # A write (not an open) that the disk refused names no file: name the folder
+            # it was writing into ("could not write: No space left on device" named none).
+            exc.filename = str(self.dir)
         # one_line of a worker's death ends "Killed.": "at step N" follows it
         reason = interruption(exc) if interrupted else one_line(exc).rstrip(".")
         stop_watching()

@@ -92,8 +92,10 @@ def test_a_failed_trace_write_leaves_nothing_half_written(tmp_path, monkeypatch)
     monkeypatch.setattr(profiling.harness, "gzip_traces", disk_full)
     with pytest.raises(RunFailed) as failed:
         train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--run-name", "run"]))
-    assert str(failed.value) == ("run failed after step 3 of 3: could not write: No space "
-                                 "left on device (the disk is full); nothing kept")
+    # The write named no file: the run's folder, where it was writing, is named.
+    assert str(failed.value) == (f"run failed after step 3 of 3: could not write "
+                                 f"{tmp_path / 'run'}: No space left on device (the disk is "
+                                 "full); nothing kept")
     assert not list(tmp_path.iterdir())
 
 
