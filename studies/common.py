@@ -110,6 +110,20 @@ def run_config(base: train.Config, **fields) -> train.Config:
     return dataclasses.replace(base, **fields)
 
 
+def progress(tag: str, started: float, done: int, total: int) -> str:
+    """A study's line as a run starts: '[3/24] padded train (41 s so far; about 5 min left
+    at this pace)'; no estimate before a run has finished. make compare gave no idea of
+    its whole run's time. The pace is the runs' so far: the loop's take longest."""
+    import time
+    spent = time.time() - started
+    line = f"{tag} ({spent:.0f} s so far"
+    if done:
+        left = spent / done * (total - done)
+        line += (f"; about {left / 60:.0f} min left at this pace" if left >= 90 else
+                 f"; about {left:.0f} s left at this pace")
+    return line + ")"
+
+
 def attempt(cfg: train.Config, tag: str) -> tuple[dict | None, str | None]:
     """One train.run in this process: (its summary, None), or (None, why it failed). One
     run's failure is a row of the table, not the end of the study (on one rank)."""

@@ -40,6 +40,7 @@ from studies.common import (
     folder_name,
     fresh_out,
     keep_interrupted,
+    progress,
     ranks_out,
     run_config,
 )
@@ -86,7 +87,7 @@ def run_all(out: Path, base: train.Config, given: dict, plan, runs: list, skippe
         cfg = run_config(base, loss=loss, backend=backend, mode=mode, out_dir=str(out),
                          run_name=f"{folder_name(loss, backend)}-{mode}",
                          **(loop_steps(given) if loss == "loop" else {}))
-        say(f"{tag} ({time.time() - started:.0f} s so far)", flush=True)
+        say(progress(tag, started, i - 1, len(plan)), flush=True)
         record, reason = attempt(cfg, tag)
         if record is None:
             skipped.append(skipped_row(name, mode, reason))

@@ -43,6 +43,7 @@ from studies.common import (
     fresh_out,
     keep_interrupted,
     outcome,
+    progress,
     run_config,
 )
 from studies.compare_rows import load_summary, ran_on_gpu
@@ -104,6 +105,7 @@ def run_ladder(out: Path, train_args: list[str], plan_strategies, runs: dict, sk
     cuda = torch.cuda.is_available()
     base, _ = base_config(train_args, PER_RUN, REFUSAL, baseline=True)
     started = time.time()
+    total, done = len(plan_strategies) * len(rungs), 0  # for the estimate of the time left
     for loss, backend in plan_strategies:
         name = describe(loss, backend)
         fields = {}  # the speed-ups of the rungs so far
@@ -128,8 +130,9 @@ def run_ladder(out: Path, train_args: list[str], plan_strategies, runs: dict, sk
             cfg = run_config(base, loss=loss, backend=backend, mode="train", out_dir=str(out),
                              run_name=f"{folder_name(loss, backend)}-{number}-{rung}",
                              **fields)
-            print(f"{tag} ({time.time() - started:.0f} s so far)", flush=True)
+            print(progress(tag, started, done, total), flush=True)
             record, reason = attempt(cfg, tag)
+            done += 1
             if record is None:
                 skipped.append({"strategy": name, "rung": _rung_name(rung),
                                 "step GPU ms": reason})

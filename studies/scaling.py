@@ -31,6 +31,7 @@ from studies.common import (
     base_config,
     keep_interrupted,
     pace_cells,
+    progress,
     ranks_out,
     run_config,
 )
@@ -111,7 +112,7 @@ def _main(argv) -> int:
     try:
         for i, design in enumerate(designs, 1):
             tag = f"[{i}/{len(designs)}] --parallel {design}"
-            say(f"{tag} ({time.time() - started:.0f} s so far)", flush=True)
+            say(progress(tag, started, i - 1, len(designs)), flush=True)
             cfg = run_config(base, loss=loss, backend=backend, mode="train", parallel=design,
                              out_dir=str(out), run_name=design)
             record, reason = attempt(cfg, tag)

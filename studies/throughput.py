@@ -58,6 +58,7 @@ from studies.common import (
     keep_interrupted,
     outcome,
     pace_cells,
+    progress,
     ranks_out,
     run_config,
 )
@@ -249,7 +250,7 @@ def _run_all(out: Path, base, given: dict, plan, ragged_seconds: float, rows: li
         cfg = run_config(base, loss=loss, backend=backend, mode="train", out_dir=str(out),
                          run_name=folder_name(loss, backend),
                          **run_fields(base, given, loss, ragged_seconds, ranks.world))
-        say(f"{tag} ({time.time() - started:.0f} s so far)", flush=True)
+        say(progress(tag, started, i - 1, len(plan)), flush=True)
         record, reason = attempt(cfg, tag)
         if record is None:
             skipped.append({"strategy": describe(loss, backend), "steps run": reason})

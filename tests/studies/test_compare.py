@@ -315,3 +315,16 @@ def test_runs_with_a_bad_summary_are_one_line(tmp_path, capsys, text, says):
     assert compare.main(["--runs", str(run), "--out", str(tmp_path / "c")]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: --runs: {run / 'summary.json'} is not text"]
+
+
+def test_a_studys_progress_line_estimates_the_time_left(monkeypatch):
+    """make compare gave no idea of its whole run's time: each run's line now does, at
+    the pace of the runs so far."""
+    import time
+    monkeypatch.setattr(time, "time", lambda: 1000.0)
+    assert common.progress("[1/24] padded train", 1000.0, 0, 24) == \
+        "[1/24] padded train (0 s so far)"
+    assert common.progress("[3/24] loop train", 960.0, 2, 24) == \
+        "[3/24] loop train (40 s so far; about 7 min left at this pace)"
+    assert common.progress("[24/24] nested forward", 977.0, 23, 24) == \
+        "[24/24] nested forward (23 s so far; about 1 s left at this pace)"
