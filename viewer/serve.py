@@ -5,6 +5,7 @@
 Arguments go to TensorBoard unchanged; it binds to localhost unless told otherwise.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -62,6 +63,22 @@ def _check_port(argv: list[str]) -> None:
                             "free one (make tensorboard PORT=6006)")
 
 
+def _address(argv: list[str]) -> str | None:
+    """http://host:port of the server, where the arguments fix both (not port 0, any free
+    one, nor --bind_all)."""
+    def value(flag: str, default: str | None) -> str | None:
+        for i, a in enumerate(argv):
+            if a == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if a.startswith(flag + "="):
+                return a.split("=", 1)[1]
+        return default
+    host, port = value("--host", None), value("--port", "6006")
+    if host is None or port == "0":
+        return None
+    return f"http://{host}:{port}"
+
+
 def _main(argv) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _check_port(argv)
@@ -71,6 +88,9 @@ def _main(argv) -> int:
         if "://" not in logdir and not Path(logdir).is_dir():
             raise UserError(f"no folder {logdir}: make profile writes its runs into "
                             "profiles/ (LOGDIR= picks another folder)")
+    # The plugin logs every trace it loads at INFO: the URL TensorBoard prints came as line
+    # 44 of 46. Its warnings stay; TORCH_PROFILER_LOG_LEVEL=INFO brings the rest back.
+    os.environ.setdefault("TORCH_PROFILER_LOG_LEVEL", "WARNING")
     try:
         import torch_tb_profiler  # noqa: F401
         from tensorboard import main as tensorboard_main
@@ -82,6 +102,10 @@ def _main(argv) -> int:
     if not any(a == "--host" or a.startswith("--host=") or a.startswith("--bind_all")
                for a in argv):
         argv += ["--host", "127.0.0.1"]
+    address = _address(argv)
+    if address:  # first, above TensorBoard's notes (the URL came as line 44 of 46)
+        print(f"make tensorboard: open {address}/#pytorch_profiler (Ctrl-C stops it)",
+              flush=True)
     sys.argv = ["tensorboard", *argv]
     import signal
 

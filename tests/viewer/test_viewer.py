@@ -90,6 +90,14 @@ def server(logdir):
         log.close()
 
 
+def test_the_address_comes_first_not_under_the_plugins_lines(server, logdir):
+    """make tensorboard printed its URL as line 44 of 46, under the profiler plugin's
+    INFO lines, one a trace it loaded."""
+    lines = (logdir / "tensorboard.log").read_text().splitlines()
+    assert lines[0] == f"make tensorboard: open {server}/#pytorch_profiler (Ctrl-C stops it)"
+    assert not any(" INFO " in line for line in lines), lines[:12]
+
+
 def _q(run: str) -> str:
     return f"run={run}&worker=train&span=1"
 
