@@ -246,11 +246,14 @@ def launcher_gone() -> str | None:
     return f"the launcher (pid {parent}) ended without stopping the job: this rank stopped"
 
 
-# What gloo and NCCL say when the rank at the other end of a collective has ended.
 # A collective's wait until a run's first steps are done (compiling, cuDNN's tuning: a
 # rank may be minutes behind its peers); then --hang-timeout (set_hang_timeout).
 START_TIMEOUT = timedelta(minutes=5)
-TIMED_OUT = ("timed out", "timeout")  # gloo's and NCCL's words for a collective's wait
+# gloo's and NCCL's words for a collective that waited out its timeout ("Timed out waiting
+# 3000ms for recv operation to complete", "Application timeout caused pair closure"; the
+# NCCL watchdog's "collective operation timeout"), not a data loader's "timed out after
+# 300 seconds".
+TIMED_OUT = ("timed out waiting", "application timeout", "collective operation timeout")
 
 
 def set_hang_timeout(seconds: float | None) -> None:
@@ -327,6 +330,7 @@ def _chain_texts(exc: BaseException) -> list[str]:
     return [str(e).lower() for e in chain]
 
 
+# What gloo and NCCL say when the rank at the other end of a collective has ended.
 PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe",
              "connection was likely closed",
              "remote process exited", "communicator was aborted")

@@ -703,3 +703,12 @@ def test_sigterm_to_the_launcher_as_the_loaders_start_is_an_interruption(tmp_pat
         assert code == 130 and len(err) == 1, (trial, err)
         assert err[0].startswith("error: interrupted (SIGTERM)"), (trial, err)
         assert [p.name for p in tmp.iterdir()] in ([], ["job-interrupted"]), trial
+
+
+def test_only_a_collectives_timeout_names_a_stopped_peer():
+    from training.ranks import peer_stopped
+    assert peer_stopped(RuntimeError("DataLoader timed out after 300 seconds"), 0, 2) is None
+    for gloo in ("[unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to "
+                 "complete", "Application timeout caused pair closure"):
+        assert peer_stopped(RuntimeError(gloo), 0, 2) == (  # no launcher here: no pids
+            "a collective waited --hang-timeout for another rank, which never joined")
