@@ -316,6 +316,10 @@ class ProfiledRun:
 
     def _exit(self, exc_type, exc, tb):
         self._exiting = True  # signals are held from here on (__exit__)
+        if exc is None:
+            # Rank 0 writes and summarizes its trace while the others wait in the gather
+            # (a loop run's trace: tens of seconds): the steps' --hang-timeout is not for it.
+            set_hang_timeout(None)
         if self.clocks:  # the steps are over, however the run ends
             self.clocks_summary = self.clocks.stop()
         if self.memory:
