@@ -404,12 +404,17 @@ def test_a_signal_while_traces_load_ends_the_server_and_its_children(tmp_path, s
             run.mkdir()
             shutil.copy(FIXTURES / f"gpu_{name}_train.pt.trace.json.gz",
                         run / "train.1.pt.trace.json.gz")
+    # The plugin's INFO lines, which make tensorboard hides unless asked: the user's
+    # TORCH_PROFILER_LOG_LEVEL wins, and its "Add run" line says loading has begun.
+    env = dict(os.environ, TORCH_PROFILER_LOG_LEVEL="INFO")
     proc = subprocess.Popen([sys.executable, "-m", "viewer.serve", "--logdir", str(tmp_path),
                              "--port", str(_free_port())], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    began = time.time() + 120
     for line in proc.stderr:
         if "plugin.py" in line and "Add run" in line:  # loading has begun
             break
+        assert time.time() < began, "no 'Add run' line from the plugin in 120 s"
     os.killpg(proc.pid, getattr(signal, signum))
     sent = time.time()
     _, err = proc.communicate(timeout=60)
