@@ -39,13 +39,19 @@ def stop_once() -> None:
         # reaches the whole group): a data worker still starting dies of it before it has
         # its own handler, and PyTorch's SIGCHLD handler raised "worker killed by signal"
         # inside the run's early end (20 lines of "Exception ignored" under its one line).
+        # A no-op handler, not SIG_DFL: a SIGCHLD already pending for Python's handler then
+        # printed "OSError: Signal 17 ignored due to race condition" (a CI run).
         if hasattr(signal, "SIGCHLD"):  # POSIX
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGCHLD, _child_ended)
         _STOPPED.append(signum)
         raise _interrupt(signum)
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, first)
+
+
+def _child_ended(signum, frame) -> None:
+    """SIGCHLD after a stop signal: a child's end is that signal's doing, not news."""
 
 
 def _interrupt(signum: int) -> KeyboardInterrupt:
