@@ -153,7 +153,19 @@ def leave_for_launcher(line: str) -> bool:
     if folder is None:
         return False
     try:
-        (folder / f"rank{os.environ.get('RANK', '0')}.txt").write_text(line + "\n")
+        _line_file(folder, int(os.environ.get("RANK", "0"))).write_text(line + "\n")
     except OSError:
         return False
     return True
+
+
+def left_line(folder: Path | None, rank: int) -> str | None:
+    """The line rank `rank` left in the launcher's folder (leave_for_launcher), or None."""
+    try:
+        return _line_file(folder, rank).read_text().strip() if folder is not None else None
+    except OSError:  # none left (or the folder removed)
+        return None
+
+
+def _line_file(folder: Path, rank: int) -> Path:
+    return folder / f"rank{rank}.txt"

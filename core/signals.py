@@ -40,7 +40,7 @@ def stop_once() -> None:
         # its own handler, and PyTorch's SIGCHLD handler raised "worker killed by signal"
         # inside the run's early end (20 lines of "Exception ignored" under its one line).
         # A no-op handler, not SIG_DFL: a SIGCHLD already pending for Python's handler then
-        # printed "OSError: Signal 17 ignored due to race condition" (a CI run).
+        # printed "OSError: Signal ... ignored due to race condition" (a CI run).
         if hasattr(signal, "SIGCHLD"):  # POSIX
             signal.signal(signal.SIGCHLD, _child_ended)
         _STOPPED.append(signum)
@@ -60,9 +60,11 @@ def _interrupt(signum: int) -> KeyboardInterrupt:
 
 def stop_signal() -> str | None:
     """The name of the stop signal that stop_once raised ("SIGTERM", "Ctrl-C"), if one came."""
-    if not _STOPPED:
-        return None
-    return "Ctrl-C" if _STOPPED[0] == signal.SIGINT else signal.Signals(_STOPPED[0]).name
+    return _name(_STOPPED[0]) if _STOPPED else None
+
+
+def _name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def raise_if_stopped() -> None:
@@ -93,7 +95,7 @@ def stop_signals_held(act: bool = True, say=None, what: str | None = "the run's 
 
     def hold(signum, _frame):
         if not held and say is not None:
-            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+            name = _name(signum)
             if what is None:
                 say(f"{name} received while the run ends early: it keeps nothing (no "
                     "profiled step completed)")

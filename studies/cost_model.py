@@ -154,11 +154,11 @@ def table(rows: list[dict]) -> str:
     heads = [f"predicted {k}" if k in PREDICTED else k for k in keys] + ["measured scaling"]
     fmt = (lambda v: f"{v:.2f}" if isinstance(v, float) else str(v))
     return "\n".join(["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)] +
-                      ["| " + " | ".join([fmt(r[k]) for k in keys] + [measured(r)]) + " |"
+                      ["| " + " | ".join([fmt(r[k]) for k in keys] + [measured_scalings(r)]) + " |"
                        for r in rows])
 
 
-def measured(row: dict) -> str:
+def measured_scalings(row: dict) -> str:
     """The measured scalings of row's design on as many GPUs ('-' where none was)."""
     found = [f"{factor:.2f} ({where})" for design, n, factor, where in MEASURED
              if design == row["design"] and n == row["GPUs"]]

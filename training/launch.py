@@ -23,7 +23,6 @@ honoured (training/rendezvous.py).
 
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -34,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.commands import run_command
-from core.errors import ERRORS_ENV, UserError, one_line, report_errors
+from core.errors import ERRORS_ENV, UserError, left_line, one_line, report_errors
 from training import job_notes, rendezvous
+from training.ranks import caused_by_another
 
 EVERY = "; every rank was stopped"
 USAGE = ("usage: python3 -m training.launch --nproc N [--nnodes H --rdzv HOST:PORT "
@@ -125,25 +125,17 @@ def first_failure(failures: dict, folder: Path | None = None) -> int:
 
 
 def _met_another(folder: Path | None, rank: int) -> bool:
-    """Whether the rank's line says another rank's end or stop was its cause
-    (training/ranks.peer_cause's lines)."""
-    left = folder / f"rank{rank}.txt" if folder is not None else None
-    if left is None or not left.exists():
-        return False
-    line = left.read_text()
-    return "another rank" in line or re.search(r"\brank \d+ (failed|stopped answering)",
-                                               line) is not None
+    """Whether the rank's line says another rank's end or stop was its cause."""
+    line = left_line(folder, rank)
+    return line is not None and caused_by_another(line)
 
 
 def explain(rank: int, failure, folder: Path) -> tuple[str, int]:
     """The line and exit code for the rank torchrun saw fail first."""
-    left = folder / f"rank{rank}.txt"
-    if left.exists():  # the rank's own line, as train.py would have printed it
-        line = left.read_text().strip()
-    elif failure.exitcode < 0:
-        line = f"killed by {failure.signal_name()}"
-    else:
-        line = f"exited with code {failure.exitcode} (see its output above)"
+    line = left_line(folder, rank)  # the rank's own line, as train.py would have printed it
+    if line is None:
+        line = (f"killed by {failure.signal_name()}" if failure.exitcode < 0 else
+                f"exited with code {failure.exitcode} (see its output above)")
     code = failure.exitcode if failure.exitcode in (1, 2, 130) else 1
     return f"rank {rank} failed: {line}{EVERY}", code
 
@@ -233,8 +225,7 @@ def launch(nproc: int, meeting: Meeting | None, script: list[str]) -> int:
         if meeting is not None and not rendezvous.STARTED.is_set():
             return say(f"stopped while waiting for the rendezvous at {meeting.endpoint}; "
                        "no rank had started", 130)
-        main_line = folder / "rank0.txt"
-        where = main_line.read_text().strip() if main_line.exists() else "interrupted"
+        where = left_line(folder, 0) or "interrupted"
         settled = job_notes.settle(folder, f"{where}; rank 0 did not mark its run folder")
         return say(f"{where}{EVERY}" + (f"; {settled}" if settled else ""), 130)
     finally:

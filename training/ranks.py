@@ -9,6 +9,7 @@ here touches torch.distributed then, and the run is exactly the single-process o
 import atexit
 import faulthandler
 import os
+import re
 import shutil
 import signal
 import sys
@@ -20,7 +21,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from core.bounded import finished_within
-from core.errors import ERRORS_ENV, ProjectError, launcher_folder, leave_for_launcher, one_line
+from core.errors import (
+    ERRORS_ENV,
+    ProjectError,
+    launcher_folder,
+    leave_for_launcher,
+    left_line,
+    one_line,
+)
 from training import job_notes
 
 # How often a rank looks for its launcher, and how long its early end may then take
@@ -273,7 +281,7 @@ def peer_stopped(exc: BaseException, rank: int, world: int) -> str | None:
     """The line of a rank whose collective timed out (--hang-timeout), naming the rank that
     stopped answering: one whose process is stopped (SIGSTOP, a debugger), else one that
     still runs without joining; None for another error."""
-    if not any(word in text for text in _chain_texts(exc) for word in TIMED_OUT):
+    if not any(word in str(e).lower() for e in _chain(exc) for word in TIMED_OUT):
         return None
     folder = launcher_folder()
     pids = job_notes.rank_pids(folder) if folder is not None else {}
@@ -281,7 +289,7 @@ def peer_stopped(exc: BaseException, rank: int, world: int) -> str | None:
     stopped = [p for p, state in states.items() if state in ("T", "t")]
     # Those still running that have not failed themselves (no line left): the hung ones.
     running = [p for p, state in states.items() if state not in (None, "Z", "X", "T", "t")
-               and not (folder / f"rank{p}.txt").exists()]
+               and left_line(folder, p) is None]
     if stopped:
         return (f"rank {stopped[0]} stopped answering: its process is stopped (SIGSTOP or "
                 "a debugger), and this rank's collective waited --hang-timeout for it")
@@ -298,10 +306,17 @@ def peer_line(rank: int, world: int) -> str | None:
     launcher (its cause, where this rank met only its end), else None."""
     folder = launcher_folder()
     for peer in range(world):
-        said = folder / f"rank{peer}.txt" if folder is not None else None
-        if peer != rank and said is not None and said.exists():
-            return f"rank {peer} failed: {said.read_text().strip()}"
+        said = left_line(folder, peer) if peer != rank else None
+        if said is not None:
+            return f"rank {peer} failed: {said}"
     return None
+
+
+def caused_by_another(line: str) -> bool:
+    """Whether a rank's line says another rank's end or stop was its cause: peer_gone's,
+    peer_stopped's and peer_line's words (the launcher blames such a rank last)."""
+    return "another rank" in line or re.search(r"\brank \d+ (failed|stopped answering)",
+                                               line) is not None
 
 
 def peer_cause(exc: BaseException, rank: int, world: int) -> str | None:
@@ -321,13 +336,13 @@ def _process_state(pid: int | None) -> str | None:
     return stat.rsplit(")", 1)[1].split()[0]  # after the command's name, which may hold ')'
 
 
-def _chain_texts(exc: BaseException) -> list[str]:
-    """The lowercased messages of an exception and of those it came from."""
+def _chain(exc: BaseException) -> list[BaseException]:
+    """An exception and those it came from (its causes and contexts), each once."""
     chain = []
     while exc is not None and all(exc is not seen for seen in chain):
         chain.append(exc)
         exc = exc.__cause__ or exc.__context__
-    return [str(e).lower() for e in chain]
+    return chain
 
 
 # What gloo and NCCL say when the rank at the other end of a collective has ended.
@@ -343,10 +358,7 @@ def peer_gone(exc: BaseException) -> str | None:
     '.../training/ddp.py(125): <lambda>'. Which rank ended and how, the launcher says.
     None where a Ctrl-C or SIGTERM is in the chain: every rank got it, and the peer that
     ended first on it is not this rank's cause."""
-    chain = []
-    while exc is not None and all(exc is not seen for seen in chain):
-        chain.append(exc)
-        exc = exc.__cause__ or exc.__context__
+    chain = _chain(exc)
     if any(isinstance(e, KeyboardInterrupt) for e in chain):
         return None
     for marker in PEER_GONE:
