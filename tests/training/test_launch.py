@@ -660,8 +660,13 @@ def test_a_dead_data_worker_is_blamed_on_its_own_rank(tmp_path):
     os.kill(workers[0], signal.SIGKILL)
     code, _, err = _finish(proc, timeout=100)
     assert code == 1 and len(err) == 1, err
-    assert err[0].startswith(f"error: rank 1 failed: DataLoader worker (pid {workers[0]}) "
-                             "is killed by signal: Killed at step "), err
+    # PyTorch says it one of two ways, as its SIGCHLD handler or its iterator's check
+    # notices first (the second 2 times in 5 under a CPU burner): either names the worker.
+    assert err[0].startswith((
+        f"error: rank 1 failed: DataLoader worker (pid {workers[0]}) is killed by signal: "
+        "Killed at step ",
+        f"error: rank 1 failed: DataLoader worker (pid(s) {workers[0]}) exited unexpectedly "
+        "at step ")), err
     (folder,) = tmp_path.iterdir()
     reason = json.loads((folder / "summary.json").read_text())["reason"]
     assert folder.name == "job-failed" and reason.startswith("rank 1 failed: DataLoader "
