@@ -28,7 +28,7 @@ from profiling.scaling import check_baseline
 from training import ddp, parallel, speedups
 from training.ddp import COMM_HOOKS
 from training.ddp import HELP as DDP_HELP
-from training.ranks import from_env, stop
+from training.ranks import from_env, per_host, stop
 
 try:
     import torch
@@ -52,6 +52,9 @@ class Config:
     num_workers: int = option(16, "data loader processes")
     main_cores: int = option(0, ">0: the training process keeps this many CPU cores to "
                              "itself and the data workers run on the others (Linux)")
+    rank_cores: bool = option(False, "several ranks on one host: each rank, its data "
+                              "workers too, keeps to its own share of the host's cores "
+                              "(Linux; --main-cores then splits that share)")
     image_size: int = option(256, "square grayscale images, a multiple of 16 in 16..256")
     max_boxes: int = option(256, "the model's box capacity (prediction slots per image)")
     hidden: int = option(16384, "width of lin1 (1.07 B parameters at the full size)")
@@ -321,7 +324,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
                          cfg.batch_size, cfg.num_workers, strategy.collate,
                          pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores,
-                         sampler=RankShare.of(cfg, ranks), ring=cfg.loader == "ring")
+                         sampler=RankShare.of(cfg, ranks), ring=cfg.loader == "ring",
+                         share=(ranks.local_rank, per_host()) if cfg.rank_cores else (0, 1))
     if cfg.torch_trace:
         compile_account.trace_to(cfg.torch_trace)
     t_model = time.perf_counter()

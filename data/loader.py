@@ -38,17 +38,55 @@ def start_cores() -> frozenset[int]:
     return _start_cores
 
 
-def split_cores(main_cores: int) -> tuple[set[int], set[int]] | None:
-    """(cores of the training process, cores of the data workers), or None for no split."""
-    if main_cores <= 0:
+def split_cores(main_cores: int, share: tuple[int, int] = (0, 1)
+                ) -> tuple[set[int], set[int]] | None:
+    """(cores of the training process, cores of the data workers), or None for no split.
+    share = (i, n): this process is the i-th of n ranks on the host and keeps to the i-th
+    of n shares of the cores (share_of), its workers too; main_cores then splits that."""
+    index, count = share
+    if main_cores <= 0 and count <= 1:
         return None
     if not _CAN_PIN:
-        raise UserError("--main-cores needs Linux (os.sched_setaffinity); leave it at 0")
-    cores = sorted(start_cores())
+        raise UserError("--main-cores and --rank-cores need Linux (os.sched_setaffinity)")
+    cores = share_of(sorted(start_cores()), index, count)
+    if main_cores <= 0:
+        return set(cores), set(cores)
     if main_cores >= len(cores):
         raise UserError(f"--main-cores {main_cores} leaves no core for the data workers: "
-                        f"this process may use {len(cores)}")
+                        f"this {'rank' if count > 1 else 'process'} may use {len(cores)}")
     return set(cores[:main_cores]), set(cores[main_cores:])
+
+
+def share_of(cores: list[int], index: int, count: int, siblings=None) -> list[int]:
+    """The index-th of count contiguous shares of `cores`, each physical core's hardware
+    threads kept in one share and next to each other (so that main_cores=2 is one whole
+    core). Why: under GPUS=4 on a 64-core host each rank's main thread shared the cores
+    with 64 data workers of all four ranks, and its host time a step rose from 7.1 to
+    12.8 ms (results/several-gpus.md)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for core in cores:
+        key = tuple(sorted(set((siblings or _siblings)(core)) & set(cores))) or (core,)
+        groups.setdefault(key, []).append(core)
+    whole = sorted(groups.values())
+    if count > len(whole):
+        raise UserError(f"{count} ranks on this host and {len(whole)} physical cores: "
+                        "--rank-cores needs one a rank at least")
+    return [c for group in whole[index * len(whole) // count:
+                                 (index + 1) * len(whole) // count] for c in group]
+
+
+def _siblings(core: int) -> list[int]:
+    """The hardware threads of core's physical core (Linux's sysfs; [core] elsewhere)."""
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list") as f:
+            text = f.read().strip()
+    except OSError:
+        return [core]
+    found = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        found.extend(range(int(low), int(high or low) + 1))
+    return found
 
 
 # Set in the main process as it exits: from then on a worker ends on SIGTERM (the
@@ -115,12 +153,15 @@ def _worker_init(worker_cores: set[int] | None):
 
 
 def make_loader(dataset, batch_size: int, num_workers: int, collate, pin_memory: bool,
-                main_cores: int = 0, sampler=None, ring: bool = False):
+                main_cores: int = 0, sampler=None, ring: bool = False,
+                share: tuple[int, int] = (0, 1)):
     """Batches in order (same seed, same batches for every strategy), last partial batch
     dropped; the collate is the strategy's. sampler: a rank's share of every global batch
     (training/distributed.RankShare), in order too. ring: the same batches from
-    data/ring_loader.py, the images written by the workers into pinned shared buffers."""
-    cores = split_cores(main_cores)
+    data/ring_loader.py, the images written by the workers into pinned shared buffers.
+    share: (this rank, the host's ranks) where each rank keeps to its share of the cores
+    (split_cores)."""
+    cores = split_cores(main_cores, share)
     if _CAN_PIN:
         # Set before the loader starts: its threads inherit the main thread's cores, and
         # each forked worker then moves itself to the workers' cores.

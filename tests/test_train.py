@@ -193,6 +193,22 @@ def test_main_cores_split_the_cores_between_training_and_workers(tmp_path):
         os.sched_setaffinity(0, cores)
 
 
+def test_each_rank_keeps_to_its_share_of_whole_cores():
+    from data.loader import share_of, split_cores
+    # 8 hardware threads on 4 physical cores, siblings c and c + 4 (Linux numbers them so)
+    siblings = {c: [c % 4, c % 4 + 4] for c in range(8)}.get
+    shares = [share_of(list(range(8)), i, 2, siblings) for i in range(2)]
+    assert shares == [[0, 4, 1, 5], [2, 6, 3, 7]]
+    assert [share_of(list(range(8)), i, 4, siblings) for i in range(4)] == [
+        [0, 4], [1, 5], [2, 6], [3, 7]]
+    assert share_of([0, 1, 2], 1, 3) == [1]  # no siblings known: a core each
+    with pytest.raises(UserError, match="4 ranks on this host and 2 physical cores"):
+        share_of([0, 4, 1, 5], 0, 4, siblings)
+    if len(os.sched_getaffinity(0)) >= 2:
+        main, workers = split_cores(0, (1, 2))
+        assert main == workers and len(main) >= 1  # the rank's share, for both
+
+
 def test_a_kept_model_starts_each_run_from_the_same_weights(tmp_path):
     """make compare keeps one model per process; every run must start as a fresh one."""
     from model import forget_kept_model, kept_model

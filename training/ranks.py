@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from core import waits
 from core.bounded import finished_within
 from core.errors import (
     ERRORS_ENV,
@@ -267,12 +268,23 @@ TIMED_OUT = ("timed out waiting", "application timeout", "collective operation t
 def set_hang_timeout(seconds: float | None) -> None:
     """Every process group's collectives wait `seconds` for the other ranks from now on
     (None: START_TIMEOUT again, for the next run of a process). A rank stopped (SIGSTOP)
-    or hung was found only after 345 s: the group's 5 minutes, then torchrun's SIGKILL."""
+    or hung was found only after 345 s: the group's 5 minutes, then torchrun's SIGKILL.
+
+    Under NCCL a collective waits on the GPU, not in the host: the host's waits for the
+    GPU (core/waits.py) end after `seconds`, and the rank leaves its line naming the peer.
+    NCCL's watchdog gets twice as long and 10 s more, a backstop for a host blocked
+    elsewhere: it aborts the process from its own thread, with its logs and no line."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     if not dist.is_initialized():
+        waits.set_bound(None)
         return
-    timeout = START_TIMEOUT if seconds is None else timedelta(seconds=seconds)
+    nccl = dist.get_backend() == "nccl"
+    waits.set_bound(seconds if nccl else None)
+    if seconds is None:
+        timeout = START_TIMEOUT
+    else:
+        timeout = timedelta(seconds=2 * seconds + 10 if nccl else seconds)
     for group in list(c10d._world.pg_map):
         c10d._set_pg_timeout(timeout, group)
 

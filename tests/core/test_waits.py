@@ -47,3 +47,18 @@ def test_a_signal_ends_a_wait_whose_work_never_ends():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_a_bounded_wait_ends_in_a_timeout_worded_as_the_collectives_are():
+    from core.waits import set_bound
+    from training.ranks import TIMED_OUT
+    set_bound(0.05)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError) as raised:
+            wait_for(_Event(after=None))
+        assert 0.05 <= time.monotonic() - started < 0.05 + 1.0
+        assert any(word in str(raised.value).lower() for word in TIMED_OUT), raised.value
+        wait_for(_Event(after=3))  # work that ends within the bound: no error
+    finally:
+        set_bound(None)

@@ -1,10 +1,10 @@
 """The several-rank promises on NCCL ranks, one per GPU of the machine (test_launch.py holds
 them on gloo): a killed rank, rank 0 too, ends the job within seconds with one line that
-names it; Ctrl-C to the job stops every rank (exit 130); a killed launcher takes its
-ranks with it. Under NCCL a dead peer's collective never fails, it hangs: every later
-kernel of the survivors' streams waits behind it, and a rank that waited for the GPU in
-CUDA's blocking call answered torchrun's SIGTERM only to its SIGKILL, 30 s later
-(core/waits.py)."""
+names it; a stopped rank is named within --hang-timeout; Ctrl-C to the job stops every
+rank (exit 130); a killed launcher takes its ranks with it. Under NCCL a dead peer's
+collective never fails, it hangs: every later kernel of the survivors' streams waits
+behind it, and a rank that waited for the GPU in CUDA's blocking call answered torchrun's
+SIGTERM only to its SIGKILL, 30 s later (core/waits.py)."""
 
 import json
 import os
@@ -31,9 +31,9 @@ LONG = [*SMALL, "--batch-size", "32", "--steps", "100000", "--dataset-length", "
 BOUND_S = 15.0
 
 
-def _launch(out, **popen):
+def _launch(out, *args, **popen):
     return subprocess.Popen([sys.executable, "-u", "-m", "training.launch", "--nproc",
-                             str(GPUS), "train.py", *LONG, "--out-dir", str(out),
+                             str(GPUS), "train.py", *LONG, *args, "--out-dir", str(out),
                              "--run-name", "job"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **popen)
 
@@ -119,3 +119,27 @@ def test_a_killed_launcher_ends_its_nccl_ranks_within_seconds(tmp_path):
     assert took < BOUND_S, (took, err[-5000:])
     assert [p.name for p in tmp_path.iterdir()] == ["job-failed"]
     assert "the launcher (pid" in _summary(tmp_path / "job-failed")["reason"]
+
+
+@pytest.mark.parametrize("stopped", [0, 1])
+def test_a_stopped_nccl_rank_is_named_within_the_hang_timeout(tmp_path, stopped):
+    """SIGSTOP, no SIGCONT: the other ranks' collectives wait on the GPU, where no gloo
+    timeout fires; their hosts' waits for the GPU end after --hang-timeout instead
+    (core/waits.py), each naming the stopped rank, and NCCL's watchdog (twice as long)
+    never prints."""
+    proc = _launch(tmp_path, "--hang-timeout", "3")
+    ranks = _steady(proc)
+    os.kill(ranks[stopped], signal.SIGSTOP)
+    sent = time.monotonic()
+    code, _, err = _finish(proc, timeout=120)
+    took = time.monotonic() - sent
+    print(f"NCCL: the job ended {took:.1f} s after rank {stopped} was stopped "
+          "(--hang-timeout 3)")
+    said = (f"rank {stopped} stopped answering: its process is stopped (SIGSTOP or a "
+            "debugger)")
+    assert code == 1 and len(err) == 1 and said in err[0], err
+    assert err[0].startswith("error: rank ") and f"rank {stopped} failed" not in err[0], err
+    assert took < 3 + BOUND_S, took
+    assert [p.name for p in tmp_path.iterdir()] == ["job-failed"]
+    assert said in _summary(tmp_path / "job-failed")["reason"]
+    assert all(_ended(pid) for pid in ranks.values())
