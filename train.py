@@ -28,7 +28,7 @@ from profiling.scaling import check_baseline
 from training import ddp, parallel, speedups
 from training.ddp import COMM_HOOKS
 from training.ddp import HELP as DDP_HELP
-from training.ranks import from_env, per_host, stop
+from training.ranks import HANG_TIMEOUT_S, from_env, per_host, stop
 
 try:
     import torch
@@ -102,8 +102,9 @@ class Config:
     comm_hook: str = option("sum", DDP_HELP["comm_hook"], choices=COMM_HOOKS)
     overlap: bool = option(True, DDP_HELP["overlap"])
     parallel: str = option("auto", parallel.HELP, choices=parallel.CHOICES)
-    hang_timeout: float = option(120.0, "several ranks: seconds a rank waits for the others "
-                                 "in a collective, once the first --settle steps are done "
+    hang_timeout: float = option(HANG_TIMEOUT_S, "several ranks: seconds a rank waits for "
+                                 "the others as the group starts (20 at least) and in a "
+                                 "collective once the first --settle steps are done "
                                  "(compiling is not a hang), before the job ends naming the "
                                  "rank that stopped answering")
     scaling_baseline: str = option("", "a one-GPU run folder of the same batch size per GPU: "
@@ -317,7 +318,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     cfg = dataclasses.replace(cfg, parallel=design)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     cuda = torch.cuda.is_available()
-    device = ranks.start(cuda)  # this rank's GPU (or the CPU), in the process group
+    device = ranks.start(cuda, cfg.hang_timeout)  # its GPU (or the CPU), in the group
     speed = speedups.resolve(cfg, cuda)
     used = speed["on"]
     speedups.set_process_flags(used, cuda, many_runs=reuse)

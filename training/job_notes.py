@@ -96,7 +96,7 @@ def note_a_failures_stop(folder: Path) -> None:
     later."""
     if not (folder / INTERRUPTED).exists():
         _leave(folder / STOPPING, "a rank failed; torchrun stops the others\n")
-    for pid in rank_pids(folder).values():
+    for pid in {*rank_pids(folder).values(), *children_ranks(os.getpid()).values()}:
         try:
             os.kill(pid, signal.SIGCONT)
         except OSError:  # ended meanwhile
@@ -120,6 +120,26 @@ def rank_pids(folder: Path) -> dict[int, int]:
         except (OSError, ValueError):  # being written, or removed
             continue
     return pids
+
+
+def children_ranks(parent: int) -> dict[int, int]:
+    """rank -> pid of the torchrun ranks that are parent's children (Linux /proc: each
+    one's RANK), for a rank stopped before it left its pid (as the group starts)."""
+    found = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != parent:
+                continue
+            environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):  # ended, or not ours to read
+            continue
+        for item in environ:
+            if item.startswith(b"RANK="):
+                found[int(item[5:])] = int(name)
+    return found
 
 
 def _leave(note: Path, text: str) -> None:

@@ -59,6 +59,13 @@ class LauncherGone(RuntimeError):
     killer, a scheduler's escalation, kill -9)."""
 
 
+# A collective's wait until a run's first steps are done (compiling, cuDNN's tuning: a
+# rank may be minutes behind its peers); then --hang-timeout (set_hang_timeout).
+START_TIMEOUT = timedelta(minutes=5)
+HANG_TIMEOUT_S = 120.0  # --hang-timeout's default
+JOIN_FLOOR_S = 20.0  # the group's start waits this at least (Ranks.start)
+
+
 @dataclass(frozen=True)
 class Ranks:
     rank: int = 0
@@ -83,18 +90,29 @@ class Ranks:
         torch.cuda.set_device(self.local_rank)
         return torch.device("cuda", self.local_rank)
 
-    def start(self, cuda: bool):
+    def start(self, cuda: bool, hang_timeout: float = HANG_TIMEOUT_S):
         """This rank's device, and the process group joined: NCCL between GPUs, gloo
-        between CPU processes. Joined once per process (make compare runs many runs)."""
+        between CPU processes. Joined once per process (make compare runs many runs).
+
+        The ranks reach the group's start seconds apart (each imports torch), so joining
+        waits hang_timeout at most (JOIN_FLOOR_S at least, for a loaded host): a rank
+        stopped or hung before it was found after the store's 5 minutes, with 27 lines of
+        traceback. Its pid is left first, for the peer that names it."""
         import torch.distributed as dist
         device = self.device(cuda)
         if self.distributed and not dist.is_initialized():
             _bind_defaults_before_the_group()
-            # The step's collectives finish in milliseconds; a rank that waits minutes is
-            # waiting for a dead peer, which torchrun kills sooner anyway.
-            with _peers_alive():
-                dist.init_process_group("nccl" if cuda else "gloo", timeout=START_TIMEOUT)
             job_notes.leave_pid(self.rank)
+            join = timedelta(seconds=max(hang_timeout, JOIN_FLOOR_S))
+            with _peers_alive(self):
+                dist.init_process_group("nccl" if cuda else "gloo", timeout=join)
+            # The step's collectives finish in milliseconds; a rank that waits minutes is
+            # waiting for a dead peer, which torchrun kills sooner anyway. Until the first
+            # steps are done (compiling), they wait START_TIMEOUT, the store's too.
+            set_hang_timeout(None)
+            store = getattr(dist.distributed_c10d, "_get_default_store", None)
+            if store is not None:
+                store().set_timeout(START_TIMEOUT)
             _watch_the_launcher()
             # kill -USR2 <rank's pid>: its Python stacks on stderr, where it is stuck.
             faulthandler.register(signal.SIGUSR2, all_threads=True)
@@ -116,7 +134,7 @@ class Ranks:
                 box = [("value", make())]
             except ProjectError as exc:
                 refusal, box = exc, [("refused", (one_line(exc), exc.exit_code))]
-        with _peers_alive():
+        with _peers_alive(self):
             dist.broadcast_object_list(box, src=0)
         kind, value = box[0]
         if kind == "value":
@@ -135,7 +153,7 @@ class Ranks:
             return [value]
         import torch.distributed as dist
         out = [None] * self.world
-        with _peers_alive():
+        with _peers_alive(self):
             dist.all_gather_object(out, value)
         return out
 
@@ -255,14 +273,12 @@ def launcher_gone() -> str | None:
     return f"the launcher (pid {parent}) ended without stopping the job: this rank stopped"
 
 
-# A collective's wait until a run's first steps are done (compiling, cuDNN's tuning: a
-# rank may be minutes behind its peers); then --hang-timeout (set_hang_timeout).
-START_TIMEOUT = timedelta(minutes=5)
 # gloo's and NCCL's words for a collective that waited out its timeout ("Timed out waiting
 # 3000ms for recv operation to complete", "Application timeout caused pair closure"; the
-# NCCL watchdog's "collective operation timeout"), not a data loader's "timed out after
-# 300 seconds".
-TIMED_OUT = ("timed out waiting", "application timeout", "collective operation timeout")
+# NCCL watchdog's "collective operation timeout"; the store's "wait timeout after
+# 20000ms" as the group starts), not a data loader's "timed out after 300 seconds".
+TIMED_OUT = ("timed out waiting", "application timeout", "collective operation timeout",
+             "wait timeout after")  # the last: the store's, as the group starts
 
 
 def set_hang_timeout(seconds: float | None) -> None:
@@ -296,7 +312,8 @@ def peer_stopped(exc: BaseException, rank: int, world: int) -> str | None:
     if not any(word in str(e).lower() for e in _chain(exc) for word in TIMED_OUT):
         return None
     folder = launcher_folder()
-    pids = job_notes.rank_pids(folder) if folder is not None else {}
+    pids = {**job_notes.children_ranks(os.getppid()),  # this host's, by their launcher
+            **(job_notes.rank_pids(folder) if folder is not None else {})}
     states = {peer: _process_state(pids.get(peer)) for peer in range(world) if peer != rank}
     stopped = [p for p, state in states.items() if state in ("T", "t")]
     # Those still running that have not failed themselves (no line left): the hung ones.
@@ -380,14 +397,14 @@ def peer_gone(exc: BaseException) -> str | None:
 
 
 @contextmanager
-def _peers_alive():
-    """Another rank's end, met here, as its one line (PeerGone, exit 1): gloo's paragraph
-    or a C++ traceback of 25-35 lines otherwise buried the line of the rank that failed
-    (the launcher's: it names that rank)."""
+def _peers_alive(ranks: "Ranks"):
+    """Another rank's end, or its stop, met here, as its one line (PeerGone, exit 1):
+    gloo's paragraph or a C++ traceback of 25-35 lines otherwise buried the line of the
+    rank that failed (the launcher's: it names that rank)."""
     try:
         yield
     except RuntimeError as exc:  # torch's DistError and gloo's errors are RuntimeErrors
-        line = peer_gone(exc)
+        line = peer_stopped(exc, ranks.rank, ranks.world) or peer_gone(exc)
         if line is None:
             raise
         raise PeerGone(line) from exc
@@ -421,7 +438,11 @@ def stop() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         _forget_what_holds_the_group()
-        dist.barrier()
+        if dist.get_backend() == "nccl":  # its device named: torch warned on every rank
+            import torch
+            dist.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            dist.barrier()
         dist.destroy_process_group()
 
 

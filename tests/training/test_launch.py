@@ -645,6 +645,27 @@ def test_a_stopped_rank_is_named_within_the_hang_timeout(tmp_path, stopped):
     assert said in json.loads((folder / "summary.json").read_text())["reason"]
 
 
+def test_a_rank_stopped_as_the_group_starts_is_named_within_the_join_bound(tmp_path):
+    """Rank 0 stopped before it joined the group: rank 1 waited the store's 5 minutes,
+    then printed 27 lines of traceback, and the launcher said 'rank 0 failed: killed by
+    SIGKILL' (333 s, measured at 1f13790). Now joining waits --hang-timeout, 20 s at
+    least, and rank 1's line names rank 0 as stopped."""
+    from training.ranks import JOIN_FLOOR_S
+    proc = _launch(tmp_path, "--run-name", "job", "--hang-timeout", "3")
+    started = time.time()
+    while 0 not in (ranks := _ranks_of(proc.pid)) and time.time() - started < 60:
+        time.sleep(0.005)
+    os.kill(ranks[0], signal.SIGSTOP)
+    code, _, err = _finish(proc, timeout=200)
+    took = time.time() - started
+    assert code == 1 and err == [
+        "error: rank 1 failed: rank 0 stopped answering: its process is stopped (SIGSTOP "
+        "or a debugger), and this rank's collective waited --hang-timeout for it; every "
+        "rank was stopped"], err
+    assert took < JOIN_FLOOR_S + 40, took
+    assert list(tmp_path.iterdir()) == []  # stopped before any run folder was made
+
+
 def test_a_dead_data_worker_is_blamed_on_its_own_rank(tmp_path):
     """A data worker of rank 1 killed: rank 0 met rank 1's closed socket in the same
     second, and the launcher said 'rank 0 failed: ... another rank ended'. The worker's
