@@ -128,7 +128,7 @@ def is_write_failure(exc: BaseException) -> bool:
 
 def write_failure(exc: OSError) -> str:
     full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-    where = f" {exc.filename}" if exc.filename else ""
+    where = f" {os.fsdecode(exc.filename)}" if exc.filename else ""  # TensorBoard's: bytes
     return f"could not write{where}: {exc.strerror}{full}"
 
 

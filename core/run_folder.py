@@ -75,8 +75,16 @@ def mark(run_dir: Path, status: str) -> Path:
     return marked
 
 
-def remove(run_dir: Path) -> None:
-    shutil.rmtree(run_dir, ignore_errors=True)
+def remove(run_dir: Path) -> OSError | None:
+    """Removes the folder; the error that left it or part of it (a read-only file
+    system), else None: a run that says "nothing kept" must have kept nothing."""
+    try:
+        shutil.rmtree(run_dir)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc
+    return None
 
 
 def display(path: Path) -> str:

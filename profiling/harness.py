@@ -25,9 +25,11 @@ trace.
 """
 
 import dataclasses
+import errno
 import json
 import math
 import os
+import threading
 import time
 import traceback
 import warnings
@@ -97,10 +99,23 @@ def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train",
         activities=activities,
         schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
                                          repeat=1),
-        on_trace_ready=_then(torch.profiler.tensorboard_trace_handler(str(run_dir), worker),
-                             after_trace),
+        on_trace_ready=_then(_into_writable(run_dir, torch.profiler.tensorboard_trace_handler(
+            str(run_dir), worker)), after_trace),
         record_shapes=cfg.memory_snapshot, profile_memory=_memory_worth_profiling(cfg),
         with_stack=cfg.memory_snapshot)
+
+
+def _into_writable(run_dir: Path, handler):
+    """handler(prof), once run_dir can still be written. Kineto writes the trace from C++,
+    and into a folder gone read-only it printed its own ERROR line beside the run's; the
+    run now ends on an OSError naming the folder, as for any other write."""
+    def handle(prof):
+        if not os.access(run_dir, os.W_OK):
+            read_only = os.statvfs(run_dir).f_flag & os.ST_RDONLY
+            code = errno.EROFS if read_only else errno.EACCES
+            raise OSError(code, os.strerror(code), str(run_dir))
+        handler(prof)
+    return handle
 
 
 def _then(first, second):
@@ -139,7 +154,36 @@ def close_within(writer, seconds: float) -> None:
     killed and its folder marked -failed by the launcher (2 Ctrl-C in 20 under load;
     py-spy: the main thread in _AsyncWriterThread.stop's join, the writer's thread in
     Queue.get). Past the bound the last steps' scalars may be lost, not the run's folder."""
-    finished_within(writer.close, seconds, "close the scalars")
+    finished_within(lambda: _close_ending(writer), seconds, "close the scalars")
+
+
+def _close_ending(writer) -> None:
+    """writer.close() as a run ends early; a write it cannot finish (a full or read-only
+    disk) is dropped: the run's line already says so, and the writer's thread printed a
+    traceback of 30 lines beside it."""
+    try:
+        writer.close()
+    except OSError as exc:
+        if not is_write_failure(exc):
+            raise
+
+
+def _quiet_writer_thread() -> None:
+    """TensorBoard's writer thread meets a full or read-only disk first and prints its
+    traceback (30 lines), then the main thread's next add_scalar raises the same error,
+    which ends the run with its one line: the thread's report is dropped (once per
+    process; any other thread's exception is reported as before)."""
+    report = threading.excepthook
+    if getattr(report, "quiet_writer", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ == "_AsyncWriterThread" and \
+                is_write_failure(args.exc_value):
+            return
+        report(args)
+    hook.quiet_writer = True
+    threading.excepthook = hook
 
 
 class _NoScalars:
@@ -185,6 +229,7 @@ class ProfiledRun:
         if ranks.main:  # for the launcher, should this process die unable to mark it
             job_notes.running(self.dir, dataclasses.asdict(self.cfg), self.total)
         self.writer = SummaryWriter(str(self.dir)) if ranks.main else _NoScalars()
+        _quiet_writer_thread()
         self.compiled_before = compile_account.begin()  # this run's compiles: what comes after
         after_trace = None
         if self.cfg.memory_snapshot:  # train.validate: one process on a GPU
@@ -572,8 +617,10 @@ class ProfiledRun:
         elif status == "failed" and not user_error:
             kept = self._keep_error_only(reason, exc)
         if kept is None:
-            run_folder.remove(self.dir)
-            where = "nothing kept"
+            left = run_folder.remove(self.dir)
+            where = "nothing kept" if left is None else (
+                f"{run_folder.display(self.dir)} could not be removed ({left.strerror}): "
+                "it holds what was written before")
         else:
             where = kept
         job_notes.settled()

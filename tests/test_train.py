@@ -372,6 +372,35 @@ def test_a_scaling_baseline_unlike_the_job_is_refused(tmp_path, change, named):
         f"--scaling-baseline {base} is not this job's run on one GPU ({named})")
 
 
+@pytest.mark.parametrize("after", ["step 1/", "step 5/", "step 8/"])
+def test_a_disk_that_turns_read_only_mid_run_is_one_true_line(tmp_path, after):
+    """The run folder's file system remounted read-only after `after` (before, inside and
+    after the profiled window): TensorBoard's writer thread printed two tracebacks and
+    kineto its ERROR line, then 'nothing kept' beside a folder that stayed. Now one line,
+    exit 1, that says the folder could not be removed."""
+    from tests.helpers import nearly_full_disk
+    with nearly_full_disk(tmp_path / "disk", free_kb=1900) as disk:
+        proc = subprocess.Popen([sys.executable, "-u", "train.py", "--preset", "cpu",
+                                 "--steps", "40", "--out-dir", str(disk / "out"),
+                                 "--run-name", "job"], cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        for line in proc.stdout:
+            if after in line:
+                subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+                break
+        _, err = proc.communicate(timeout=300)
+        lines = our_lines(err)
+        folder = disk / "out" / "job"
+        assert proc.returncode == 1 and len(lines) == 1, err[-3000:]
+        assert lines[0].startswith("error: run failed at step "), lines
+        assert ": Read-only file system; " in lines[0] and "b'" not in lines[0], lines
+        if folder.exists():  # it could not be removed, and the line says so
+            assert lines[0].endswith(f"{folder} could not be removed (Read-only file "
+                                     "system): it holds what was written before"), lines
+        else:
+            assert lines[0].endswith("; nothing kept"), lines
+
+
 def test_a_full_disk_while_the_trace_is_written_is_one_line(tmp_path):
     """A real full disk (a small tmpfs): the profiler's writer stops without a word and
     leaves a trace cut short. The run says the disk is full, in one line, exit 1, and
