@@ -10,6 +10,15 @@ the environment. Every number in the table comes from that run's trace. What hap
 around the loop (run folder, profiler, summary, early ends) is profiling/harness.py's.
 """
 
+# Before the imports below (torch's take seconds): a Ctrl-C or SIGTERM during them is noted,
+# and the run ends on it at its start (130, one line), not as a death by the signal or a
+# KeyboardInterrupt's traceback. Only as the program: tests and studies import this module.
+if __name__ == "__main__":
+    import core.commands  # noqa: F401  its exit callback registered first, so run last
+    from core.signals import note_stop_signals
+    note_stop_signals()
+
+
 import dataclasses
 import math
 import sys
@@ -18,12 +27,12 @@ from dataclasses import dataclass
 
 from core.cli import config_parser, option
 from core.commands import leave
-from core.errors import ProjectError, UserError, exit_code, one_line
+from core.errors import ProjectError, UserError, exit_code, interruption, one_line
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
 from core.phases import phase
 from core.run_folder import check_out_dir, check_run_name, display, utc_stamp
-from core.signals import ignore_stop_signals, raise_if_stopped, stop_once
+from core.signals import ignore_stop_signals, note_stop_signals, raise_if_stopped, stop_once
 from profiling.scaling import check_baseline
 from training import ddp, parallel, speedups
 from training.ddp import COMM_HOOKS
@@ -368,6 +377,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
             _steps(prof, feed, graphed, fns.train_step, reader)
         finally:  # an early end's summary has it too
             batches["loader_rate"] = own_rate(loader)
+            feed.close()
     return prof.record
 
 
@@ -414,20 +424,20 @@ def main(argv=None) -> int:
     survive_closed_stdout()  # `| head` ends no run (core/output.py)
     stop_once()  # Ctrl-C or SIGTERM ends a run, once
     try:
+        raise_if_stopped()  # one noted as the program started (its imports)
         run(parse_config(argv))
         raise_if_stopped()  # one that came as the run ended, swallowed on the way: not 0
         stop()  # leaves the process group of a torchrun job
         # The run is over (its files kept or removed): a further Ctrl-C or SIGTERM, while
-        # the line is printed and the data workers and the interpreter shut down, changes
-        # nothing and must not turn the exit into a traceback or a death by signal.
-        ignore_stop_signals()
+        # the data workers and the interpreter shut down, must not turn the exit into a
+        # traceback or a death by signal; noted, it turns the 0 into 130 (leave).
+        note_stop_signals()
     except (KeyboardInterrupt, ProjectError) as exc:
         ignore_stop_signals()
         # Ctrl-C (the harness's RunInterrupted, or before the run), a user's mistake, a
         # backend this machine lacks, a run that failed (its line says where its files
         # went): core/errors.py gives each its line and exit code.
-        _report((str(exc) or "interrupted") if isinstance(exc, KeyboardInterrupt)
-                else one_line(exc))
+        _report(interruption(exc) if isinstance(exc, KeyboardInterrupt) else one_line(exc))
         return exit_code(exc)
     except Exception as exc:  # a bug: its traceback stays
         from_env().leave_error(f"{type(exc).__name__}: {one_line(exc)} (a bug: its "

@@ -5,12 +5,25 @@ folders it took given back, Ctrl-C and SIGTERM as one line saying what was not w
     run_command(main, "the ladder was not written")           # in `if __name__ == ...`
 """
 
+import atexit
+import os
 import sys
 
-from core.errors import StudyInterrupted, exit_code, print_error, report_errors
+from core.errors import (
+    StudyInterrupted,
+    exit_code,
+    interruption,
+    print_error,
+    report_errors,
+)
 from core.files import release_claims
 from core.output import survive_closed_stdout
-from core.signals import ignore_stop_signals, stop_once, stop_signal
+from core.signals import (
+    note_stop_signals,
+    raise_if_stopped,
+    stop_once,
+    stop_signal,
+)
 
 
 def command(body):
@@ -34,17 +47,12 @@ def run_command(main, unwritten: str, stop_signals: bool = True) -> None:
     if stop_signals:
         stop_once()
     try:
+        raise_if_stopped()  # one noted as the program started (its imports: studies/)
         code = main()
     except KeyboardInterrupt as exc:
         print_error(str(exc) if isinstance(exc, StudyInterrupted)
-                    else f"{str(exc) or 'interrupted'}; {unwritten}")
+                    else f"{interruption(exc)}; {unwritten}")
         code = exit_code(exc)
-    if code == 0 and stop_signal():
-        # The signal's KeyboardInterrupt was swallowed on the way (make ladder SIGTERMed
-        # as it wrote its tables exited 0, with no word of it): never 0 after one.
-        print_error(f"interrupted ({stop_signal()}) as the command ended; what it said it "
-                    "wrote is whole")
-        code = 130
     leave(code)
 
 
@@ -54,16 +62,50 @@ _LEAVING: dict[str, int] = {}
 def leave(code: int) -> None:
     """sys.exit(code), the code noted first: an exit hook that must end the process
     itself, skipping the interpreter's shutdown (training/ranks.py's, whose process group
-    cannot be freed), exits with the command's own code. Ctrl-C and SIGTERM are ignored
-    from here on: the command has its code and is leaving. torchrun stops every rank with
-    SIGTERM once one has failed, and one that reached a rank in the interpreter's exit
-    callbacks (torch.library's finalizers) raised stop_once's KeyboardInterrupt there:
-    an "Exception ignored in atexit callback" traceback under the one-line error. Ignored,
-    not handled: the interpreter resets a Python handler to the default action as it
-    shuts down (a later signal then killed the process), never an ignored signal."""
+    cannot be freed), exits with the command's own code.
+
+    Never 0 after a Ctrl-C or SIGTERM: one whose KeyboardInterrupt was swallowed on the
+    way (make ladder SIGTERMed as it wrote its tables exited 0, with no word of it), or
+    one that arrives from here on, while the exit callbacks run. Those are noted, not
+    raised: torchrun stops every rank with SIGTERM once one has failed, and one that
+    reached a rank in the interpreter's exit callbacks (torch.library's finalizers) raised
+    a KeyboardInterrupt there, an "Exception ignored in atexit callback" traceback under
+    the one-line error; _after_the_exit_callbacks acts on it."""
+    note_stop_signals()
+    if code == 0 and stop_signal():
+        code = _interrupted_as_it_ended()
     _LEAVING["code"] = code
-    ignore_stop_signals()
     sys.exit(code)
+
+
+def _interrupted_as_it_ended() -> int:
+    print_error(f"interrupted ({stop_signal()}) as the command ended; what it said it "
+                "wrote is whole")
+    return 130
+
+
+@atexit.register  # as this module is imported: after the exit callbacks of those that follow
+def _after_the_exit_callbacks() -> None:
+    """The end of a command that left through leave(): a stop signal noted while a command
+    that ended well was leaving turns its 0 into 130, with its line. Then the process ends
+    here, its streams flushed: the interpreter's own shutdown (0.8 s of freeing torch's
+    modules after a CPU run) had to run with the stop signals ignored (it resets a Python
+    handler to the default action: a death by the signal), and a SIGTERM that came then
+    was lost: the run exited 0 (1 of 20 moments of a short run's life)."""
+    code = _LEAVING.get("code")
+    if code is None:  # not a command's exit (a test importing this module)
+        return
+    if code == 0 and stop_signal():
+        code = _interrupted_as_it_ended()
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more to say
+            pass
+    os._exit(code)
 
 
 def leaving_code() -> int:

@@ -19,6 +19,22 @@ def ignore_stop_signals() -> None:
             signal.signal(signum, signal.SIG_IGN)
 
 
+def note_stop_signals() -> None:
+    """From now on Ctrl-C and SIGTERM are only noted (stop_signal() names the first), never
+    raised: for a command that has its code and is leaving, where a KeyboardInterrupt
+    printed a traceback among the interpreter's exit callbacks, and where ignoring them
+    let a successful command exit 0 after one (core.commands.leave makes that 130)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def note(signum, frame):
+        if not _STOPPED:
+            _STOPPED.append(signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, note)
+
+
 def stop_once() -> None:
     """Ctrl-C and SIGTERM end the run as a KeyboardInterrupt ("SIGTERM" for SIGTERM), once:
     the first one raises, and any further one until the run has ended is dropped. Two
@@ -59,7 +75,8 @@ def _interrupt(signum: int) -> KeyboardInterrupt:
 
 
 def stop_signal() -> str | None:
-    """The name of the stop signal that stop_once raised ("SIGTERM", "Ctrl-C"), if one came."""
+    """The name of the stop signal that stop_once raised or note_stop_signals noted
+    ("SIGTERM", "Ctrl-C"), if one came."""
     return _name(_STOPPED[0]) if _STOPPED else None
 
 

@@ -23,6 +23,7 @@ honoured (training/rendezvous.py).
 
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -114,20 +115,25 @@ def first_failure(failures: dict, folder: Path | None = None) -> int:
     own (exit 2, a user error, first), and last those torchrun stopped (SIGTERM, or 130:
     the run's own end on it); within each, one whose line (in `folder`) is its own before
     one whose line is another rank's end (a dead data worker of rank 1 was blamed on rank
-    0, which met rank 1's closed socket in the same second), then the earliest, lowest."""
+    0, which met rank 1's closed socket in the same second), and one that passes on
+    another's line (relays_another) after that; then the earliest, lowest."""
     def order(rank):
         failure = failures[rank]
         killed = failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
         stopped = failure.exitcode in (-signal.SIGTERM, 130)
-        return (not killed, stopped, failure.exitcode != 2, _met_another(folder, rank),
-                failure.timestamp, rank)
+        line = left_line(folder, rank)
+        return (not killed, stopped, failure.exitcode != 2,
+                line is not None and caused_by_another(line),
+                line is not None and relays_another(line), failure.timestamp, rank)
     return min(failures, key=order)
 
 
-def _met_another(folder: Path | None, rank: int) -> bool:
-    """Whether the rank's line says another rank's end or stop was its cause."""
-    line = left_line(folder, rank)
-    return line is not None and caused_by_another(line)
+def relays_another(line: str) -> bool:
+    """Whether a rank's line passes on another rank's ('rank 1 failed: ...'): a rank
+    stopped for another's failure says so, and the one whose line it passes on goes first
+    (a rank stopped by SIGSTOP, continued and stopped, was blamed for its own stop when it
+    ended in the same second as the rank that named it)."""
+    return re.search(r"\brank \d+ failed: ", line) is not None
 
 
 def explain(rank: int, failure, folder: Path) -> tuple[str, int]:

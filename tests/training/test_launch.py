@@ -710,6 +710,12 @@ def test_a_rank_whose_line_is_anothers_end_is_not_blamed(tmp_path):
     same = {r: SimpleNamespace(exitcode=1, timestamp=5) for r in (0, 1)}
     assert first_failure(same, tmp_path) == 1
     assert first_failure(same) == 0  # without the lines: the lowest rank, as before
+    # The stopped rank 0, continued and ended for rank 1's failure, passes its line on.
+    (tmp_path / "rank0.txt").write_text("run failed at step 6 of 9: rank 1 failed: rank 0 "
+                                        "stopped answering: its process is stopped")
+    (tmp_path / "rank1.txt").write_text("run failed at step 6 of 9: rank 0 stopped "
+                                        "answering: its process is stopped")
+    assert first_failure(same, tmp_path) == 1
 
 
 def test_sigterm_to_the_launcher_as_the_loaders_start_is_an_interruption(tmp_path_factory):
