@@ -95,17 +95,22 @@ def _after_the_exit_callbacks() -> None:
     code = _LEAVING.get("code")
     if code is None:  # not a command's exit (a test importing this module)
         return
-    if code == 0 and stop_signal():
-        code = _interrupted_as_it_ended()
     logging = sys.modules.get("logging")
     if logging is not None:
         logging.shutdown()
+    _flush()
+    if code == 0 and stop_signal():  # last, just before the end: no window after it
+        code = _interrupted_as_it_ended()
+        _flush()
+    os._exit(code)
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe (`| head`): nothing more to say
             pass
-    os._exit(code)
 
 
 def leaving_code() -> int:
