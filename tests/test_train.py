@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -386,7 +387,7 @@ def test_a_disk_that_turns_read_only_mid_run_is_one_true_line(tmp_path, after):
                                 stderr=subprocess.PIPE, text=True)
         for line in proc.stdout:
             if after in line:
-                subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+                _remount_read_only(disk)
                 break
         _, err = proc.communicate(timeout=300)
         lines = our_lines(err)
@@ -399,6 +400,16 @@ def test_a_disk_that_turns_read_only_mid_run_is_one_true_line(tmp_path, after):
                                      "system): it holds what was written before"), lines
         else:
             assert lines[0].endswith("; nothing kept"), lines
+
+
+def _remount_read_only(disk) -> None:
+    """Linux refuses (EBUSY) while a file on the disk is open for writing (the profiler's
+    trace, a scalar being appended): tried again every 10 ms, 5 s at most."""
+    deadline = time.monotonic() + 5
+    while subprocess.run(["mount", "-o", "remount,ro", str(disk)],
+                         capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, "the disk could not be made read-only in 5 s"
+        time.sleep(0.01)
 
 
 def test_a_full_disk_while_the_trace_is_written_is_one_line(tmp_path):
