@@ -127,19 +127,24 @@ def children_ranks(parent: int) -> dict[int, int]:
     one's RANK), for a rank stopped before it left its pid (as the group starts)."""
     found = {}
     for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not name.isdigit():
+        if not name.isdigit() or parent_of(int(name)) != parent:
             continue
         try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) != parent:
-                continue
             environ = Path(f"/proc/{name}/environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):  # ended, or not ours to read
+        except OSError:  # ended, or not ours to read
             continue
         for item in environ:
             if item.startswith(b"RANK="):
                 found[int(item[5:])] = int(name)
     return found
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent's pid of a process (Linux /proc), None if it is gone or unknown."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _leave(note: Path, text: str) -> None:

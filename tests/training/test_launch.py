@@ -19,6 +19,7 @@ import pytest
 
 import train
 from tests.helpers import REPO, our_lines
+from training.job_notes import children_ranks, parent_of
 
 # Two ranks of two samples each: the global batch of four.
 RANK_ARGS = ["--preset", "cpu", "--batch-size", "2", "--image-size", "32", "--hidden", "32",
@@ -42,20 +43,8 @@ def _finish(proc, timeout=240):
 
 
 def _ranks_of(launcher_pid: int) -> dict[int, int]:
-    """local rank -> pid of the launcher's rank processes (Linux /proc)."""
-    found = {}
-    for pid in os.listdir("/proc"):
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
-            continue  # not a child of this launcher
-        for item in env:
-            if item.startswith(b"LOCAL_RANK="):
-                found[int(item.split(b"=")[1])] = int(pid)
-    return found
+    """rank -> pid of the launcher's rank processes (one host: its local ranks)."""
+    return children_ranks(launcher_pid)
 
 
 @pytest.mark.parametrize("loss", ("padded", "concat", "kernel"))
@@ -676,7 +665,7 @@ def test_a_dead_data_worker_is_blamed_on_its_own_rank(tmp_path):
             break
     rank1 = _ranks_of(proc.pid)[1]
     workers = [int(p) for p in os.listdir("/proc") if p.isdigit()
-               and _parent_of(int(p)) == rank1]
+               and parent_of(int(p)) == rank1]
     assert workers, "rank 1 has no data worker"
     os.kill(workers[0], signal.SIGKILL)
     code, _, err = _finish(proc, timeout=100)
@@ -692,13 +681,6 @@ def test_a_dead_data_worker_is_blamed_on_its_own_rank(tmp_path):
     reason = json.loads((folder / "summary.json").read_text())["reason"]
     assert folder.name == "job-failed" and reason.startswith("rank 1 failed: DataLoader "
                                                              "worker"), reason
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def test_a_rank_whose_line_is_anothers_end_is_not_blamed(tmp_path):
