@@ -13,8 +13,13 @@ B. The pieces that change with N at the full size: lin1's and lin2's three GEMMs
    FLOPs as one GPU's, other shapes), and the shadow SGD over the H/N rows a zero or tp
    rank updates. Median of 20 after 3 warm-ups, CUDA events.
 
-Run on the device: python3 bench/sharded_rank.py [--loss kernel --backend triton]
-[--designs one,ddp,zero,tp] [--worlds 1,2,4,8] > sharded_rank.md
+C. The same steps with lin1's update inline (`one-inline`, `tp-inline`: the speed-up
+   lin1_update_beside_trunk off): their difference is the part of the shadow SGD that the
+   trunk hides on one GPU, which a tp rank's smaller update need no longer save.
+
+Run on the device (or `make costmodel ARGS=--measure`, which runs it and predicts from
+it): python3 bench/sharded_rank.py [--loss kernel --backend cuda]
+[--designs one,one-inline,ddp,zero,tp,tp-inline] [--worlds 1,2,4,8] --json out.json
 """
 
 import argparse
@@ -30,6 +35,7 @@ import torch.distributed as dist
 sys.path.insert(0, ".")
 import train  # noqa: E402
 from data import SyntheticFaces  # noqa: E402
+from profiling.environment import environment  # noqa: E402
 from training import parallel, speedups  # noqa: E402
 from training.ranks import Ranks  # noqa: E402
 
@@ -70,9 +76,12 @@ def time_steps(step, batch, warmup: int, steps: int) -> list[float]:
     return [s.elapsed_time(e) for s, e in ms]
 
 
-def design_step(design, args, mesh) -> dict:
+def design_step(name, args, mesh) -> dict:
+    """`name` is a design, or a design with '-inline': lin1's update not beside the trunk."""
     import losses
-    cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend])
+    design, inline = name.removesuffix("-inline"), name.endswith("-inline")
+    cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend] +
+                             (["--lin1-update-beside-trunk", "off"] if inline else []))
     device = torch.device("cuda", 0)
     used = speedups.resolve(cfg, True)["on"]
     speedups.set_process_flags(used, True, many_runs=True)
@@ -90,7 +99,7 @@ def design_step(design, args, mesh) -> dict:
     ms = time_steps(fns.train_step, batch, args.warmup, args.steps)
     if args.top:
         print(top_kernels(design, fns.train_step, batch, args.top), flush=True)
-    row = {"design": design, "step ms median": statistics.median(ms),
+    row = {"design": name, "step ms median": statistics.median(ms),
            "step ms min": min(ms), "step ms max": max(ms),
            "peak GB": torch.cuda.max_memory_allocated() / 1e9,
            "build+run s": time.perf_counter() - t0}
@@ -170,8 +179,8 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loss", default="kernel")
-    ap.add_argument("--backend", default="triton")
-    ap.add_argument("--designs", default="one,ddp,zero,tp")
+    ap.add_argument("--backend", default="cuda")  # the strategy the several-GPU runs time
+    ap.add_argument("--designs", default="one,one-inline,ddp,zero,tp,tp-inline")
     ap.add_argument("--worlds", default="1,2,4,8")
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
@@ -205,7 +214,8 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": steps, "pieces": pieces, "device": torch.cuda.get_device_name(),
-                       "torch": torch.__version__}, f, indent=1)
+                       "torch": torch.__version__, "loss": f"{args.loss}/{args.backend}",
+                       "commit": environment()["commit"]}, f, indent=1)
     dist.destroy_process_group()
 
 

@@ -3,21 +3,30 @@ measured (bench/sharded_rank.py's JSON) and the links' bandwidths, with the byte
 rank moves per step; the design it picks at each N. docs/several-gpus.md explains the
 model; results/several-gpus.md sets it beside the measurements.
 
-    python3 -m studies.cost_model --measured results/sharded_rank-h100.json \\
+    python3 -m studies.cost_model [--measured results/sharded_rank-h200.json | --measure]
         [--worlds 2,4,8,16,64] [--gpus-per-host 8] [--nvlink-gbs 341] [--network-gbs 50]
+
+--measure runs bench/sharded_rank.py on this machine's GPU first (about two minutes), so
+that the prediction rests on the current commit's step; --measured names any earlier one.
 
 The model, per rank and step (B samples a rank, lin1 F -> H, lin2 H -> O, bf16 = 2 bytes):
 - compute: the design's step on a world of one (measured: the engines' own cost with
-  collectives that move nothing), less the shadow SGD over the rows it no longer owns
-  (measured at H/N rows; halves with N).
+  collectives that move nothing), less the shadow SGD over the rows it no longer owns.
+  Where the JSON has the step with lin1's update inline too ('tp-inline'), the update
+  beside the trunk is accounted as measured: the step without it, plus what of the
+  rank's smaller update (H/N rows, measured) the trunk cannot hide (it hid
+  inline - beside of the whole one on one GPU). A tp rank's GEMMs at its shapes (N·B
+  samples, H/N rows) replace one GPU's (both measured).
 - collectives by NCCL's ring: an all-reduce of S bytes takes 2 (N-1)/N S / bw, an
   all-gather or a reduce-scatter of S bytes in all (N-1)/N S / bw, where bw is the bus
   bandwidth of the slowest link the ring crosses (NVLink inside a host, the network across).
-- exposure: a collective runs beside compute that does not need it (ddp's all-reduce
-  beside the backward; zero's all-gather beside the conv forward, its reduce-scatter
-  beside the conv backward), else it is exposed (tp's gathers sit between the trunk and
-  lin1, and between lin1's backward and the trunk's). Hidden communication still slows
-  the kernels beside it by `contention` of its time (fitted to the two-H200 DDP run).
+- exposure: a collective runs beside compute that does not need it, else it is exposed:
+  ddp's all-reduce beside the backward; zero's all-gather beside the conv forward, its
+  reduce-scatter beside the conv backward; tp's features' all-gather beside the rank's
+  own rows' GEMM (1/N of lin1's forward at N), dx's reduce-scatter beside lin1's dW GEMM
+  (training/tensor_parallel.py); lin2's two small ones inline. Hidden communication
+  still slows the kernels beside it by `contention` of its time (fitted to the two-H200
+  DDP run).
 """
 
 import argparse
@@ -46,15 +55,15 @@ NETWORK_GBS = 50.0
 CONTENTION = (3.78 - 1.45) / 8.73
 
 
-# Scaling measured over a run on several GPUs (results/several-gpus.md), beside the
-# predictions: (design, GPUs, factor, where). The H200 ddp point is the one CONTENTION was
-# fitted to, so it does not test the model; the H100 points do, and show how far the
-# model's input (a one-GPU step of 25.94 ms at 230c8f1) is from today's step (19.35 ms).
-MEASURED = [("ddp", 2, 1.73, "2 H200s, 860e475"),
-            ("ddp", 2, 1.55, "2 H100s, a8b9e5b"),
-            ("zero", 2, 1.46, "2 H100s, a8b9e5b"),
-            ("tp", 2, 2.02, "2 H100s, a8b9e5b"),
-            ("tp", 4, 3.89, "4 H100s, f12095b")]
+# Measured over runs on several GPUs (results/several-gpus.md), beside the predictions:
+# (design, GPUs, a rank's median step ms, scaling, where). The H200s' own: the default
+# --measured is one of those H200s.
+MEASURED = [("tp", 2, 17.15, 2.06, "2 H200s, 2b532c3"),
+            ("ddp", 2, 22.36, 1.61, "2 H200s, 2b532c3"),
+            ("zero", 2, 23.44, 1.53, "2 H200s, 2b532c3"),
+            ("tp", 4, 17.60, 4.06, "4 H200s, 1f13790"),
+            ("ddp", 4, 25.18, 2.89, "4 H200s, 1f13790"),
+            ("zero", 4, 23.38, 3.10, "4 H200s, 1f13790")]
 # The columns that are the model's output, not a measurement: the table says so.
 PREDICTED = ("compute ms", "NCCL ms", "exposed ms", "step ms", "scaling")
 
@@ -98,8 +107,8 @@ def collectives(design: str, n: int, s: Shape, g: int = 8
              "hidden-across")]
     features = n * s.batch * s.features * BF16  # the global batch's, gathered
     outputs = n * s.batch * s.out * BF16
-    return [("features", "all-gather", features, "exposed"),
-            ("features' gradient", "reduce-scatter", features, "exposed"),
+    return [("features", "all-gather", features, "own-rows"),
+            ("features' gradient", "reduce-scatter", features, "dW"),
             ("lin2 output", "reduce-scatter", outputs, "exposed"),
             ("lin2 output's gradient", "all-gather", outputs, "exposed"),
             ("conv and lin2-bias gradients", "all-reduce",
@@ -122,17 +131,52 @@ def sent_per_rank(design: str, n: int, s: Shape, g: int = 8) -> float:
     return total
 
 
-def predict(design: str, n: int, measured: dict, s: Shape, per_host: int, nvlink: float,
-            network: float, window: dict) -> dict:
-    """The predicted step of one rank of `design` on n GPUs. window: ms of compute that
-    a hidden collective can run beside (the conv forward; the backward after lin1)."""
+def _pieces(measured: dict, n: int) -> dict:
+    """bench/sharded_rank.py's pieces at n ranks; where n was not measured, one GPU's with
+    the shadow SGD over H/n rows (it scales with the rows) and the same GEMMs."""
+    by_world = {p["world"]: p for p in measured["pieces"]}
+    if n in by_world:
+        return by_world[n]
+    one = by_world[1]
+    return {**one, "world": n, "shadow SGD ms (H/N rows)": one["shadow SGD ms (H/N rows)"] / n}
+
+
+def windows(measured: dict, n: int) -> dict:
+    """ms of compute that a hidden collective can run beside: the conv forward (~2 ms) for
+    zero's all-gather, the backward after lin1 (~7 ms) for the gradients' reductions (both
+    from the one-GPU step's kernels); tp's own rows' GEMM (1/n of lin1's forward at n) and
+    lin1's dW GEMM at n (measured)."""
+    rank = _pieces(measured, n)
+    return {"forward": 2.0, "backward": 7.0, "hidden": 7.0, "hidden-across": 7.0,
+            "own-rows": rank["lin1 fwd"] / n, "dW": rank["lin1 dW"]}
+
+
+def compute_ms(design: str, shards: int, measured: dict) -> float:
+    """A rank's step without its collectives: the design's step on a world of one, with the
+    shadow SGD over 1/shards of lin1's rows (and a tp rank's GEMMs at its shapes)."""
     steps = {r["design"]: r["step ms median"] for r in measured["steps"]}
-    steps["tp2d"] = steps["tp"]  # the same rank's work; only its collectives differ
-    sgd = {p["world"]: p["shadow SGD ms (H/N rows)"] for p in measured["pieces"]}
-    full_sgd = sgd[1]
+    own = "tp" if design == "tp2d" else design
+    if design == "ddp":
+        return steps["ddp"]
+    one, rank = _pieces(measured, 1), _pieces(measured, shards)
+    full_sgd, sgd_n = one["shadow SGD ms (H/N rows)"], rank["shadow SGD ms (H/N rows)"]
+    if f"{own}-inline" in steps:  # the update beside the trunk, as measured
+        hidden_on_one = max(0.0, steps[f"{own}-inline"] - steps[own])
+        compute = steps[f"{own}-inline"] - full_sgd + max(0.0, sgd_n - hidden_on_one)
+    else:
+        compute = steps[own] - (full_sgd - sgd_n)
+    if own == "tp":  # its GEMMs at N·B samples and H/N rows: the same FLOPs, other shapes
+        compute += (rank["lin1 GEMMs ms"] - one["lin1 GEMMs ms"] +
+                    rank["lin2 GEMMs ms"] - one["lin2 GEMMs ms"])
+    return compute
+
+
+def predict(design: str, n: int, measured: dict, s: Shape, per_host: int, nvlink: float,
+            network: float) -> dict:
+    """The predicted step of one rank of `design` on n GPUs."""
     shards = min(n, per_host) if design == "tp2d" else n  # tp2d shards inside a host
-    sgd_n = sgd.get(shards, full_sgd / shards)  # measured at 1, 2, 4, 8; 1/N beyond
-    compute = steps[design] - (0.0 if design == "ddp" else full_sgd - sgd_n)
+    compute = compute_ms(design, shards, measured)
+    window = windows(measured, shards)
     exposed = hidden = 0.0
     for _, kind, size, when in collectives(design, n, s, per_host):
         k = _ring_size(n, per_host, when) if design == "tp2d" else n
@@ -142,25 +186,29 @@ def predict(design: str, n: int, measured: dict, s: Shape, per_host: int, nvlink
         exposed += max(0.0, t - room)
         hidden += min(t, room)
     step = compute + exposed + CONTENTION * hidden
+    one = next(r["step ms median"] for r in measured["steps"] if r["design"] == "one")
     return {"design": design, "GPUs": n, "compute ms": compute, "NCCL ms": exposed + hidden,
             "exposed ms": exposed, "step ms": step, "GB sent a rank": sent_per_rank(
-                design, n, s, per_host) / 1e9, "scaling": n * steps["one"] / step}
+                design, n, s, per_host) / 1e9, "scaling": n * one / step}
 
 
 def table(rows: list[dict]) -> str:
-    """The predictions, each predicted column named so, with the scaling measured for the
-    same design and GPUs beside them where a run measured it."""
+    """The predictions, each predicted column named so, with what a run measured for the
+    same design and GPUs beside them: its median step, how far the prediction is from it,
+    and its scaling."""
     keys = list(rows[0])
-    heads = [f"predicted {k}" if k in PREDICTED else k for k in keys] + ["measured scaling"]
+    heads = [f"predicted {k}" if k in PREDICTED else k for k in keys] + [
+        "measured step ms (predicted off by; scaling; where)"]
     fmt = (lambda v: f"{v:.2f}" if isinstance(v, float) else str(v))
     return "\n".join(["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)] +
-                      ["| " + " | ".join([fmt(r[k]) for k in keys] + [measured_scalings(r)]) + " |"
+                      ["| " + " | ".join([fmt(r[k]) for k in keys] + [measured(r)]) + " |"
                        for r in rows])
 
 
-def measured_scalings(row: dict) -> str:
-    """The measured scalings of row's design on as many GPUs ('-' where none was)."""
-    found = [f"{factor:.2f} ({where})" for design, n, factor, where in MEASURED
+def measured(row: dict) -> str:
+    """What runs measured for row's design on as many GPUs ('-' where none did)."""
+    found = [f"{step:.2f} ({row['step ms'] / step - 1:+.1%}; {factor:.2f}x; {where})"
+             for design, n, step, factor, where in MEASURED
              if design == row["design"] and n == row["GPUs"]]
     return "; ".join(found) or "-"
 
@@ -188,7 +236,7 @@ def chart(rows: list[dict], path: Path, title: str) -> None:
         ax.plot(worlds, [next(r["scaling"] for r in rows if r["GPUs"] == n and
                               r["design"] == design) for n in worlds], marker="o",
                 label=f"{design} (predicted{'; modelled, not built' if design == 'tp2d' else ''})")
-    for design, n, factor, where in MEASURED:
+    for design, n, _, factor, where in MEASURED:
         ax.plot([n], [factor], "kx", markersize=9)
         ax.annotate(f"{design} measured: {factor}x ({where})", (n, factor),
                     textcoords="offset points", xytext=(8, -12), fontsize=8)
@@ -229,31 +277,75 @@ def cannot_apply(design: str, n: int, hidden: int, per_host: int) -> str | None:
     return None
 
 
+DEFAULT_MEASURED = "results/sharded_rank-h200.json"
+
+
+def measure_here() -> str:
+    """Runs bench/sharded_rank.py on this machine's GPU (kernel/cuda, every design, the
+    pieces at 1, 2, 4 and 8 ranks) into profiles/; returns the JSON's path."""
+    import subprocess
+    import sys
+
+    import torch
+    if not torch.cuda.is_available():
+        raise UserError("--measure needs a CUDA GPU; on this machine name a measured JSON "
+                        f"with --measured (the default: {DEFAULT_MEASURED})")
+    out = Path("profiles") / "sharded_rank.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"measuring a rank's work per design on this GPU (bench/sharded_rank.py, about "
+          f"two minutes) into {out}", flush=True)
+    done = subprocess.run([sys.executable, "bench/sharded_rank.py", "--json", str(out)],
+                          stdout=subprocess.DEVNULL)
+    if done.returncode:
+        raise UserError(f"bench/sharded_rank.py ended {done.returncode}: nothing predicted")
+    return str(out)
+
+
+def read_measured(path: str) -> dict:
+    """bench/sharded_rank.py's JSON, or one line naming the file and what is wrong."""
+    try:
+        measured = json.loads(Path(path).read_text())
+        steps = {r["design"]: float(r["step ms median"]) for r in measured["steps"]}
+        pieces = {p["world"]: p for p in measured["pieces"]}
+        missing = [d for d in ("one", *DESIGNS[:3]) if d not in steps] + (
+            [] if 1 in pieces else ["the pieces at one rank"])
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--measured {path}: {exc}") from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise UserError(f"--measured {path}: not bench/sharded_rank.py's JSON "
+                        f"({type(exc).__name__}: {exc})") from None
+    if missing:
+        raise UserError(f"--measured {path}: no step measured for {', '.join(missing)}")
+    return measured
+
+
 def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="make costmodel", description=__doc__.split("\n\n")[0],
                                  allow_abbrev=False)
-    ap.add_argument("--measured", default="results/sharded_rank-h100.json",
-                    help="bench/sharded_rank.py's JSON (a rank's work, one GPU)")
-    ap.add_argument("--worlds", default="2,4,8,16,64")
-    ap.add_argument("--gpus-per-host", type=int, default=8)
-    ap.add_argument("--nvlink-gbs", type=float, default=NVLINK_GBS)
-    ap.add_argument("--network-gbs", type=float, default=NETWORK_GBS)
+    ap.add_argument("--measured", default=DEFAULT_MEASURED,
+                    help="bench/sharded_rank.py's JSON (a rank's work, one GPU; default "
+                    "%(default)s)")
+    ap.add_argument("--measure", action="store_true",
+                    help="measure it on this machine's GPU first, at the current commit")
+    ap.add_argument("--worlds", default="2,4,8,16,64",
+                    help="numbers of GPUs to predict (default %(default)s)")
+    ap.add_argument("--gpus-per-host", type=int, default=8, help="default %(default)s")
+    ap.add_argument("--nvlink-gbs", type=float, default=NVLINK_GBS,
+                    help="NCCL's bus bandwidth inside a host (default %(default)s)")
+    ap.add_argument("--network-gbs", type=float, default=NETWORK_GBS,
+                    help="NCCL's bus bandwidth across hosts (default %(default)s)")
     ap.add_argument("--chart", default="", help="a PNG of the predicted scaling")
     args = ap.parse_args(argv)
     worlds = parse_worlds(args.worlds)
-    try:
-        measured = json.loads(Path(args.measured).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--measured {args.measured}: {exc}") from None
     _check_machine(args)
+    if args.measure:
+        args.measured = measure_here()
+    measured = read_measured(args.measured)
     s = Shape()
-    # What a hidden collective can run beside, from the one-GPU step's kernels: the conv
-    # forward (~2 ms) for zero's all-gather; the backward after lin1's (~7 ms) otherwise.
-    window = {"forward": 2.0, "backward": 7.0, "hidden": 7.0, "hidden-across": 7.0}
     refused = {(d, n): why for n in worlds for d in DESIGNS
                if (why := cannot_apply(d, n, s.hidden, args.gpus_per_host))}
     rows = [predict(d, n, measured, s, args.gpus_per_host, args.nvlink_gbs,
-                    args.network_gbs, window) for n in worlds for d in DESIGNS
+                    args.network_gbs) for n in worlds for d in DESIGNS
             if (d, n) not in refused]
     if args.chart:  # before the table: a chart that cannot be written is the one line
         try:
@@ -262,10 +354,12 @@ def _main(argv=None) -> int:
             raise UserError(f"--chart {args.chart}: {exc.strerror or exc}") from None
     one = next(r["step ms median"] for r in measured["steps"] if r["design"] == "one")
     print(f"Predicted, not measured: from one GPU's step of {one:.2f} ms ({args.measured}: "
-          f"{measured.get('device')}, torch {measured.get('torch')}), NVLink "
+          f"{measured.get('device')}, torch {measured.get('torch')}, "
+          f"{measured.get('loss', 'kernel/triton')}, commit "
+          f"{(measured.get('commit') or '')[:7] or 'not recorded'}), NVLink "
           f"{args.nvlink_gbs:.0f} GB/s inside a host of {args.gpus_per_host}, network "
           f"{args.network_gbs:.0f} GB/s across, contention {CONTENTION:.2f}; the measured "
-          "scalings beside them are results/several-gpus.md's\n")
+          "steps beside them are results/several-gpus.md's\n")
     print(table(rows))
     for (d, n), why in refused.items():
         print(f"not predicted: {d} on {n} GPUs ({why}; --parallel {d} refuses it)")

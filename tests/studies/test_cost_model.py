@@ -1,5 +1,6 @@
 """studies/cost_model.py: the bytes each design moves, the ring's times, and the choice
-it makes from a rank's measured work (results/sharded_rank-h100.json)."""
+it makes from a rank's measured work (results/sharded_rank-h100.json, which has no
+'-inline' steps; the command's default is the H200's, which has)."""
 
 import json
 
@@ -32,16 +33,38 @@ def test_bytes_per_rank_at_the_full_size():
 
 def test_the_model_halves_the_optimizer_and_picks_tp_inside_a_host():
     s = cm.Shape()
-    window = {"forward": 2.0, "backward": 7.0, "hidden": 7.0, "hidden-across": 7.0}
-    rows = {(d, n): cm.predict(d, n, MEASURED, s, 8, cm.NVLINK_GBS, cm.NETWORK_GBS, window)
+    rows = {(d, n): cm.predict(d, n, MEASURED, s, 8, cm.NVLINK_GBS, cm.NETWORK_GBS)
             for d in cm.DESIGNS for n in (2, 8, 64)}
     steps = {r["design"]: r["step ms median"] for r in MEASURED["steps"]}
-    sgd = MEASURED["pieces"][0]["shadow SGD ms (H/N rows)"]
-    assert rows["tp", 2]["compute ms"] == pytest.approx(steps["tp"] - sgd / 2, rel=0.01)
+    one, two = MEASURED["pieces"][0], MEASURED["pieces"][1]
+    sgd = one["shadow SGD ms (H/N rows)"]
+    # No '-inline' steps in this JSON: the whole SGD over the rows given away is saved,
+    # and a tp rank's GEMMs at its shapes replace one GPU's.
+    gemms = (two["lin1 GEMMs ms"] - one["lin1 GEMMs ms"] + two["lin2 GEMMs ms"]
+             - one["lin2 GEMMs ms"])
+    assert rows["tp", 2]["compute ms"] == pytest.approx(
+        steps["tp"] - sgd + two["shadow SGD ms (H/N rows)"] + gemms, rel=1e-6)
     assert rows["ddp", 2]["compute ms"] == steps["ddp"]
     for n in (2, 8):
         assert max(cm.DESIGNS, key=lambda d: rows[d, n]["scaling"]) in ("tp", "tp2d")
     assert max(cm.DESIGNS, key=lambda d: rows[d, 64]["scaling"]) == "tp2d"
+
+
+def test_the_update_beside_the_trunk_is_saved_only_where_the_trunk_did_not_hide_it():
+    """With 'tp-inline' measured: the step without the update, plus what of the rank's
+    smaller update the trunk cannot hide (it hid inline - beside of the whole)."""
+    base = {"steps": [{"design": "tp", "step ms median": 18.0},
+                      {"design": "tp-inline", "step ms median": 19.0}],
+            "pieces": [{"world": 1, "lin1 GEMMs ms": 9.0, "lin2 GEMMs ms": 0.2,
+                        "shadow SGD ms (H/N rows)": 4.0, "lin1 fwd": 3.0, "lin1 dW": 3.0}]}
+    # 2 ranks: 2 ms of update, 1 ms hidden beside the trunk -> 1 ms left on the path.
+    assert cm.compute_ms("tp", 2, base) == pytest.approx(19.0 - 4.0 + 1.0)
+    # 8 ranks: 0.5 ms of update, all of it hidden.
+    assert cm.compute_ms("tp", 8, base) == pytest.approx(19.0 - 4.0)
+    # tp's features' all-gather hides behind the rank's own rows' GEMM (1/N of lin1's
+    # forward), dx's reduce-scatter behind lin1's dW GEMM.
+    assert cm.windows(base, 4)["own-rows"] == pytest.approx(0.75)
+    assert cm.windows(base, 4)["dW"] == pytest.approx(3.0)
 
 
 def test_bad_worlds_are_one_line(capsys):
@@ -65,10 +88,29 @@ def test_the_command_prints_the_table_and_the_choice(tmp_path, capsys):
     assert head.split(" | ")[2:] == ["predicted compute ms", "predicted NCCL ms",
                                      "predicted exposed ms", "predicted step ms",
                                      "GB sent a rank", "predicted scaling",
-                                     "measured scaling |"]
+                                     "measured step ms (predicted off by; scaling; where) |"]
     tp2 = next(line for line in out.splitlines() if line.startswith("| tp | 2 |"))
-    assert tp2.endswith("| 2.02 (2 H100s, a8b9e5b) |"), tp2
+    step, factor, where = next((m[2], m[3], m[4]) for m in cm.MEASURED if m[:2] == ("tp", 2))
+    assert tp2.endswith(f"; {factor:.2f}x; {where}) |") and f"| {step:.2f} (" in tp2, tp2
     assert (tmp_path / "m.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("content", [b"", b"[1, 2]", b'{"steps": [], "pieces": []}',
+                                     b'{"steps": [{"design": 1}]', b"\x80\xff\x00"])
+def test_a_bad_measured_file_is_one_line_naming_it(tmp_path, capsys, content):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    assert cm.main(["--measured", str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: --measured {bad}: "), err
+
+
+def test_measure_needs_a_gpu(capsys, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cm.main(["--measure"]) == 2
+    assert "--measure needs a CUDA GPU" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [
