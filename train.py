@@ -10,13 +10,10 @@ the environment. Every number in the table comes from that run's trace. What hap
 around the loop (run folder, profiler, summary, early ends) is profiling/harness.py's.
 """
 
-# Before the imports below (torch's take seconds): a Ctrl-C or SIGTERM during them is noted,
-# and the run ends on it at its start (130, one line), not as a death by the signal or a
-# KeyboardInterrupt's traceback. Only as the program: tests and studies import this module.
+# Before the imports below; only as the program: tests and studies import this module.
 if __name__ == "__main__":
-    import core.commands  # noqa: F401  its exit callback registered first, so run last
-    from core.signals import note_stop_signals
-    note_stop_signals()
+    from core.commands import note_signals_while_importing
+    note_signals_while_importing()
 
 
 import dataclasses
@@ -61,7 +58,7 @@ class Config:
     num_workers: int = option(16, "data loader processes")
     main_cores: int = option(0, ">0: the training process keeps this many CPU cores to "
                              "itself and the data workers run on the others (Linux)")
-    rank_cores: bool = option(False, "several ranks on one host: each rank, its data "
+    rank_cores: bool = option(True, "several ranks on one host: each rank, its data "
                               "workers too, keeps to its own share of the host's cores "
                               "(Linux; --main-cores then splits that share)")
     image_size: int = option(256, "square grayscale images, a multiple of 16 in 16..256")
@@ -132,7 +129,9 @@ PRESETS = {
     # Runs in seconds on 2 CPU cores (make profile: the README's figure).
     "cpu": dict(batch_size=32, num_workers=2, image_size=64, hidden=512, wait=1, warmup=1,
                 active=3, compile=False, amp=False, pin_memory=False,
-                **speedups.cpu_preset_values()),
+                # Its ranks share two cores in CI; --rank-cores paid on a GPU host whose
+                # 64 loader workers crowded the ranks' main threads (results/several-gpus.md).
+                rank_cores=False, **speedups.cpu_preset_values()),
 }
 
 
