@@ -6,6 +6,8 @@ the launcher's folder ($RAGGED_RANK_ERRORS), beside each rank's one line (core/e
                       (complete, or marked by rank 0's early end)
     interrupted.txt   the launcher got Ctrl-C or SIGTERM: the user's, not a failure's
     stopping.txt      torchrun stops the ranks because one failed (no interrupted.txt)
+    pid<rank>         a rank's process id
+    continued<rank>   the launcher found that rank stopped (SIGSTOP) and continued it
 
 Why: a rank 0 killed by SIGKILL cannot mark its own folder, which was left with no suffix
 and no summary; the launcher, which outlives it, marks it -failed with its own line. And
@@ -35,6 +37,7 @@ from core.run_folder import display, mark
 
 RUN, INTERRUPTED, STOPPING = "run.json", "interrupted.txt", "stopping.txt"
 PID = "pid"  # pid<rank>: a rank's process id
+CONTINUED = "continued"  # continued<rank>: the launcher found that rank stopped and woke it
 # How long a rank stopped by SIGTERM looks for the launcher's note: a SIGTERM sent to
 # the whole process group reaches the ranks as the launcher's handler writes it.
 NOTE_WAIT_S = 0.5
@@ -96,11 +99,30 @@ def note_a_failures_stop(folder: Path) -> None:
     later."""
     if not (folder / INTERRUPTED).exists():
         _leave(folder / STOPPING, "a rank failed; torchrun stops the others\n")
-    for pid in {*rank_pids(folder).values(), *children_ranks(os.getpid()).values()}:
+    for rank, pid in {**children_ranks(os.getpid()), **rank_pids(folder)}.items():
+        if process_state(pid) in ("T", "t"):  # a rank that times out later still names it
+            _leave(folder / f"{CONTINUED}{rank}", f"{pid}\n")
         try:
             os.kill(pid, signal.SIGCONT)
         except OSError:  # ended meanwhile
             pass
+
+
+def was_stopped(rank: int) -> bool:
+    """Whether the launcher found rank `rank` stopped (SIGSTOP) and continued it: on four
+    NCCL ranks one rank timed out first and the launcher continued the stopped one, and
+    a rank that timed out a moment later found it running and named the wrong cause."""
+    folder = launcher_folder()
+    return folder is not None and (folder / f"{CONTINUED}{rank}").exists()
+
+
+def process_state(pid: int | None) -> str | None:
+    """The state letter of a process (Linux /proc), None if it is gone or unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]  # after the command's name, which may hold ')'
 
 
 def leave_pid(rank: int) -> None:

@@ -179,10 +179,20 @@ def quiet_torchrun() -> None:
     failure, which the one line replaces. Its modules set their loggers' levels from
     LOGLEVEL when imported, so this runs before they are. torch's C++ side logs its
     store's failed reads, with a stack of 30 frames, when another host's launcher ends
-    first (the tp2d refusal on uneven hosts printed 67 lines): only its errors are kept,
-    here and in the ranks (TORCH_CPP_LOG_LEVEL=INFO shows them all again)."""
+    first (the tp2d refusal on uneven hosts printed 67 lines). On four NCCL ranks NCCL's
+    watchdog logged its errors too: a Ctrl-C met one rank's all-gather after another rank
+    had aborted its communicator, and 14 lines of a C++ stack came with the job's line.
+    Each rank names its own cause, so the C++ side says only what is fatal, here and in
+    the ranks (TORCH_CPP_LOG_LEVEL=INFO shows it all again).
+
+    And NCCL's watchdog, on such an error, only aborts the communicator (TORCH_NCCL_
+    ASYNC_ERROR_HANDLING=2) rather than take the process down (3, torch's default): on
+    four H200s a killed launcher's rank 0 was taken down in its early end, before it
+    marked its folder (left with no suffix and plain traces). The rank's own wait then
+    ends on the aborted communicator, and its early end runs as on gloo."""
     os.environ["LOGLEVEL"] = "CRITICAL"
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)

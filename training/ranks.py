@@ -18,7 +18,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 from core import waits
 from core.bounded import finished_within
@@ -314,11 +313,13 @@ def peer_stopped(exc: BaseException, rank: int, world: int) -> str | None:
     folder = launcher_folder()
     pids = {**job_notes.children_ranks(os.getppid()),  # this host's, by their launcher
             **(job_notes.rank_pids(folder) if folder is not None else {})}
-    states = {peer: _process_state(pids.get(peer)) for peer in range(world) if peer != rank}
-    stopped = [p for p, state in states.items() if state in ("T", "t")]
+    states = {peer: job_notes.process_state(pids.get(peer))
+              for peer in range(world) if peer != rank}
+    stopped = [p for p, state in states.items()
+               if state in ("T", "t") or job_notes.was_stopped(p)]
     # Those still running that have not failed themselves (no line left): the hung ones.
     running = [p for p, state in states.items() if state not in (None, "Z", "X", "T", "t")
-               and left_line(folder, p) is None]
+               and p not in stopped and left_line(folder, p) is None]
     if stopped:
         return (f"rank {stopped[0]} stopped answering: its process is stopped (SIGSTOP or "
                 "a debugger), and this rank's collective waited --hang-timeout for it")
@@ -354,15 +355,6 @@ def peer_cause(exc: BaseException, rank: int, world: int) -> str | None:
     them."""
     gone = peer_gone(exc)
     return peer_stopped(exc, rank, world) or (gone and (peer_line(rank, world) or gone))
-
-
-def _process_state(pid: int | None) -> str | None:
-    """The state letter of a process (Linux /proc), None if it is gone or unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[0]  # after the command's name, which may hold ')'
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

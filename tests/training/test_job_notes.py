@@ -77,3 +77,31 @@ def test_the_launcher_wraps_torchruns_close_to_leave_the_note(folder, monkeypatc
         _start = _poll = pids = lambda self: None
     Closing().close()
     assert (folder / job_notes.STOPPING).exists()
+
+
+def test_a_stopped_rank_continued_by_the_launcher_is_still_named_stopped(folder):
+    """On four NCCL ranks one rank timed out first, the launcher continued the stopped
+    rank, and a rank that timed out a moment later found it running: 'rank 0, 2 stopped
+    answering: running, but it did not join'. The launcher now leaves a note of each rank
+    it found stopped, and peer_stopped reads it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from training.ranks import peer_stopped
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (folder / f"{job_notes.PID}1").write_text(str(sleeper.pid))
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        while job_notes.process_state(sleeper.pid) not in ("T", "t"):
+            time.sleep(0.01)
+        job_notes.note_a_failures_stop(folder)  # continues it, noting that it was stopped
+        while job_notes.process_state(sleeper.pid) in ("T", "t"):
+            time.sleep(0.01)
+        assert job_notes.was_stopped(1) and not job_notes.was_stopped(0)
+        line = peer_stopped(RuntimeError("wait timeout after 3000ms"), 0, 2)
+        assert line.startswith("rank 1 stopped answering: its process is stopped"), line
+    finally:
+        sleeper.kill()
+        sleeper.wait()
