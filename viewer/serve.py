@@ -53,6 +53,42 @@ def _children_go_with_the_server() -> None:
     os.register_at_fork(after_in_child=in_child)
 
 
+TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+
+
+def trace_fault(path: Path) -> str | None:
+    """Why the profiler plugin could not read the trace at path (empty, truncated, not
+    gzip, not text, not a JSON object), or None. Read to its end, not parsed: the first
+    and last bytes that are not blank must be '{' and '}'. The plugin met such a file in
+    a forked loader and printed its traceback among the server's lines."""
+    import gzip
+    import zlib
+    first = last = b""
+    try:
+        with (gzip.open if path.name.endswith(".gz") else open)(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                text = chunk.strip()
+                if text:
+                    first, last = first or text[:1], text[-1:]
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        return f"not a whole gzip file ({exc}: truncated?)"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if not first:
+        return "it is empty"
+    if (first, last) != (b"{", b"}"):
+        return "not a JSON object (truncated, or not a trace)"
+    return None
+
+
+def _check_traces(logdir: Path) -> None:
+    """Every trace under logdir readable, or one line naming the first that is not."""
+    for path in sorted(logdir.rglob("*.pt.trace.json*")):
+        if path.name.endswith(TRACE_SUFFIXES) and (why := trace_fault(path)):
+            raise UserError(f"{path}: {why}; TensorBoard cannot show it (remove it, or "
+                            "its run, from the folder)")
+
+
 def _check_port(argv: list[str]) -> None:
     """--port as a number of 0..65535 (0: any free one), one line otherwise (TensorBoard
     printed its usage, 20 lines, for `make tensorboard PORT=abc`)."""
@@ -88,6 +124,8 @@ def _main(argv) -> int:
         if "://" not in logdir and not Path(logdir).is_dir():
             raise UserError(f"no folder {logdir}: make profile writes its runs into "
                             "profiles/ (LOGDIR= picks another folder)")
+        if "://" not in logdir:
+            _check_traces(Path(logdir))
     # The plugin logs every trace it loads at INFO: the URL TensorBoard prints came as line
     # 44 of 46. Its warnings stay; TORCH_PROFILER_LOG_LEVEL=INFO brings the rest back.
     os.environ.setdefault("TORCH_PROFILER_LOG_LEVEL", "WARNING")

@@ -380,6 +380,33 @@ def test_a_logdir_that_does_not_exist_is_one_line(tmp_path, capsys):
                        "profiles/ (LOGDIR= picks another folder)"]
 
 
+@pytest.mark.parametrize("name,content,why", [
+    ("host.pt.trace.json", b"", "it is empty"),
+    ("host.pt.trace.json", b'{"traceEvents": [{"ph": "X"', "not a JSON object"),
+    ("host.pt.trace.json", b"[1, 2]", "not a JSON object"),
+    ("host.pt.trace.json.gz", b"\x1f\x8b\x08\x00garbage", "not a whole gzip file"),
+    ("host.pt.trace.json.gz", b"plain text, not gzip", "not a whole gzip file"),
+    ("host.pt.trace.json", b"\x80\xff\x00\x01", "not a JSON object"),
+])
+def test_a_bad_trace_is_one_line_naming_it(tmp_path, capsys, name, content, why):
+    """A truncated, empty, binary or wrongly typed trace: the plugin's forked loader
+    printed its traceback among the server's lines; now one line before it starts."""
+    import gzip
+
+    from viewer import serve
+    good = tmp_path / "good" / "plugins" / "profile"
+    good.mkdir(parents=True)
+    (good / "ok.pt.trace.json.gz").write_bytes(gzip.compress(b'{"traceEvents": []}\n'))
+    bad = tmp_path / "bad" / name
+    bad.parent.mkdir()
+    bad.write_bytes(content)
+    assert serve.main(["--logdir", str(tmp_path), "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad}: {why}"), err
+    bad.unlink()
+    assert serve.trace_fault(good / "ok.pt.trace.json.gz") is None
+
+
 @pytest.mark.parametrize("port", ["abc", "70000", "-1"])
 def test_a_port_that_is_not_one_is_one_line(tmp_path, capsys, port):
     """make tensorboard PORT=abc printed TensorBoard's usage, 20 lines."""
