@@ -26,6 +26,14 @@ from core.signals import (
 )
 
 
+def note_signals_while_importing() -> None:
+    """Called by a program before its other imports (torch's take seconds): a Ctrl-C or
+    SIGTERM meanwhile is noted, and the command ends on it at its start (130, one line;
+    run_command), not by the signal or a KeyboardInterrupt's traceback. Importing this
+    module registers its exit callback first, so that it runs last."""
+    note_stop_signals()
+
+
 def command(body):
     """A command's main(argv=None) -> exit code: its body, whose ProjectErrors become
     their line and code (report_errors); the folders it took are given back when it ends."""

@@ -6,8 +6,8 @@ its best choices take tens of times what the bytes below need (results/step.md),
 the one channel to more. A fused kernel also never writes the full-resolution conv
 output: the pool and ReLU happen in registers.
 
-Naming ladder: _first_block_fwd_kernel / _first_block_bwd_kernel (_persistent_sums
-with _channel_sums) -> the custom ops boxnet::first_block and
+Naming ladder: _first_block_fwd_kernel / _first_block_bwd_kernel (first_block_walk.py's
+persistent_sums with _channel_sums) -> the custom ops boxnet::first_block and
 boxnet::first_block_backward -> autograd -> first_block().
 With keep_code (--triton-first-block-code) the forward also writes the pool's code and
 the backward is kernels/trunk/first_block_bwd.py's, which reads it instead of
@@ -41,9 +41,16 @@ import triton.language as tl
 from core.checks import check_conv_block
 from core.errors import InputError
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, launch
+from kernels.trunk.first_block_walk import (
+    CHANNELS,
+    grads_from_sums,
+    patch,
+    persistent_sums,
+    tl_compute,
+    walk_sums,
+)
 from kernels.trunk.window import DEAD, first_max
 
-CHANNELS = 4            # conv1's output channels: the kernels are written for this block
 BLOCK = 1024            # pooled pixels per program of the forward
 # ... when it keeps the code: at 1024 (8 pixels a thread) ptxas spilled (255 registers,
 # 88-byte frame); at 256 it holds 93 and ran fastest compiled on the H100 (results/step.md).
@@ -53,14 +60,6 @@ CODE_BLOCK = 256
 BWD_BLOCK = 256
 BWD_PROGRAMS = 1056     # 8 per H100 SM
 NUM_WARPS = 4
-PARTIALS = CHANNELS * 10  # per program: 9 weight sums and 1 bias sum per channel
-
-
-@triton.jit
-def _px(img, r, c, H, W, mask, COMPUTE: tl.constexpr):
-    """Image pixel (r, c) in [0, 1], 0 outside the image (the conv's padding)."""
-    inside = mask & (r >= 0) & (r < H) & (c >= 0) & (c < W)
-    return tl.load(img + r * W + c, mask=inside, other=0).to(COMPUTE) / 255.0
 
 
 @triton.jit
@@ -70,36 +69,6 @@ def _conv9(w_ptr, c: tl.constexpr, a0, a1, a2, b0, b1, b2, d0, d1, d2):
     return (tl.load(w) * a0 + tl.load(w + 1) * a1 + tl.load(w + 2) * a2
             + tl.load(w + 3) * b0 + tl.load(w + 4) * b1 + tl.load(w + 5) * b2
             + tl.load(w + 6) * d0 + tl.load(w + 7) * d1 + tl.load(w + 8) * d2)
-
-
-@triton.jit
-def _patch(img_ptr, b, pid, H, W, W2, n_pooled, BLOCK_: tl.constexpr, COMPUTE: tl.constexpr):
-    """The 4x4 pixels around each pooled output of the block: rows 2i-1..2i+2, columns
-    2j-1..2j+2, as 16 vectors (row-major), plus the block's positions and mask."""
-    offs = pid * BLOCK_ + tl.arange(0, BLOCK_)
-    mask = offs < n_pooled
-    i = offs // W2
-    j = offs % W2
-    img = img_ptr + b.to(tl.int64) * H * W
-    r = 2 * i - 1
-    c = 2 * j - 1
-    return (offs, mask, i, j,
-            _px(img, r, c, H, W, mask, COMPUTE),
-            _px(img, r, c + 1, H, W, mask, COMPUTE),
-            _px(img, r, c + 2, H, W, mask, COMPUTE),
-            _px(img, r, c + 3, H, W, mask, COMPUTE),
-            _px(img, r + 1, c, H, W, mask, COMPUTE),
-            _px(img, r + 1, c + 1, H, W, mask, COMPUTE),
-            _px(img, r + 1, c + 2, H, W, mask, COMPUTE),
-            _px(img, r + 1, c + 3, H, W, mask, COMPUTE),
-            _px(img, r + 2, c, H, W, mask, COMPUTE),
-            _px(img, r + 2, c + 1, H, W, mask, COMPUTE),
-            _px(img, r + 2, c + 2, H, W, mask, COMPUTE),
-            _px(img, r + 2, c + 3, H, W, mask, COMPUTE),
-            _px(img, r + 3, c, H, W, mask, COMPUTE),
-            _px(img, r + 3, c + 1, H, W, mask, COMPUTE),
-            _px(img, r + 3, c + 2, H, W, mask, COMPUTE),
-            _px(img, r + 3, c + 3, H, W, mask, COMPUTE))
 
 
 @triton.jit
@@ -123,7 +92,7 @@ def _first_block_fwd_kernel(img_ptr, w_ptr, bias_ptr, out_ptr, code_ptr, H, W, W
     b = tl.program_id(0)
     pid = tl.program_id(1)
     (offs, mask, i, j, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
-     x30, x31, x32, x33) = _patch(img_ptr, b, pid, H, W, W2, n_pooled, BLOCK_, COMPUTE)
+     x30, x31, x32, x33) = patch(img_ptr, b, pid, H, W, W2, n_pooled, BLOCK_, COMPUTE)
     out = out_ptr + b.to(tl.int64) * sob + i * soh + j * sow
     packed = tl.zeros(offs.shape, dtype=tl.int32)
     for c in tl.static_range(4):
@@ -151,7 +120,7 @@ def _channel_sums(w_ptr, bias_ptr, known, c: tl.constexpr, grad, mask, sgc, s0, 
                   x22, x23, x30, x31, x32, x33, COMPUTE: tl.constexpr):
     """Channel c's ten running sums (nine weight taps, the bias) plus this block's
     elementwise terms, kept per lane: no reduction until the program's last block. The
-    window's choice recomputed from the patch (`known` unused: _persistent_sums's
+    window's choice recomputed from the patch (`known` unused: persistent_sums's
     CHANNEL)."""
     v00, v01, v10, v11 = _window(w_ptr, c, x00, x01, x02, x03, x10, x11, x12, x13,
                                  x20, x21, x22, x23, x30, x31, x32, x33)
@@ -168,78 +137,12 @@ def _channel_sums(w_ptr, bias_ptr, known, c: tl.constexpr, grad, mask, sgc, s0, 
 
 
 @triton.jit
-def _store_sums(part, c: tl.constexpr, s0, s1, s2, s3, s4, s5, s6, s7, s8, s9):
-    tl.store(part + c * 10 + 0, tl.sum(s0, axis=0))
-    tl.store(part + c * 10 + 1, tl.sum(s1, axis=0))
-    tl.store(part + c * 10 + 2, tl.sum(s2, axis=0))
-    tl.store(part + c * 10 + 3, tl.sum(s3, axis=0))
-    tl.store(part + c * 10 + 4, tl.sum(s4, axis=0))
-    tl.store(part + c * 10 + 5, tl.sum(s5, axis=0))
-    tl.store(part + c * 10 + 6, tl.sum(s6, axis=0))
-    tl.store(part + c * 10 + 7, tl.sum(s7, axis=0))
-    tl.store(part + c * 10 + 8, tl.sum(s8, axis=0))
-    tl.store(part + c * 10 + 9, tl.sum(s9, axis=0))
-
-
-@triton.jit
-def _persistent_sums(img_ptr, w_ptr, bias_ptr, code_ptr, grad_ptr, part_ptr, H, W, W2,
-                     n_pooled, n_blocks, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
-                     COMPUTE: tl.constexpr, CHANNEL: tl.constexpr,
-                     FROM_CODE: tl.constexpr):
-    """Both backward kernels' persistent walk: each program takes blocks pid, pid +
-    programs, ... (over images and the blocks of each), adds CHANNEL's terms to its 40
-    sums per lane, and reduces them once at its end (one reduction per block of 1024
-    took 40 block-wide reductions each). CHANNEL recomputes each window's choice
-    (_channel_sums) or reads it from the forward's code, loaded once a block where
-    FROM_CODE (first_block_bwd.py); both are constexprs, so each kernel compiles only its
-    own path."""
-    pid = tl.program_id(0)
-    per_image = tl.cdiv(n_pooled, BLOCK_)
-    z = tl.zeros((BLOCK_,), dtype=COMPUTE)
-    a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = z, z, z, z, z, z, z, z, z, z
-    b0, b1, b2, b3, b4, b5, b6, b7, b8, b9 = z, z, z, z, z, z, z, z, z, z
-    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = z, z, z, z, z, z, z, z, z, z
-    d0, d1, d2, d3, d4, d5, d6, d7, d8, d9 = z, z, z, z, z, z, z, z, z, z
-    for blk in range(pid, n_blocks, tl.num_programs(0)):
-        b = blk // per_image
-        (offs, mask, i, j, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23,
-         x30, x31, x32, x33) = _patch(img_ptr, b, blk % per_image, H, W, W2, n_pooled,
-                                      BLOCK_, COMPUTE)
-        if FROM_CODE:
-            known = tl.load(code_ptr + b.to(tl.int64) * n_pooled + offs, mask=mask, other=0)
-        else:
-            known = offs  # not read: the window's choice is recomputed
-        grad = grad_ptr + b.to(tl.int64) * sgb + i * sgh + j * sgw
-        a0, a1, a2, a3, a4, a5, a6, a7, a8, a9 = CHANNEL(
-            w_ptr, bias_ptr, known, 0, grad, mask, sgc, a0, a1, a2, a3, a4, a5, a6, a7, a8,
-            a9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32,
-            x33, COMPUTE)
-        b0, b1, b2, b3, b4, b5, b6, b7, b8, b9 = CHANNEL(
-            w_ptr, bias_ptr, known, 1, grad, mask, sgc, b0, b1, b2, b3, b4, b5, b6, b7, b8,
-            b9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32,
-            x33, COMPUTE)
-        c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 = CHANNEL(
-            w_ptr, bias_ptr, known, 2, grad, mask, sgc, c0, c1, c2, c3, c4, c5, c6, c7, c8,
-            c9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32,
-            x33, COMPUTE)
-        d0, d1, d2, d3, d4, d5, d6, d7, d8, d9 = CHANNEL(
-            w_ptr, bias_ptr, known, 3, grad, mask, sgc, d0, d1, d2, d3, d4, d5, d6, d7, d8,
-            d9, x00, x01, x02, x03, x10, x11, x12, x13, x20, x21, x22, x23, x30, x31, x32,
-            x33, COMPUTE)
-    part = part_ptr + pid.to(tl.int64) * 40
-    _store_sums(part, 0, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
-    _store_sums(part, 1, b0, b1, b2, b3, b4, b5, b6, b7, b8, b9)
-    _store_sums(part, 2, c0, c1, c2, c3, c4, c5, c6, c7, c8, c9)
-    _store_sums(part, 3, d0, d1, d2, d3, d4, d5, d6, d7, d8, d9)
-
-
-@triton.jit
 def _first_block_bwd_kernel(img_ptr, w_ptr, bias_ptr, grad_ptr, part_ptr, H, W, W2,
                             n_pooled, n_blocks, sgb, sgc, sgh, sgw, BLOCK_: tl.constexpr,
                             COMPUTE: tl.constexpr):
     """The walk, each window's choice recomputed from the image (no code: img_ptr stands
     in for the code's pointer, never read)."""
-    _persistent_sums(img_ptr, w_ptr, bias_ptr, img_ptr, grad_ptr, part_ptr, H, W, W2,
+    persistent_sums(img_ptr, w_ptr, bias_ptr, img_ptr, grad_ptr, part_ptr, H, W, W2,
                      n_pooled, n_blocks, sgb, sgc, sgh, sgw, BLOCK_, COMPUTE,
                      _channel_sums, False)
 
@@ -249,11 +152,6 @@ def _check(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> No
         raise InputError(f"first_block takes uint8 images [B, 1, H, W], got "
                          f"{images.dtype} {tuple(images.shape)}")
     check_conv_block("first_block", images, weight, bias, 1, CHANNELS)
-
-
-def _tl_compute(weight):
-    """fp32 maths for fp32 weights (the model's master weights), fp64 for fp64 (gradcheck)."""
-    return tl.float64 if weight.dtype == torch.float64 else tl.float32
 
 
 def _empty_out(images, out_dtype, channels_last):
@@ -287,7 +185,7 @@ def first_block_op(images: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     block = CODE_BLOCK if keep_code else BLOCK
     launch(_first_block_fwd_kernel, _grid(images, block), images, weight.contiguous(),
             bias.contiguous(), out, code, H, W, W // 2, (H // 2) * (W // 2), *out.stride(),
-            BLOCK_=block, COMPUTE=_tl_compute(weight), KEEP_CODE=keep_code,
+            BLOCK_=block, COMPUTE=tl_compute(weight), KEEP_CODE=keep_code,
             num_warps=NUM_WARPS)
     return out, code
 
@@ -302,27 +200,8 @@ def first_block_backward(grad: torch.Tensor, images: torch.Tensor, weight: torch
     n_pooled, n_blocks, parts = walk_sums(images, weight, BWD_BLOCK, BWD_PROGRAMS)
     launch(_first_block_bwd_kernel, (parts.shape[0],), images, weight.contiguous(),
             bias.contiguous(), grad, parts, H, W, W // 2, n_pooled, n_blocks, *grad.stride(),
-            BLOCK_=BWD_BLOCK, COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
+            BLOCK_=BWD_BLOCK, COMPUTE=tl_compute(weight), num_warps=NUM_WARPS)
     return grads_from_sums(parts)
-
-
-def walk_sums(images, weight, block, most):
-    """What a persistent backward walks and writes (this one, and first_block_bwd.py's):
-    an image's pooled pixels, the blocks of `block` of them over the batch, and the
-    partial sums [programs, 40] of at most `most` programs, in the weight's dtype."""
-    B, _, H, W = images.shape
-    n_pooled = (H // 2) * (W // 2)
-    n_blocks = B * triton.cdiv(n_pooled, block)
-    parts = torch.empty((min(n_blocks, most), PARTIALS), dtype=weight.dtype,
-                        device=images.device)
-    return n_pooled, n_blocks, parts
-
-
-def grads_from_sums(parts):
-    """(dL/dweight [4, 1, 3, 3], dL/dbias [4]) from the programs' partial sums: each
-    channel's nine taps, then its bias (_store_sums's order)."""
-    sums = parts.sum(0).view(CHANNELS, 10)
-    return sums[:, :9].reshape(CHANNELS, 1, 3, 3).contiguous(), sums[:, 9].contiguous()
 
 
 def _setup_context(ctx, inputs, output):

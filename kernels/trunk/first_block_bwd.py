@@ -8,7 +8,7 @@ pooled pixel, 16.8 M pooled pixels at batch 1024 (results/step.md has its time).
 forward knows which position won; kept (one byte a channel, 67 MB at batch 1024), the
 backward recomputes nothing and picks with fewer selects.
 
-Naming ladder: _code_channel_sums -> first_block.py's _persistent_sums (the persistent
+Naming ladder: _code_channel_sums -> first_block_walk.py's persistent_sums (the persistent
 walk both backward kernels share) -> _first_block_code_bwd_kernel -> the custom op
 boxnet::first_block_code_backward -> first_block.py's autograd.
 
@@ -37,11 +37,11 @@ import triton
 import triton.language as tl
 
 from kernels.triton_op import INTERPRETED, define_op, launch
-from kernels.trunk.first_block import (
+from kernels.trunk.first_block_walk import (
     CHANNELS,
-    _persistent_sums,
-    _tl_compute,
     grads_from_sums,
+    persistent_sums,
+    tl_compute,
     walk_sums,
 )
 
@@ -59,7 +59,7 @@ def _code_channel_sums(w_ptr, bias_ptr, packed, c: tl.constexpr, grad, mask, sgc
                        s2, s3, s4, s5, s6, s7, s8, s9, x00, x01, x02, x03, x10, x11, x12,
                        x13, x20, x21, x22, x23, x30, x31, x32, x33, COMPUTE: tl.constexpr):
     """Channel c's ten running sums plus this block's terms, from its code (byte c of
-    packed; the weight and bias unused: first_block.py's _persistent_sums's
+    packed; the weight and bias unused: first_block_walk.py's persistent_sums's
     CHANNEL)."""
     d = (packed >> (8 * c)) & 0xFF
     g = tl.load(grad + c * sgc, mask=mask, other=0).to(COMPUTE)
@@ -85,7 +85,7 @@ def _first_block_code_bwd_kernel(img_ptr, code_ptr, grad_ptr, part_ptr, H, W, W2
                                  BLOCK_: tl.constexpr, COMPUTE: tl.constexpr):
     """first_block.py's persistent walk, each window's choice read from the code (no
     weight or bias needed: img_ptr stands in for their pointers, never read)."""
-    _persistent_sums(img_ptr, img_ptr, img_ptr, code_ptr, grad_ptr, part_ptr, H, W, W2,
+    persistent_sums(img_ptr, img_ptr, img_ptr, code_ptr, grad_ptr, part_ptr, H, W, W2,
                      n_pooled, n_blocks, sgb, sgc, sgh, sgw, BLOCK_, COMPUTE,
                      _code_channel_sums, True)
 
@@ -100,7 +100,7 @@ def first_block_code_backward(grad: torch.Tensor, images: torch.Tensor, code: to
     n_pooled, n_blocks, parts = walk_sums(images, weight, BLOCK, PROGRAMS)
     launch(_first_block_code_bwd_kernel, (parts.shape[0],), images, code, grad, parts, H, W,
            W // 2, n_pooled, n_blocks, *grad.stride(), BLOCK_=BLOCK,
-           COMPUTE=_tl_compute(weight), num_warps=NUM_WARPS)
+           COMPUTE=tl_compute(weight), num_warps=NUM_WARPS)
     return grads_from_sums(parts)
 
 
