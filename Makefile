@@ -84,7 +84,7 @@ ncu: $(SETUP)
 # The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
 # test-browser's.
 test: $(SETUP)
-	@echo "make test: the CPU suite, 10 to 30 minutes on 2 cores (pytest prints a dot a test)"
+	@echo "make test: the CPU suite, about 20 to 30 minutes on 2 cores (pytest prints a dot a test)"
 	$(PYTHON) -m pytest -q -m "not browser" tests
 
 # ruff over the project's Python (ruff.toml); make setup installs it, CI runs it first.

@@ -1,0 +1,43 @@
+"""Every file the README, docs/ and results/README.md name exists: a markdown link's target
+(relative to the page), and a path in backquotes whose first folder is one of the
+repository's (`training/ranks.py`). A renamed or removed file left the docs pointing at
+nothing (requirements-cpu.txt named profiling/tb_profiler_compat.py after it moved)."""
+
+import re
+from pathlib import Path
+
+from tests.helpers import REPO
+
+PAGES = [REPO / "README.md", REPO / "results" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+QUOTED = re.compile(r"`([\w.-]+/[\w./-]+\.(?:py|md|png|csv|json|txt|sh|cu|cpp|toml|html))`")
+# A file that a page names as an example of what a user would add (docs/layout.md walks a
+# new speed-up through).
+EXAMPLES = {"training/speedups/triton_lin1_relu.py"}
+TOP = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".")}
+
+
+def named(page: Path) -> list[tuple[str, Path]]:
+    """(as written, the path it names) of each file the page names."""
+    text = page.read_text()
+    found = []
+    for target in LINK.findall(text):
+        path = target.split("#", 1)[0]
+        if path and "://" not in path and not path.startswith("mailto:"):
+            found.append((target, (page.parent / path).resolve()))
+    for path in QUOTED.findall(text):
+        if path.split("/", 1)[0] in TOP and path not in EXAMPLES:
+            found.append((path, REPO / path))
+    return found
+
+
+def test_every_file_a_doc_names_exists():
+    missing = [f"{page.relative_to(REPO)}: {written}" for page in PAGES
+               for written, path in named(page) if not path.exists()]
+    assert not missing, missing
+
+
+def test_a_missing_file_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("see [here](gone.md) and `training/nowhere.py`\n")
+    assert [w for w, p in named(page) if not p.exists()] == ["gone.md", "training/nowhere.py"]
