@@ -84,8 +84,8 @@ ncu: $(SETUP)
 # The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
 # test-browser's.
 test: $(SETUP)
-	@echo "make test: the CPU suite, about 20 to 30 minutes on 2 cores (pytest prints a dot a test)"
-	$(PYTHON) -m pytest -q -m "not browser" tests
+	@echo "make test: the CPU suite, about 20 to 30 minutes on 2 cores (pytest prints a dot a test, and the 15 slowest at the end)"
+	$(PYTHON) -m pytest -q -m "not browser" --durations=15 tests
 
 # ruff over the project's Python (ruff.toml); make setup installs it, CI runs it first.
 lint: $(SETUP)

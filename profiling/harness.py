@@ -57,6 +57,7 @@ from profiling import (
     gpu_clocks,
     memory_account,
     memory_page,
+    report_page,
 )
 from profiling.communication import communication
 from profiling.environment import environment
@@ -398,6 +399,7 @@ class ProfiledRun:
         # Whole or not at all: a full disk must not leave a summary.json that looks
         # complete but is cut short.
         write_whole(self.dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        report_page.write(self.dir, summary)  # a page to open, whatever the status
         if exc is not None and not isinstance(exc, UserError):
             write_whole(self.dir / "error.txt", "".join(traceback.format_exception(exc)))
 
@@ -546,6 +548,7 @@ class ProfiledRun:
         if "distributed" in record:
             print(format_ranks(record))
         print(f"written: {run_folder.display(self.dir / 'summary.json')}")
+        print(f"page: {run_folder.display(self.dir / report_page.PAGE)} (open it in a browser)")
         record["run_dir"] = str(self.dir)
         self.record = record
 

@@ -22,6 +22,14 @@ from training.ranks import from_env
 SKIPPED = "skipped.json"  # rows that could not run, kept beside the runs for a rebuild
 
 
+def write_page(out: Path, markdown: str) -> None:
+    """The study folder's index.html (profiling/report_page.py), its path the study's last
+    line: a page to open beside the markdown, the CSV and the charts."""
+    from profiling import report_page
+    page = report_page.write_study(out, markdown)
+    print(f"page: {display(page)} (open it in a browser)")
+
+
 def folder_name(loss: str, backend: str) -> str:
     """How run folders name a strategy: 'kernel-cuda', 'padded'."""
     return describe(loss, backend).replace("/", "-")

@@ -43,6 +43,7 @@ from studies.common import (
     progress,
     ranks_out,
     run_config,
+    write_page,
 )
 from studies.compare_rows import (
     check_distinct,
@@ -223,6 +224,7 @@ def _main(argv) -> int:
     print(write_comparison(out, runs, skipped))
     print(f"written: {display(out / 'comparison.md')}, comparison.csv, comparison.png, "
           "comparison/")
+    write_page(out, (out / "comparison.md").read_text())
     failed = [r for r in skipped if "the run failed" in str(r.get("profiled steps"))]
     if failed:
         print(f"error: {len(failed)} of {len(failed) + len(runs)} runs failed (their rows "

@@ -45,6 +45,7 @@ from studies.common import (
     outcome,
     progress,
     run_config,
+    write_page,
 )
 from studies.compare_rows import load_summary, ran_on_gpu
 from training.speedups import BY_NAME
@@ -333,6 +334,7 @@ def _main(argv) -> int:
         raise _keep_partial(out, runs, skipped, planned, exc) from None
     print(write_ladder(out, runs, skipped))
     print(f"written: {display(out / 'ladder.md')}, ladder.csv, ladder-kernels.md, ladder.png")
+    write_page(out, (out / "ladder.md").read_text())
     return outcome(skipped, "step GPU ms", len(runs), "rungs")
 
 

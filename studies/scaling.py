@@ -34,6 +34,7 @@ from studies.common import (
     progress,
     ranks_out,
     run_config,
+    write_page,
 )
 from studies.compare_rows import load_summary, ran_on_gpu
 from studies.cost_model import Shape, sent_per_rank
@@ -154,6 +155,7 @@ def write_table(out: Path, rows: list, failed: list, note: str = "") -> None:
     write_whole(out / "scaling.csv", csv_text(COLUMNS, rows + failed))
     print(table)
     print(f"written: {display(out / 'scaling.md')}, scaling.csv")
+    write_page(out, table)
 
 
 main = command(_main)

@@ -35,7 +35,7 @@ from core.run_folder import display
 from core.tables import csv_text
 from kernels.giou.cuda_extension import unavailable_reason
 from studies.charts import sweep_chart
-from studies.common import fresh_out, keep_interrupted
+from studies.common import fresh_out, keep_interrupted, write_page
 from studies.sweep_point import measure, samples, sigma_label
 from studies.sweep_report import markdown, read_rows
 
@@ -227,6 +227,7 @@ def _main(argv) -> int:
     print(f"sweep done in {time.time() - started:.0f} s: {display(out)}/sweep.md, sweep.csv, "
           f"sweep.png" + (f"; {failed} points failed (rows in the table)" if failed else ""),
           flush=True)
+    write_page(out, (out / "sweep.md").read_text())
     return 1 if failed else 0
 
 

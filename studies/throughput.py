@@ -61,6 +61,7 @@ from studies.common import (
     progress,
     ranks_out,
     run_config,
+    write_page,
 )
 from studies.compare_rows import load_summary
 from training.ranks import from_env, stop
@@ -335,6 +336,7 @@ def write_tables(out: Path, rows: list, skipped: list, runs: list, note: str = "
     print(table)
     print(f"written: {display(out / 'throughput.md')}, throughput.csv, throughput.png, "
           "steps.png")
+    write_page(out, table)
 
 
 def _keep_partial(out: Path, rows: list, skipped: list, runs: list, planned: int, exc):

@@ -80,7 +80,7 @@ def test_a_bug_before_any_profiled_step_keeps_only_its_traceback(tmp_path, monke
     assert str(failed.value).endswith("traceback in " + str(tmp_path / "run-failed" / "error.txt"))
     kept = tmp_path / "run-failed"
     assert sorted(p.name for p in kept.iterdir() if not p.name.startswith("events")) == \
-        ["error.txt", "summary.json"]
+        ["error.txt", "index.html", "summary.json"]
     assert json.loads((kept / "summary.json").read_text())["status"] == "failed"
 
 

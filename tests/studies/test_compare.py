@@ -21,6 +21,12 @@ def test_compare_runs_then_rebuilds_the_same_table(tmp_path, capsys):
     for name in ("comparison.csv", "comparison.png", "skipped.json"):
         assert (out / name).exists(), name
     assert list((out / "comparison").glob("events.out.tfevents.*"))
+    # Its page, the last line's path, links each run's own page.
+    assert capsys.readouterr().out.strip().splitlines()[-1] == \
+        f"page: {out / 'index.html'} (open it in a browser)"
+    page = (out / "index.html").read_text()
+    assert "href='loop-forward/index.html'" in page and "comparison.png" in page
+    assert (out / "loop-forward" / "index.html").exists()
 
     loop = json.loads((out / "loop-forward" / "summary.json").read_text())
     padded = json.loads((out / "padded-forward" / "summary.json").read_text())
