@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -269,6 +270,20 @@ def _short_life(kind: str, out):
                           "--out", str(out / "cmp"), size=SHORT)
 
 
+def _exiting(pid: int) -> bool:
+    """Whether the process is already in its exit (Linux's PF_EXITING in /proc's flags),
+    or gone: its code decided, its address space being unmapped (tens of ms for a torch
+    process under load), so no program can act on a signal that lands now. Three of 40
+    SIGTERMs in make compare's last 0.5 s exited 0, each with PF_EXITING set as it was
+    sent; every one sent before it ended 130. Read right after the send: a process that
+    began its exit after the signal came would have run its handler first."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return True
+    return bool(int(fields[6]) & 0x4)  # the task's flags; PF_EXITING
+
+
 @pytest.mark.parametrize("kind", ["run", "compare"])
 def test_sigterm_at_evenly_spread_moments_of_a_short_life_is_never_lost(tmp_path_factory,
                                                                          kind):
@@ -296,9 +311,12 @@ def test_sigterm_at_evenly_spread_moments_of_a_short_life_is_never_lost(tmp_path
             proc.communicate()
             continue
         os.killpg(proc.pid, signal.SIGTERM)
+        exiting = _exiting(proc.pid)
         _, err = proc.communicate(timeout=300)
         where = f"{kind} at {at:.2f} s of {span:.2f}"
         lines = our_lines(err)
+        if exiting and proc.returncode == 0:
+            continue  # the signal came as the kernel tore the exiting process down
         assert proc.returncode != 0, f"{where}: exit 0, the SIGTERM lost"
         if proc.returncode == -signal.SIGTERM:  # in Python's own start, before any code
             assert err == "" and not list(tmp.iterdir()), (where, err)  # of ours ran
