@@ -5,6 +5,7 @@ model; results/several-gpus.md sets it beside the measurements.
 
     python3 -m studies.cost_model [--measured results/sharded_rank-h200.json | --measure]
         [--worlds 2,4,8,16,64] [--gpus-per-host 8] [--nvlink-gbs 341] [--network-gbs 50]
+        [--chart scaling.png] [--out folder]
 
 --measure runs bench/sharded_rank.py on this machine's GPU first (about two minutes), so
 that the prediction rests on the current commit's step; --measured names any earlier one.
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from core.commands import command, run_command
 from core.errors import UserError
+from core.run_folder import display
 
 BF16, FP32 = 2, 4
 # tp2d: tp inside each host, data-parallel across hosts (--parallel tp2d; on one host it is
@@ -335,6 +337,8 @@ def _main(argv=None) -> int:
     ap.add_argument("--network-gbs", type=float, default=NETWORK_GBS,
                     help="NCCL's bus bandwidth across hosts (default %(default)s)")
     ap.add_argument("--chart", default="", help="a PNG of the predicted scaling")
+    ap.add_argument("--out", default="", help="a folder for costmodel.md, costmodel.png "
+                    "and a page of both (index.html)")
     args = ap.parse_args(argv)
     worlds = parse_worlds(args.worlds)
     _check_machine(args)
@@ -352,23 +356,51 @@ def _main(argv=None) -> int:
             chart(rows, Path(args.chart), f"predicted from {measured.get('device')}")
         except OSError as exc:
             raise UserError(f"--chart {args.chart}: {exc.strerror or exc}") from None
-    one = next(r["step ms median"] for r in measured["steps"] if r["design"] == "one")
-    print(f"Predicted, not measured: from one GPU's step of {one:.2f} ms ({args.measured}: "
-          f"{measured.get('device')}, torch {measured.get('torch')}, "
-          f"{measured.get('loss', 'kernel/triton')}, commit "
-          f"{(measured.get('commit') or '')[:7] or 'not recorded'}), NVLink "
-          f"{args.nvlink_gbs:.0f} GB/s inside a host of {args.gpus_per_host}, network "
-          f"{args.network_gbs:.0f} GB/s across, contention {CONTENTION:.2f}; the measured "
-          "steps beside them are results/several-gpus.md's\n")
-    print(table(rows))
-    for (d, n), why in refused.items():
-        print(f"not predicted: {d} on {n} GPUs ({why}; --parallel {d} refuses it)")
-    print("\nBest design at each N: " + ", ".join(
-        f"{n}: {max((r for r in rows if r['GPUs'] == n), key=lambda r: r['scaling'])['design']}"
-        for n in worlds))
+    text = report(rows, refused, measured, args, worlds)
+    page = write_out(Path(args.out), text, rows, measured) if args.out else None
+    print(text)  # after the files: a folder that cannot be written is the one line
     if args.chart:
         print(f"written: {args.chart}")
+    if page is not None:
+        print(f"written: {display(page.parent / 'costmodel.md')}, costmodel.png")
+        print(f"page: {display(page)} (open it in a browser)")
     return 0
+
+
+def report(rows: list[dict], refused: dict, measured: dict, args, worlds: list[int]) -> str:
+    """What the command prints (and writes with --out): where the prediction comes from,
+    the table, the designs not predicted, the best design at each N."""
+    one = next(r["step ms median"] for r in measured["steps"] if r["design"] == "one")
+    lines = [f"Predicted, not measured: from one GPU's step of {one:.2f} ms ({args.measured}: "
+             f"{measured.get('device')}, torch {measured.get('torch')}, "
+             f"{measured.get('loss', 'kernel/triton')}, commit "
+             f"{(measured.get('commit') or '')[:7] or 'not recorded'}), NVLink "
+             f"{args.nvlink_gbs:.0f} GB/s inside a host of {args.gpus_per_host}, network "
+             f"{args.network_gbs:.0f} GB/s across, contention {CONTENTION:.2f}; the "
+             "measured steps beside them are results/several-gpus.md's\n", table(rows)]
+    lines += [f"not predicted: {d} on {n} GPUs ({why}; --parallel {d} refuses it)"
+              for (d, n), why in refused.items()]
+    lines.append("\nBest design at each N: " + ", ".join(
+        f"{n}: {max((r for r in rows if r['GPUs'] == n), key=lambda r: r['scaling'])['design']}"
+        for n in worlds))
+    return "\n".join(lines)
+
+
+def write_out(out: Path, text: str, rows: list[dict], measured: dict) -> Path:
+    """--out: costmodel.md, costmodel.png and the folder's index.html, in a new folder (or
+    one that holds no costmodel.md yet); returns the page's path."""
+    from core.files import write_whole
+    from profiling import report_page
+    if (out / "costmodel.md").exists():
+        raise UserError(f"--out {out} already holds a cost model: choose a new folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_whole(out / "costmodel.md", text + "\n")
+        chart(rows, out / "costmodel.png", f"predicted from {measured.get('device')}")
+        page = report_page.write_study(out, text)
+    except OSError as exc:
+        raise UserError(f"--out {out}: {exc.strerror or exc}") from None
+    return page
 
 
 main = command(_main)

@@ -141,3 +141,21 @@ def test_a_design_that_refuses_the_world_is_not_predicted(capsys):
     assert "Best design at each N: 3: ddp" in out
     assert cm.cannot_apply("tp2d", 12, 16384, 8) == "12 GPUs are not whole hosts of 8"
     assert cm.cannot_apply("tp2d", 16, 16384, 8) is None
+
+
+def test_out_writes_the_table_its_chart_and_a_page(tmp_path, capsys):
+    out = tmp_path / "cm"
+    assert cm.main(["--worlds", "2,4", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1] == f"page: {out / 'index.html'} (open it in a browser)"
+    assert (out / "costmodel.md").read_text().startswith("Predicted, not measured: ")
+    page = (out / "index.html").read_text()
+    assert "<th>predicted step ms</th>" in page and "src='costmodel.png'" in page
+    assert (out / "costmodel.png").stat().st_size > 1000
+    # Never over another cost model, and an unwritable folder: one line, nothing printed.
+    for folder, why in ((out, "already holds a cost model"), (tmp_path / "f" / "x", "")):
+        if not why:
+            (tmp_path / "f").write_text("a file, not a folder")
+        assert cm.main(["--worlds", "2", "--out", str(folder)]) == 2
+        got, err = capsys.readouterr()
+        assert got == "" and len(err.strip().splitlines()) == 1 and why in err, err
