@@ -28,7 +28,8 @@ td, th { border: 1px solid #ccc; padding: 3px 8px; text-align: right }
 td:first-child, th:first-child { text-align: left }
 .status { padding: 6px 12px; background: #fff3cd; border: 1px solid #ffe69c }
 .facts li { margin: 3px 0 } code, pre { background: #f4f4f4; padding: 1px 4px }
-pre { padding: 8px; overflow-x: auto } .wide { overflow-x: auto } img { max-width: 100%; border: 1px solid #ddd }
+pre { padding: 8px; overflow-x: auto } .wide { overflow-x: auto }
+img { max-width: 100%; border: 1px solid #ddd }
 """
 
 
