@@ -219,9 +219,33 @@ class ProfiledRun:
         self.memory_timeline: dict | None = None  # and the profiler's, by category
         self.clocks = None  # rank 0's GPU: its clocks over the sustained steps
         self.clocks_summary: dict | None = None
+        self.writer = self.profiler = None  # made by __enter__
 
     # -- the loop's side -------------------------------------------------------------
     def __enter__(self):
+        try:
+            return self._enter()
+        except BaseException:
+            self._undo_enter()
+            raise
+
+    def _undo_enter(self) -> None:
+        """An __enter__ cut short (a Ctrl-C or SIGTERM as it ran, or an error) leaves no
+        folder: no __exit__ follows it, and a SIGTERM between the folder's making and the
+        writer's left an empty, unmarked one (1 of 150 moments of a short run's life,
+        under load). Nothing was profiled, so nothing is kept."""
+        for undo in (lambda: self.profiler is not None and self.profiler.__exit__(None, None,
+                                                                                   None),
+                     lambda: self.writer is not None and _close_ending(self.writer)):
+            try:
+                undo()
+            except Exception:  # noqa: BLE001 (the first error is the one to report)
+                pass
+        if self.dir is not None and self.ranks.main:
+            run_folder.remove(self.dir)
+            job_notes.settled()
+
+    def _enter(self):
         from torch.utils.tensorboard import SummaryWriter
         ranks = self.ranks
         # Rank 0 names the folder (never an existing one); every rank writes into it.

@@ -73,6 +73,26 @@ def test_an_error_in_the_data_keeps_the_profiled_steps_and_the_traceback(
     assert [p.name for p in tmp_path.iterdir()] == ["run-failed"]
 
 
+@pytest.mark.parametrize("where", ["writer", "profiler"])
+def test_a_signal_as_the_run_starts_leaves_no_folder(tmp_path, monkeypatch, where):
+    """A SIGTERM between the folder's making and the end of ProfiledRun.__enter__ (the
+    writer's start, the profiler's) left an empty, unmarked folder: no __exit__ follows
+    an __enter__ that raised (1 of 150 moments of a short run's life, under load)."""
+    import torch.utils.tensorboard
+
+    import profiling.harness
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt("SIGTERM")
+    if where == "writer":
+        monkeypatch.setattr(torch.utils.tensorboard, "SummaryWriter", interrupted)
+    else:
+        monkeypatch.setattr(profiling.harness, "make_profiler", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--run-name", "run"]))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_bug_before_any_profiled_step_keeps_only_its_traceback(tmp_path, monkeypatch):
     _break_dataset_at(monkeypatch, 0)
     with pytest.raises(RunFailed) as failed:
