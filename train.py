@@ -24,7 +24,14 @@ from dataclasses import dataclass
 
 from core.cli import config_parser, option
 from core.commands import leave
-from core.errors import ProjectError, UserError, exit_code, interruption, one_line
+from core.errors import (
+    ProjectError,
+    UserError,
+    exit_code,
+    interruption,
+    one_line,
+    wrapped_interrupt,
+)
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
 from core.phases import phase
@@ -439,6 +446,10 @@ def main(argv=None) -> int:
         _report(interruption(exc) if isinstance(exc, KeyboardInterrupt) else one_line(exc))
         return exit_code(exc)
     except Exception as exc:  # a bug: its traceback stays
+        if (interrupt := wrapped_interrupt(exc)) is not None:  # Python wrapped a signal's
+            ignore_stop_signals()
+            _report(interruption(interrupt))
+            return exit_code(interrupt)
         from_env().leave_error(f"{type(exc).__name__}: {one_line(exc)} (a bug: its "
                                "traceback is in the job's output)")
         raise

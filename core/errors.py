@@ -115,6 +115,26 @@ def report_errors(run, *args, report=None) -> int:
             raise
         (report or print_error)(one_line(exc))
         return 1
+    except Exception as exc:
+        interrupt = wrapped_interrupt(exc)
+        if interrupt is None:
+            raise
+        raise interrupt from None  # a Ctrl-C or SIGTERM, however Python wrapped it
+
+
+def wrapped_interrupt(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (a Ctrl-C or SIGTERM: core/signals.py) that exc was raised
+    from, if any. Python 3.11 wraps what a __set_name__ raises in a RuntimeError: a SIGTERM
+    whose handler ran inside a functools.cached_property's __set_name__, as make compare
+    imported a module 2 s into its life, printed 56 lines of traceback (1 of 1,300
+    moments)."""
+    seen: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in seen):
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.append(exc)
+        exc = exc.__cause__
+    return None
 
 
 # What the file system, not the code, refused: a full disk or quota, a read-only one, a

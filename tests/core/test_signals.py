@@ -55,3 +55,43 @@ def test_a_held_signal_comes_through_at_the_end(stop_once_here):
             os.kill(os.getpid(), signal.SIGTERM)
             seen = "held"  # reached: the signal did not cut the block
     assert seen == "held" and signals.stop_signal() == "SIGTERM"
+
+
+def test_a_signal_that_python_wrapped_is_still_an_interruption(capsys):
+    """Python 3.11 wraps what a __set_name__ raises in a RuntimeError: a SIGTERM whose
+    handler ran inside a cached_property's __set_name__ (a module imported 2 s into make
+    compare's life) printed 56 lines of traceback. A command's main and train.main now
+    see the KeyboardInterrupt it came from."""
+    import functools
+
+    import train
+    from core.commands import command
+    from core.errors import wrapped_interrupt
+
+    class Interrupting(functools.cached_property):
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt("SIGTERM")
+
+    def body(argv):
+        type("Made", (), {"x": Interrupting(lambda self: 1)})
+
+    try:
+        body(None)
+    except BaseException as exc:  # noqa: BLE001 (whatever this Python raises)
+        made = exc
+    assert isinstance(wrapped_interrupt(made), KeyboardInterrupt)
+    assert wrapped_interrupt(RuntimeError("a bug")) is None
+    with pytest.raises(KeyboardInterrupt):
+        command(body)([])
+
+    def run(cfg):
+        body(None)
+    import unittest.mock
+    kept = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:  # train.main sets this process's handlers: pytest's are put back
+        with unittest.mock.patch.object(train, "run", run):
+            assert train.main(["--preset", "cpu"]) == 130
+    finally:
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
+    assert capsys.readouterr().err.strip().splitlines() == ["error: interrupted (SIGTERM)"]
