@@ -221,10 +221,11 @@ def _main(argv) -> int:
             return 0  # rank 0 writes the comparison
         # Kept so that a rebuild from these run folders lists the skipped runs too.
         write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
-    print(write_comparison(out, runs, skipped))
+    table = write_comparison(out, runs, skipped)
+    print(table)
     print(f"written: {display(out / 'comparison.md')}, comparison.csv, comparison.png, "
           "comparison/")
-    write_page(out, (out / "comparison.md").read_text())
+    write_page(out, table)
     failed = [r for r in skipped if "the run failed" in str(r.get("profiled steps"))]
     if failed:
         print(f"error: {len(failed)} of {len(failed) + len(runs)} runs failed (their rows "

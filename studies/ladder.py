@@ -332,9 +332,10 @@ def _main(argv) -> int:
         run_groups(out, train_args, args.strategies, plan_strategies, runs, skipped)
     except KeyboardInterrupt as exc:
         raise _keep_partial(out, runs, skipped, planned, exc) from None
-    print(write_ladder(out, runs, skipped))
+    table = write_ladder(out, runs, skipped)
+    print(table)
     print(f"written: {display(out / 'ladder.md')}, ladder.csv, ladder-kernels.md, ladder.png")
-    write_page(out, (out / "ladder.md").read_text())
+    write_page(out, table)
     return outcome(skipped, "step GPU ms", len(runs), "rungs")
 
 

@@ -221,13 +221,14 @@ def _main(argv) -> int:
         # The points measured so far are kept, marked; an empty folder is not left.
         raise _keep_partial(out, rows, args, time.time() - started, exc) from None
     write_whole(out / "sweep.csv", csv_text(COLUMNS, rows))
-    write_whole(out / "sweep.md", markdown(rows, args, time.time() - started))
+    table = markdown(rows, args, time.time() - started)
+    write_whole(out / "sweep.md", table)
     sweep_chart(rows, out / "sweep.png", args.preset)
     failed = sum(r["status"].startswith("failed") for r in rows)
     print(f"sweep done in {time.time() - started:.0f} s: {display(out)}/sweep.md, sweep.csv, "
           f"sweep.png" + (f"; {failed} points failed (rows in the table)" if failed else ""),
           flush=True)
-    write_page(out, (out / "sweep.md").read_text())
+    write_page(out, table)
     return 1 if failed else 0
 
 
