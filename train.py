@@ -426,6 +426,15 @@ def _report(line: str) -> None:
         print(f"error: {where}{line}", file=sys.stderr)
 
 
+def _ended_early(exc: BaseException) -> int:
+    """Ctrl-C (the harness's RunInterrupted, or before the run), a user's mistake, a
+    backend this machine lacks, a run that failed (its line says where its files went):
+    core/errors.py gives each its line and exit code."""
+    ignore_stop_signals()
+    _report(interruption(exc) if isinstance(exc, KeyboardInterrupt) else one_line(exc))
+    return exit_code(exc)
+
+
 def main(argv=None) -> int:
     survive_closed_stdout()  # `| head` ends no run (core/output.py)
     stop_once()  # Ctrl-C or SIGTERM ends a run, once
@@ -439,17 +448,10 @@ def main(argv=None) -> int:
         # traceback or a death by signal; noted, it turns the 0 into 130 (leave).
         note_stop_signals()
     except (KeyboardInterrupt, ProjectError) as exc:
-        ignore_stop_signals()
-        # Ctrl-C (the harness's RunInterrupted, or before the run), a user's mistake, a
-        # backend this machine lacks, a run that failed (its line says where its files
-        # went): core/errors.py gives each its line and exit code.
-        _report(interruption(exc) if isinstance(exc, KeyboardInterrupt) else one_line(exc))
-        return exit_code(exc)
+        return _ended_early(exc)
     except Exception as exc:  # a bug: its traceback stays
         if (interrupt := wrapped_interrupt(exc)) is not None:  # Python wrapped a signal's
-            ignore_stop_signals()
-            _report(interruption(interrupt))
-            return exit_code(interrupt)
+            return _ended_early(interrupt)
         from_env().leave_error(f"{type(exc).__name__}: {one_line(exc)} (a bug: its "
                                "traceback is in the job's output)")
         raise
