@@ -22,6 +22,8 @@ ARGS ?=
 # NODES=H > 1: H hosts, each running the same command with its own GPUS, meeting at
 # RDZV=host:port (torchrun's c10d rendezvous; the first host's address, say), each waiting
 # at most RDZV_WAIT seconds for the others.
+# Where no NVIDIA GPU is, the venv takes torch's CPU build from this index (see Set-up).
+TORCH_INDEX ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,https://download.pytorch.org/whl/cpu)
 GPUS ?= 1
 NODES ?= 1
 RDZV ?=
@@ -113,9 +115,18 @@ tensorboard: $(SETUP)
 setup: $(SETUP)
 
 # PIP_CONSTRAINT, where set, narrows the versions (CI pins triton: .ci/constraints.txt).
+# TORCH_INDEX, where reachable, is searched beside the default index: its 2.13.0+cpu
+# outranks the public 2.13.0 (CUDA, 5 GB). It is probed first (5 s) because pip would
+# otherwise retry an unreachable index for minutes; unreachable, the default index serves.
 .venv/.installed: requirements-cpu.txt requirements-hta.txt
 	python3 -m venv .venv
-	.venv/bin/pip install -q -r requirements-cpu.txt
+	@extra=; if [ -n "$(TORCH_INDEX)" ]; then \
+	  if python3 -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/torch/', timeout=5)" \
+	    2>/dev/null; then extra="--extra-index-url $(TORCH_INDEX)"; \
+	    echo "make: torch from $(TORCH_INDEX) (make TORCH_INDEX= takes the default index's build)"; \
+	  else echo "make: $(TORCH_INDEX) unreachable; torch from the default index"; fi; fi; \
+	echo ".venv/bin/pip install -q $$extra -r requirements-cpu.txt"; \
+	.venv/bin/pip install -q $$extra -r requirements-cpu.txt
 	.venv/bin/pip install -q --no-deps -r requirements-hta.txt
 	touch $@
 
