@@ -27,3 +27,34 @@ def test_without_cuda_a_phase_is_the_profilers_range_alone(monkeypatch):
         with phases.phase("forward"):
             torch.ones(2).sum()
     assert "forward" in {e.name for e in prof.events()}
+
+
+@pytest.mark.gpu
+def test_ncu_profiles_one_phases_kernels_by_its_nvtx_range(tmp_path):
+    """On the device, the ranges are what Nsight Compute filters by: under `--nvtx
+    --nvtx-include loss/` it profiles the fused loss's forward kernels and none of the same
+    step's others: not the loss's backward kernel (in loss_backward), not a GEMM."""
+    import subprocess
+    import sys
+
+    from studies import ncu
+    from tests.helpers import REPO, SMALL
+    try:
+        tool = ncu.find_ncu()
+    except ncu.UserError:
+        pytest.skip("ncu is not installed here")
+    raw = tmp_path / "raw.csv"
+    done = subprocess.run(
+        [tool, "--target-processes", "all", "--nvtx", "--nvtx-include", "loss/",
+         "--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw", "--log-file",
+         str(raw), sys.executable, "train.py", *SMALL, "--loss", "kernel", "--backend",
+         "cuda", "--out-dir", str(tmp_path / "runs")],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    if "ERR_NVGPUCTRPERM" in done.stdout + done.stderr:
+        pytest.skip("ncu may not read this GPU's counters")
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = {ncu.short_name(k["Kernel Name"]).split("<")[0]
+               for k in ncu.read_raw(raw.read_text())}
+    assert "giou_fwd_kernel" in kernels, kernels
+    assert "giou_bwd_kernel" not in kernels, kernels
+    assert not {k for k in kernels if "gemm" in k.lower() or "nvjet" in k}, kernels
