@@ -2,11 +2,14 @@
 bars' labels, a panel with nothing measured, and the caveat of a CPU run (its times say
 nothing about a GPU).
 
-    compare_chart(rows, path)     make compare: the loss's cost (forward), the step's (train)
-    ladder_chart(rows, path)      make ladder: step time per rung and strategy
-    sweep_chart(rows, path, preset)  make sweep: log-log panels per axis
-    throughput_chart(rows, path)  make throughput: sustained samples/s against the GPU's rate
-    step_times_chart(runs, path)  make throughput: each run's step times, step by step
+    compare_chart(rows, path, where)     make compare: the loss's cost (forward), the step's
+    ladder_chart(rows, path, where, goal)  make ladder: step time per rung and strategy
+    sweep_chart(rows, path, where, preset)  make sweep: log-log panels per axis
+    throughput_chart(rows, path, where)  make throughput: sustained samples/s against the GPU's
+    step_times_chart(runs, path, where)  make throughput: each run's step times, step by step
+
+Every chart's top line says where its figures were measured (`where`: where_of's device and
+commit), so that a picture copied into a doc still says what it shows.
 """
 
 from pathlib import Path
@@ -33,6 +36,22 @@ def _save(plt, fig, path: Path, dpi: int) -> None:
         plt.close(fig)
 
 
+def where_of(environments) -> str:
+    """'<device>, commit <hash>' of the runs a chart draws (summary.json's environment),
+    each distinct one once; a commit with uncommitted changes says so."""
+    seen = []
+    for env in environments:
+        env = env or {}
+        commit = (env.get("commit") or "")[:7] or "not recorded"
+        seen.append(f"{env.get('device') or 'device not recorded'}, commit {commit}"
+                    + (" with changes" if env.get("dirty") else ""))
+    return "; ".join(dict.fromkeys(seen)) or "nothing measured"
+
+
+def _headline(fig, where: str, note: str = "") -> None:
+    fig.suptitle("\n".join(filter(None, [note, where])), fontsize=9)
+
+
 def _label_bars(ax, xs, values, fontsize: int) -> None:
     for x, v in zip(xs, values):
         if v:
@@ -55,7 +74,7 @@ def _no_runs(ax, title: str) -> None:
 WIDE = 20  # a panel whose bars are further apart than this goes to a log axis, and says so
 
 
-def compare_chart(rows: list[dict], path: Path) -> None:
+def compare_chart(rows: list[dict], path: Path, where: str) -> None:
     """Left: the loss range's CPU time in forward mode (the original's figure), on a log
     axis only where its bars are over WIDE times apart (its title says so).
     Right: the train step's GPU and CPU time per strategy. The step, not the loss: with a
@@ -100,12 +119,11 @@ def compare_chart(rows: list[dict], path: Path) -> None:
         right.tick_params(axis="x", rotation=35)
     else:
         _no_runs(right, title)
-    if not on_gpu:
-        fig.suptitle(CPU_NOTE)
+    _headline(fig, where, "" if on_gpu else CPU_NOTE)
     _save(plt, fig, path, dpi=110)
 
 
-def ladder_chart(rows: list[dict], path: Path, goal_ms: float) -> None:
+def ladder_chart(rows: list[dict], path: Path, where: str, goal_ms: float) -> None:
     """Step time per rung, one bar group per strategy; GPU time where there is a GPU (with
     the goal drawn), CPU time otherwise."""
     plt = _pyplot()
@@ -131,12 +149,13 @@ def ladder_chart(rows: list[dict], path: Path, goal_ms: float) -> None:
     ax.set_ylabel(f"{key.replace(' ms', '')} ms per step")
     ax.set_title("train step, speed-ups added one at a time" +
                  ("" if on_gpu else f" ({CPU_NOTE})"))
+    _headline(fig, where)
     if measured:
         ax.legend()
     _save(plt, fig, path, dpi=110)
 
 
-def sweep_chart(rows: list[dict], path: Path, preset: str) -> None:
+def sweep_chart(rows: list[dict], path: Path, where: str, preset: str) -> None:
     """Log-log panels, one column per axis: the GPU's work per call (top) and the elapsed
     time per call (bottom); each strategy's median with its p20-p80 bar. On a CPU (the
     cpu preset) one row: the host's time per call, as no GPU work exists to draw."""
@@ -183,11 +202,11 @@ def sweep_chart(rows: list[dict], path: Path, preset: str) -> None:
     grid[0][0].legend([handles[s] for s in colours if s in handles],
                       [s for s in colours if s in handles], fontsize=7)
     note = f" ({CPU_NOTE}: Triton's interpreter)" if preset == "cpu" else ""
-    fig.suptitle("GIoU loss alone, forward + backward: median with p20-p80" + note)
+    _headline(fig, where, "GIoU loss alone, forward + backward: median with p20-p80" + note)
     _save(plt, fig, path, dpi=100)
 
 
-def throughput_chart(rows: list[dict], path: Path) -> None:
+def throughput_chart(rows: list[dict], path: Path, where: str) -> None:
     """Per strategy, the samples/s it sustained over the run beside the GPU's own rate
     (the batch over its profiled GPU work), the share written above."""
     plt = _pyplot()
@@ -216,10 +235,11 @@ def throughput_chart(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("samples per second")
     ax.set_title("sustained over the run against the GPU's own rate" +
                  (f"\n({CPU_NOTE})" if on_cpu else ""))
+    _headline(fig, where)
     _save(plt, fig, path, dpi=110)
 
 
-def step_times_chart(runs: list[tuple[str, list[dict]]], path: Path) -> None:
+def step_times_chart(runs: list[tuple[str, list[dict]]], path: Path, where: str) -> None:
     """Each run's step times over the run (summary.json's step_times; the device's clock
     where there is one, else the host's), one line per run: the steps a user sees, the
     slow ones included. The y axis stops at five times the slowest run's median, so that
@@ -242,6 +262,7 @@ def step_times_chart(runs: list[tuple[str, list[dict]]], path: Path) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("ms per step (device)" if not on_cpu else "ms per step (host wall)")
     ax.set_title("every step of each run" + (f"\n({CPU_NOTE})" if on_cpu else ""))
+    _headline(fig, where)
     _save(plt, fig, path, dpi=110)
 
 

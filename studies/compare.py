@@ -32,7 +32,7 @@ from core.names import MODES, describe, parse_variants, variants
 from core.run_folder import display
 from core.tables import csv_text, markdown_of_dicts
 from kernels.giou.cuda_extension import unavailable_reason
-from studies.charts import compare_chart
+from studies.charts import compare_chart, where_of
 from studies.common import (
     SKIPPED,
     attempt,
@@ -115,7 +115,8 @@ def write_comparison(out: Path, runs: list[Path], skipped: list[dict], note: str
         table = f"{note}\n\n{table}"
     write_whole(out / "comparison.md", table + "\n")
     write_whole(out / "comparison.csv", csv_text(columns, rows))
-    compare_chart(rows, out / "comparison.png")
+    compare_chart(rows, out / "comparison.png",
+                  where_of(s.get("environment") for s in summaries))
     from torch.utils.tensorboard import SummaryWriter
     with SummaryWriter(str(out / "comparison")) as writer:
         writer.add_text("comparison", table, 0)

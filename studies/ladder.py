@@ -34,7 +34,7 @@ from core.tables import csv_text, markdown_of_dicts
 from kernels.giou.cuda_extension import unavailable_reason
 from profiling import flops
 from profiling.trace_summary import step_device_ms
-from studies.charts import ladder_chart
+from studies.charts import ladder_chart, where_of
 from studies.common import (
     SKIPPED,
     attempt,
@@ -276,7 +276,8 @@ def write_ladder(out: Path, runs: dict, skipped: list[dict], note: str = "") -> 
     write_whole(out / "ladder.md", table + "\n")
     write_whole(out / "ladder.csv", csv_text(columns, rows))
     write_whole(out / "ladder-kernels.md", kernel_changes(runs))
-    ladder_chart(rows, out / "ladder.png", GOAL_MS)
+    where = where_of(load_summary(path).get("environment") for path in runs.values())
+    ladder_chart(rows, out / "ladder.png", where, GOAL_MS)
     return table
 
 

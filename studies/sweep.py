@@ -34,7 +34,8 @@ from core.names import describe, parse_variants, variants
 from core.run_folder import display
 from core.tables import csv_text
 from kernels.giou.cuda_extension import unavailable_reason
-from studies.charts import sweep_chart
+from profiling.environment import environment
+from studies.charts import sweep_chart, where_of
 from studies.common import fresh_out, keep_interrupted, write_page
 from studies.sweep_point import measure, samples, sigma_label
 from studies.sweep_report import markdown, read_rows
@@ -192,6 +193,17 @@ def _progress(row: dict) -> str:
             f"{row['launches']:g} launches, {row['boxes per image']:.3g} boxes/image")
 
 
+def _where_measured(folder: Path) -> str:
+    """The device and commit sweep.md's first line names (markdown() writes it), for a
+    redrawn chart's title; what it cannot read it says."""
+    import re
+    md = folder / "sweep.md"
+    found = re.search(r"^Device (.+?), torch .*?, commit (\w+)",
+                      md.read_text(errors="replace") if md.is_file() else "", re.M)
+    return (where_of([{"device": found[1], "commit": found[2]}]) if found
+            else f"{display(folder)}/sweep.md names no device")
+
+
 def _redraw(folder: Path) -> int:
     if not (folder / "sweep.csv").exists():
         raise UserError(f"no sweep.csv in {folder}")
@@ -203,7 +215,7 @@ def _redraw(folder: Path) -> int:
         raise UserError(f"{folder / 'sweep.csv'} is not a sweep's table (" +
                         (f"no column {missing[0]!r})" if rows else "no rows)"))
     preset = "cpu" if any("CPU wall" in r["timer"] for r in rows) else "gpu"
-    sweep_chart(rows, folder / "sweep.png", preset)
+    sweep_chart(rows, folder / "sweep.png", _where_measured(folder), preset)
     print(f"redrawn: {display(folder)}/sweep.png")
     return 0
 
@@ -223,7 +235,7 @@ def _main(argv) -> int:
     write_whole(out / "sweep.csv", csv_text(COLUMNS, rows))
     table = markdown(rows, args, time.time() - started)
     write_whole(out / "sweep.md", table)
-    sweep_chart(rows, out / "sweep.png", args.preset)
+    sweep_chart(rows, out / "sweep.png", where_of([environment()]), args.preset)
     failed = sum(r["status"].startswith("failed") for r in rows)
     print(f"sweep done in {time.time() - started:.0f} s: {display(out)}/sweep.md, sweep.csv, "
           f"sweep.png" + (f"; {failed} points failed (rows in the table)" if failed else ""),

@@ -45,9 +45,10 @@ from core.names import RAGGED, describe, parse_variants, variants
 from core.run_folder import display
 from core.tables import csv_text, markdown_of_dicts
 from kernels.giou.cuda_extension import unavailable_reason
+from profiling.environment import environment
 from profiling.gpu_clocks import held_under_load
 from profiling.trace_summary import step_device_ms
-from studies.charts import step_times_chart, throughput_chart
+from studies.charts import step_times_chart, throughput_chart, where_of
 from studies.common import (
     PACE_COLUMNS,
     SKIPPED,
@@ -330,8 +331,9 @@ def write_tables(out: Path, rows: list, skipped: list, runs: list, note: str = "
         table = f"{note}\n\n{table}"
     write_whole(out / "throughput.md", table + "\n")
     write_whole(out / "throughput.csv", csv_text(columns, rows + skipped))
-    throughput_chart(rows, out / "throughput.png")
-    step_times_chart(runs, out / "steps.png")
+    where = where_of([environment()])  # the runs ran in this process
+    throughput_chart(rows, out / "throughput.png", where)
+    step_times_chart(runs, out / "steps.png", where)
     write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
     print(table)
     print(f"written: {display(out / 'throughput.md')}, throughput.csv, throughput.png, "

@@ -58,8 +58,9 @@ CPU_ROWS = [{"strategy": s, "mode": "train", "step CPU ms": ms, "step GPU ms": N
 
 
 def test_the_comparison_chart_on_a_cpu_says_so_and_draws_no_gpu_bars(tmp_path, monkeypatch):
-    fig = _drawn(monkeypatch, lambda: charts.compare_chart(CPU_ROWS, tmp_path / "c.png"))
-    assert fig._suptitle.get_text() == charts.CPU_NOTE
+    fig = _drawn(monkeypatch, lambda: charts.compare_chart(CPU_ROWS, tmp_path / "c.png",
+                                                           "CPU here"))
+    assert fig._suptitle.get_text() == f"{charts.CPU_NOTE}\nCPU here"
     right = fig.axes[1]
     assert [t.get_text() for t in right.get_legend().get_texts()] == ["step CPU"]
     assert "no GPU times here" in right.get_title()
@@ -67,10 +68,30 @@ def test_the_comparison_chart_on_a_cpu_says_so_and_draws_no_gpu_bars(tmp_path, m
 
 def test_the_comparison_chart_on_a_gpu_has_both_bars(tmp_path, monkeypatch):
     rows = [dict(r, **{"step GPU ms": 2.0}) for r in CPU_ROWS]
-    fig = _drawn(monkeypatch, lambda: charts.compare_chart(rows, tmp_path / "c.png"))
-    assert fig._suptitle is None
+    fig = _drawn(monkeypatch, lambda: charts.compare_chart(rows, tmp_path / "c.png", "H200"))
+    assert fig._suptitle.get_text() == "H200"
     assert [t.get_text() for t in fig.axes[1].get_legend().get_texts()] == ["step GPU",
                                                                             "step CPU"]
+
+
+def test_every_chart_names_the_device_and_commit_of_its_figures(tmp_path, monkeypatch):
+    """A picture copied into a doc still says where it was measured: each chart's top line
+    is where_of its runs' environments."""
+    where = charts.where_of([{"device": "NVIDIA H200", "commit": "2c7a526abcdef"},
+                             {"device": "NVIDIA H200", "commit": "2c7a526abcdef"},
+                             {"device": "NVIDIA H100 80GB HBM3", "commit": "0f754f6",
+                              "dirty": True}, None])
+    assert where == ("NVIDIA H200, commit 2c7a526; NVIDIA H100 80GB HBM3, commit 0f754f6 "
+                     "with changes; device not recorded, commit not recorded")
+    assert charts.where_of([]) == "nothing measured"
+    ladder = [{"strategy": "padded", "rung": "baseline", "step CPU ms": 3.0}]
+    steps = [("padded", [{"step": i, "device_ms": None, "host_ms": 2.0} for i in range(3)])]
+    throughput = [{"strategy": "padded", "sustained samples/s": 10.0, "timer": "host wall"}]
+    for draw in (lambda: charts.compare_chart(CPU_ROWS, tmp_path / "c.png", where),
+                 lambda: charts.ladder_chart(ladder, tmp_path / "l.png", where, 18.0),
+                 lambda: charts.throughput_chart(throughput, tmp_path / "t.png", where),
+                 lambda: charts.step_times_chart(steps, tmp_path / "s.png", where)):
+        assert _drawn(monkeypatch, draw)._suptitle.get_text().endswith(where)
 
 
 def test_the_comparison_chart_draws_close_steps_close(tmp_path, monkeypatch):
@@ -80,12 +101,12 @@ def test_the_comparison_chart_draws_close_steps_close(tmp_path, monkeypatch):
     rows = [{"strategy": s, "mode": m, "step CPU ms": ms, "step GPU ms": None,
              "loss CPU ms": ms} for s, ms in (("padded", 550.0), ("nested", 569.0))
             for m in ("train", "forward")]
-    fig = _drawn(monkeypatch, lambda: charts.compare_chart(rows, tmp_path / "c.png"))
+    fig = _drawn(monkeypatch, lambda: charts.compare_chart(rows, tmp_path / "c.png", "H200"))
     left, right = fig.axes[:2]
     assert right.get_yscale() == "linear" and right.get_ylim()[0] == 0
     assert left.get_yscale() == "linear" and "log" not in left.get_title()
     rows[1]["loss CPU ms"] = 550.0 * (charts.WIDE + 1)
-    fig = _drawn(monkeypatch, lambda: charts.compare_chart(rows, tmp_path / "c.png"))
+    fig = _drawn(monkeypatch, lambda: charts.compare_chart(rows, tmp_path / "c.png", "H200"))
     assert fig.axes[0].get_yscale() == "log" and "(log scale)" in fig.axes[0].get_title()
 
 
@@ -94,12 +115,12 @@ def test_the_sweep_chart_on_a_cpu_has_one_row_of_host_times(tmp_path, monkeypatc
            "capacity": 8, "sigma": "1", "boxes per image": 1.0}
     for key in ("GPU", "elapsed"):
         row.update({f"{key} ms": 1.0, f"{key} p20 ms": 0.9, f"{key} p80 ms": 1.1})
-    cpu = _drawn(monkeypatch, lambda: charts.sweep_chart([row], tmp_path / "s.png", "cpu"))
+    cpu = _drawn(monkeypatch, lambda: charts.sweep_chart([row], tmp_path / "s.png", "here", "cpu"))
     titles = [ax.get_title() for ax in cpu.axes]
     assert titles and not any("GPU" in t for t in titles)
     assert all(t.startswith("host") for t in titles)
     assert charts.CPU_NOTE in cpu._suptitle.get_text()
-    gpu = _drawn(monkeypatch, lambda: charts.sweep_chart([row], tmp_path / "s.png", "gpu"))
+    gpu = _drawn(monkeypatch, lambda: charts.sweep_chart([row], tmp_path / "s.png", "here", "gpu"))
     assert len(gpu.axes) == 2 * len(cpu.axes)
 
 
@@ -112,7 +133,7 @@ def test_the_sweep_chart_takes_a_quantile_past_its_median_by_a_rounding(tmp_path
     for key in ("GPU", "elapsed"):
         row.update({f"{key} ms": 0.00736, f"{key} p20 ms": 0.00736 + 8.7e-19,
                     f"{key} p80 ms": 0.00736 - 1e-19})
-    fig = _drawn(monkeypatch, lambda: charts.sweep_chart([row], tmp_path / "s.png", "gpu"))
+    fig = _drawn(monkeypatch, lambda: charts.sweep_chart([row], tmp_path / "s.png", "here", "gpu"))
     assert len(fig.axes) == 2 * len(charts.AXIS_TITLES)
 
 

@@ -102,6 +102,12 @@ def test_a_failing_point_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch, c
     (out / "sweep.png").unlink()
     assert sweep.main(["--redraw", str(out)]) == 0
     assert (out / "sweep.png").stat().st_size > 0
+    # Its title names the device and commit sweep.md recorded, not this machine's now.
+    from profiling.environment import environment
+    env = environment()
+    assert sweep._where_measured(out) == \
+        f"{env['device']}, commit {(env['commit'] or '')[:7] or 'not recorded'}"
+    assert sweep._where_measured(tmp_path).endswith("sweep.md names no device")
     assert sweep.main(["--redraw", str(tmp_path)]) == 2
     assert "no sweep.csv in" in capsys.readouterr().err
 
