@@ -34,6 +34,7 @@ def test_ncu_profiles_one_phases_kernels_by_its_nvtx_range(tmp_path):
     """On the device, the ranges are what Nsight Compute filters by: under `--nvtx
     --nvtx-include loss/` it profiles the fused loss's forward kernels and none of the same
     step's others: not the loss's backward kernel (in loss_backward), not a GEMM."""
+    import os
     import subprocess
     import sys
 
@@ -43,13 +44,15 @@ def test_ncu_profiles_one_phases_kernels_by_its_nvtx_range(tmp_path):
         tool = ncu.find_ncu()
     except ncu.UserError:
         pytest.skip("ncu is not installed here")
-    raw = tmp_path / "raw.csv"
+    raw, scratch = tmp_path / "raw.csv", tmp_path / "scratch"
+    scratch.mkdir()  # ncu leaves a folder of its own (nvidia/) in TMPDIR: a private one
     done = subprocess.run(
         [tool, "--target-processes", "all", "--nvtx", "--nvtx-include", "loss/",
          "--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw", "--log-file",
          str(raw), sys.executable, "train.py", *SMALL, "--loss", "kernel", "--backend",
          "cuda", "--out-dir", str(tmp_path / "runs")],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "TMPDIR": str(scratch)})
     if "ERR_NVGPUCTRPERM" in done.stdout + done.stderr:
         pytest.skip("ncu may not read this GPU's counters")
     assert done.returncode == 0, done.stderr[-3000:]
