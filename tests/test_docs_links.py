@@ -1,7 +1,9 @@
 """Every file the README, docs/ and results/README.md name exists: a markdown link's target
 (relative to the page), and a path in backquotes whose first folder is one of the
 repository's (`training/ranks.py`). A renamed or removed file left the docs pointing at
-nothing (requirements-cpu.txt named profiling/tb_profiler_compat.py after it moved)."""
+nothing (requirements-cpu.txt named profiling/tb_profiler_compat.py after it moved). A
+link's #anchor names a heading of its page, in results/ and its archive too: a section
+moved to the archive left links to it pointing at nothing."""
 
 import re
 from pathlib import Path
@@ -41,3 +43,38 @@ def test_a_missing_file_is_found(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("see [here](gone.md) and `training/nowhere.py`\n")
     assert [w for w, p in named(page) if not p.exists()] == ["gone.md", "training/nowhere.py"]
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to
+    hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_anchors(pages) -> list[str]:
+    """'page: link' of each link whose #anchor is no heading of the page it names."""
+    found = []
+    for page in pages:
+        for target in LINK.findall(page.read_text()):
+            path, _, anchor = target.partition("#")
+            if not anchor or "://" in path:
+                continue
+            linked = (page.parent / path).resolve() if path else page
+            headings = {slug(line.lstrip("#")) for line in linked.read_text().splitlines()
+                        if line.startswith("#")} if linked.is_file() else set()
+            if anchor not in headings:
+                found.append(f"{page.name}: {target}")
+    return found
+
+
+def test_every_anchor_a_doc_links_to_is_a_heading():
+    pages = PAGES + sorted((REPO / "results").rglob("*.md"))
+    assert broken_anchors(pages) == []
+
+
+def test_a_moved_section_is_found(tmp_path):
+    (tmp_path / "a.md").write_text("# Top\n\n## An epoch (commit 690d2f1)\n")
+    page = tmp_path / "b.md"
+    page.write_text("[here](a.md#an-epoch-commit-690d2f1), [gone](a.md#one-h200), "
+                    "[self](#b-top)\n\n# B top\n")
+    assert broken_anchors([page]) == ["b.md: a.md#one-h200"]
