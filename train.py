@@ -34,7 +34,7 @@ from core.errors import (
 )
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
-from core.phases import phase
+from core.phases import phase, step_range
 from core.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from core.signals import ignore_stop_signals, note_stop_signals, raise_if_stopped, stop_once
 from profiling.scaling import check_baseline
@@ -396,15 +396,16 @@ def _steps(prof, feed, graphed, train_step, reader) -> None:
     for step in prof.steps():
         raise_if_stopped()  # a signal whose KeyboardInterrupt some code swallowed ends here
         t0 = time.perf_counter()
-        if graphed is not None:
-            loss = graphed.step(step, *feed.host())
-        else:
-            loss = train_step(*feed.take())
-        # Copy ahead: the next batch's copies enqueued behind this step's work, on their
-        # own stream; they run while the GPU runs this step. Not after the last planned
-        # step: at an epoch's end the loader would stop its workers inside this step.
-        if step + 1 < prof.total:
-            feed.prepare()
+        with step_range(step):
+            if graphed is not None:
+                loss = graphed.step(step, *feed.host())
+            else:
+                loss = train_step(*feed.take())
+            # Copy ahead: the next batch's copies enqueued behind this step's work, on
+            # their own stream; they run while the GPU runs this step. Not after the last
+            # planned step: at an epoch's end the loader would stop its workers inside it.
+            if step + 1 < prof.total:
+                feed.prepare()
         reader.put(step, loss, t0, feed.waited_ms())
         # Release this step's loss here, outside every phase: kept, it would be freed by
         # the next step's assignment inside its ranges.

@@ -1,8 +1,9 @@
 """A step's phase: a torch.profiler range (what the trace, the table and TensorBoard read)
 and, where CUDA is, an NVTX range of the same name, so that Nsight Systems and Nsight
-Compute (`--nvtx --nvtx-include "loss/"`) can find and filter the step's phases.
+Compute (`--nvtx --nvtx-include "loss/"`) can find and filter the step's phases. A whole
+step is an NVTX range alone, `step N` (the profiler marks it already, as ProfilerStep#N).
 
-    with phase("forward"):
+    with step_range(7), phase("forward"):
         ...
 
 An NVTX push and pop cost about a microsecond each on the host when no tool listens; a
@@ -23,6 +24,20 @@ def phase(name: str):
             yield
         finally:
             torch.cuda.nvtx.range_pop()
+
+
+@contextlib.contextmanager
+def step_range(step: int):
+    """Step `step` (from 0) as an NVTX range, where CUDA is: `--nvtx-include "step 7/"`."""
+    if not _nvtx():
+        yield
+        return
+    import torch
+    torch.cuda.nvtx.range_push(f"step {step}")
+    try:
+        yield
+    finally:
+        torch.cuda.nvtx.range_pop()
 
 
 _NVTX: list[bool] = []

@@ -20,6 +20,23 @@ def test_a_phase_is_an_nvtx_range_where_cuda_is(monkeypatch):
     assert said == ["+backward", "+optimizer", "-", "-", "+loss", "-"]
 
 
+def test_each_step_of_a_run_is_an_nvtx_range_around_its_phases(monkeypatch, tmp_path):
+    """A run's every step, its phases inside, as Nsight Systems would see the pushes and
+    pops (NVTX recorded by hand: no CUDA here)."""
+    import train
+    from tests.helpers import TINY
+    said = []
+    monkeypatch.setattr(phases, "_NVTX", [True])
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: said.append(name))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: said.append("-"))
+    train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
+    steps = [name for name in said if name.startswith("step ")]
+    assert steps == ["step 0", "step 1", "step 2"], said
+    first = said[said.index("step 0"):said.index("step 1")]
+    assert {"forward", "loss", "backward", "optimizer"} <= set(first), first
+    assert first.count("-") == len(first) - first.count("-")  # each push popped inside it
+
+
 def test_without_cuda_a_phase_is_the_profilers_range_alone(monkeypatch):
     monkeypatch.setattr(phases, "_NVTX", [False])
     monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: pytest.fail("NVTX"))
