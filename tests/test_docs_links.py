@@ -78,3 +78,19 @@ def test_a_moved_section_is_found(tmp_path):
     page.write_text("[here](a.md#an-epoch-commit-690d2f1), [gone](a.md#one-h200), "
                     "[self](#b-top)\n\n# B top\n")
     assert broken_anchors([page]) == ["b.md: a.md#one-h200"]
+
+
+NUMBERS = ("one two three four five six seven eight nine ten eleven twelve thirteen "
+           "fourteen fifteen").split()
+
+
+def test_the_readme_lists_every_strategy_the_registry_holds():
+    """The README's count and its table of the ways follow core/names.py's registry: a
+    strategy added there and not here fails this, not a reader."""
+    from core.names import STRATEGIES
+    text = (REPO / "README.md").read_text()
+    count = NUMBERS[len(STRATEGIES) - 1]
+    assert f"profiled {count} ways" in text.splitlines()[0]
+    section = text.split(f"## The {count} ways", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| `(\w+)` \|", section, re.M)
+    assert listed == list(STRATEGIES)
