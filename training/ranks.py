@@ -34,6 +34,9 @@ from training import job_notes
 # How often a rank looks for its launcher, and how long its early end may then take
 # before it exits regardless (its main thread may be stuck in a collective).
 WATCH_S, GRACE_S = 0.5, 30.0
+# How long the main thread has to take the launcher's death before its NCCL group is
+# aborted from the watch (_watch_the_launcher says why).
+STUCK_S = 2.0
 LET_GO_S = 5.0  # how long rank 0 waits for the others to let go of a folder it renames
 LEAVE_S = 2.0  # how long an early end waits, at exit, for its gloo group to be freed
 _LAUNCHER: dict = {}  # the pid of the launcher this rank watches
@@ -246,9 +249,24 @@ def _watch_the_launcher() -> None:
             shutil.rmtree(folder, ignore_errors=True)
         if not _LAUNCHER.get("ending"):
             os.kill(os.getpid(), signal.SIGUSR1)
+        _unstick_after(STUCK_S)
         time.sleep(GRACE_S)
         os._exit(1)
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def _unstick_after(seconds: float) -> None:
+    """If the main thread has not begun its early end within `seconds`, the group's NCCL
+    communicators aborted from here. Under NCCL the main thread can sit in a CUDA call
+    that does not return while the GPU waits on a collective whose peer is gone (a CUDA
+    event's query, from the step reader or the ring loader: 3 of 9 killed launchers on two
+    H200s under load, until this watch's os._exit 30 s later), so SIGUSR1's handler never
+    runs. The abort ends the waiting kernels; the call returns and the handler raises."""
+    deadline = time.monotonic() + seconds
+    while not _LAUNCHER.get("ending") and time.monotonic() < deadline:
+        time.sleep(WATCH_S / 10)
+    if not _LAUNCHER.get("ending"):
+        abandon_nccl()
 
 
 def stop_watching() -> None:
@@ -449,11 +467,18 @@ def abandon_nccl() -> None:
     ncclCommAbort ends the waiting kernels. No collective follows an early end (rank 0
     writes the summary from its own steps), so nothing is lost."""
     dist = sys.modules.get("torch.distributed")
-    if dist is None or not (dist.is_available() and dist.is_initialized()):
-        return
-    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if dist.get_backend() == "nccl" and abort is not None:
-        finished_within(abort, LEAVE_S, "abort the NCCL group")
+    with _ABANDONING:  # the early end's and the launcher watch's: one abort, not two
+        if dist is None or not (dist.is_available() and dist.is_initialized()):
+            return
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        world = id(dist.distributed_c10d._get_default_group())
+        if dist.get_backend() == "nccl" and abort is not None and world not in _ABANDONED:
+            _ABANDONED[:] = [world]  # begun: an abort past LEAVE_S is not started twice
+            finished_within(abort, LEAVE_S, "abort the NCCL group")
+
+
+_ABANDONING = threading.Lock()
+_ABANDONED: list[int] = []  # the id of the default group whose abort has begun
 
 
 def _leave_after_an_early_end() -> None:

@@ -47,3 +47,22 @@ def test_an_early_end_leaves_a_group_with_a_collective_that_never_finishes():
         assert "terminate called" not in err, err
     print(f"both ranks ended {took:.1f} s after they started")
     assert took < 20, "a rank waited for a collective that could never finish"
+
+
+def test_a_main_thread_stuck_past_the_launchers_death_gets_its_nccl_group_aborted(
+        monkeypatch):
+    """The launcher watch aborts the NCCL group when the main thread has not begun its
+    early end STUCK_S after SIGUSR1 (it sat in a CUDA event's query on two H200s, its
+    handler never run); not when it has."""
+    import threading
+
+    from training import ranks
+    aborted = []
+    monkeypatch.setattr(ranks, "abandon_nccl", lambda: aborted.append(time.monotonic()))
+    monkeypatch.setattr(ranks, "_LAUNCHER", {})
+    started = time.monotonic()
+    ranks._unstick_after(0.3)
+    assert len(aborted) == 1 and 0.3 <= aborted[0] - started < 1.0
+    threading.Timer(0.1, ranks.stop_watching).start()  # the early end begins in time
+    ranks._unstick_after(2.0)
+    assert len(aborted) == 1
