@@ -261,7 +261,8 @@ def _unstick_after(seconds: float) -> None:
     that does not return while the GPU waits on a collective whose peer is gone (a CUDA
     event's query, from the step reader or the ring loader: 3 of 9 killed launchers on two
     H200s under load, until this watch's os._exit 30 s later), so SIGUSR1's handler never
-    runs. The abort ends the waiting kernels; the call returns and the handler raises."""
+    runs. ncclCommAbort ends waiting kernels (abandon_nccl), so the call should return and
+    the handler raise: not yet seen on a GPU (results/correctness.md)."""
     deadline = time.monotonic() + seconds
     while not _LAUNCHER.get("ending") and time.monotonic() < deadline:
         time.sleep(WATCH_S / 10)
