@@ -260,3 +260,22 @@ def compiled_trunks_agree(switch: str, *fixed: str) -> None:
     assert rel_err(out1, out0) < 1e-2
     for g1, g0 in zip(grads1, grads0, strict=True):
         assert ((g1 - g0).norm() / g0.norm()).item() < 1e-2
+
+
+def copy_of_the_tree(tmp_path: Path) -> Path:
+    """The repository's files without its git, venv, runs and builds: a tree that a test
+    may change (tests/*/test_adding_one.py)."""
+    import shutil
+    tree = tmp_path / "tree"
+    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "profiles", "build", "__pycache__", ".dev", ".pytest_cache"))
+    return tree
+
+
+def python_in(tree: Path, tmp_path: Path, *argv: str, timeout: float = 600):
+    """This python on argv in `tree`, its temporary files in tmp_path (not the session's
+    TMPDIR, whose every leftover a test's teardown counts)."""
+    return subprocess.run([sys.executable, *argv], cwd=tree, capture_output=True, text=True,
+                          env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                          timeout=timeout)
+

@@ -4,11 +4,7 @@ is added that way; train.py --help lists its flag and the registry-wide tests ta
 (in the ladder's order and a flag; off with --baseline; the baseline's loss, gradients
 and update; its parameters' names and values; every switch together)."""
 
-import shutil
-import subprocess
-import sys
-
-from tests.helpers import REPO
+from tests.helpers import copy_of_the_tree, python_in
 
 PROBE = '''"""A probe of tests/training/speedups/test_adding_one.py: changes nothing."""
 
@@ -25,23 +21,17 @@ LAST = '"graphed_loss")'  # ORDER's end, in training/speedups/__init__.py
 
 
 def test_a_speedup_is_one_file_and_one_line_in_order(tmp_path):
-    tree = tmp_path / "tree"
-    shutil.copytree(REPO, tree, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "profiles", "build", "__pycache__", ".dev", ".pytest_cache"))
+    tree = copy_of_the_tree(tmp_path)
     (tree / "training" / "speedups" / "probe_noop.py").write_text(PROBE)
     init = tree / "training" / "speedups" / "__init__.py"
     text = init.read_text()
     assert text.count(LAST) == 1, "ORDER's last entry moved: update LAST"
     init.write_text(text.replace(LAST, '"graphed_loss", "probe_noop")'))
-    env = {"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    shown = subprocess.run([sys.executable, "train.py", "--help"], cwd=tree, env=env,
-                           capture_output=True, text=True, timeout=120)
+    shown = python_in(tree, tmp_path, "train.py", "--help", timeout=120)
     assert shown.returncode == 0 and "--probe-noop" in shown.stdout, shown.stderr[-2000:]
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
-         "tests/training/speedups/test_registry.py", "-k",
-         "every_module or baseline_turns or probe_noop or every_switch"],
-        cwd=tree, env=env, capture_output=True, text=True, timeout=600)
+    done = python_in(tree, tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+                     "tests/training/speedups/test_registry.py", "-k",
+                     "every_module or baseline_turns or probe_noop or every_switch")
     assert done.returncode == 0, done.stdout[-3000:]
     passed = [line for line in done.stdout.splitlines() if line.startswith("PASSED")]
     assert sum("probe_noop" in line for line in passed) == 2, passed  # loss and names
