@@ -12,8 +12,10 @@ from core import signals
 @pytest.fixture
 def stop_once_here(monkeypatch):
     """stop_once's handlers for this test, this process's own put back after it."""
+    import sys
     monkeypatch.setattr(signals, "_STOPPED", [])
     kept = {s: signal.getsignal(s) for s in (*signals.STOP_SIGNALS, signal.SIGCHLD)}
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # put back after
     signals.stop_once()
     yield
     for signum, handler in kept.items():
@@ -39,6 +41,37 @@ def test_a_swallowed_stop_signal_is_raised_again(stop_once_here, signum, name):
     _swallowing(signum)  # a second signal is dropped, the first still stands
     with pytest.raises(KeyboardInterrupt):
         signals.raise_if_stopped()
+
+
+def test_a_stop_signal_in_a_finalizer_prints_nothing_and_is_raised_again(stop_once_here,
+                                                                         monkeypatch):
+    """A SIGTERM that lands in a finalizer or a weakref's callback (importlib's module
+    lock, the 50-moment loop) was printed as "Exception ignored in ..."; now it is quiet
+    and raise_if_stopped raises it. Any other unraisable error still reaches the hook."""
+    import gc
+    import sys
+    seen = []
+    monkeypatch.setattr(signals, "_UNRAISABLE", [lambda u: seen.append(u.exc_value)])
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, unraisable
+            raise ValueError("a finalizer's own error")  # not reached
+
+    Finalized()
+    gc.collect()
+    assert seen == [] and signals.stop_signal() == "SIGTERM"
+    with pytest.raises(KeyboardInterrupt):
+        signals.raise_if_stopped()
+
+    class Failing:
+        def __del__(self):
+            raise ValueError("a finalizer's own error")
+
+    Failing()
+    gc.collect()
+    assert [str(e) for e in seen] == ["a finalizer's own error"]
+    assert sys.unraisablehook is signals._unraisable
 
 
 def test_a_stop_signal_leaves_childrens_deaths_unannounced(stop_once_here):
