@@ -278,4 +278,3 @@ def python_in(tree: Path, tmp_path: Path, *argv: str, timeout: float = 600):
     return subprocess.run([sys.executable, *argv], cwd=tree, capture_output=True, text=True,
                           env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"},
                           timeout=timeout)
-
