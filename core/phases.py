@@ -15,25 +15,23 @@ import contextlib
 @contextlib.contextmanager
 def phase(name: str):
     import torch  # here: train.py --help runs without torch (docs/layout.md)
-    with torch.profiler.record_function(name):
-        if not _nvtx():
-            yield
-            return
-        torch.cuda.nvtx.range_push(name)
-        try:
-            yield
-        finally:
-            torch.cuda.nvtx.range_pop()
+    with torch.profiler.record_function(name), nvtx_range(name):
+        yield
+
+
+def step_range(step: int):
+    """Step `step` (from 0) as an NVTX range, where CUDA is: `--nvtx-include "step 7/"`."""
+    return nvtx_range(f"step {step}")
 
 
 @contextlib.contextmanager
-def step_range(step: int):
-    """Step `step` (from 0) as an NVTX range, where CUDA is: `--nvtx-include "step 7/"`."""
+def nvtx_range(name: str):
+    """An NVTX range where CUDA is; nothing elsewhere."""
     if not _nvtx():
         yield
         return
     import torch
-    torch.cuda.nvtx.range_push(f"step {step}")
+    torch.cuda.nvtx.range_push(name)
     try:
         yield
     finally:
