@@ -34,8 +34,8 @@ from training import job_notes
 # How often a rank looks for its launcher, and how long its early end may then take
 # before it exits regardless (its main thread may be stuck in a collective).
 WATCH_S, GRACE_S = 0.5, 30.0
-# How long the main thread has to take the launcher's death before its NCCL group is
-# aborted from the watch (_watch_the_launcher says why).
+# How long the main thread has to take a signal that ends the run before its NCCL group is
+# aborted from a thread (_unstick_on_ending_signals says why).
 STUCK_S = 2.0
 LET_GO_S = 5.0  # how long rank 0 waits for the others to let go of a folder it renames
 LEAVE_S = 2.0  # how long an early end waits, at exit, for its gloo group to be freed
@@ -116,6 +116,8 @@ class Ranks:
             if store is not None:
                 store().set_timeout(START_TIMEOUT)
             _watch_the_launcher()
+            if cuda:
+                _unstick_on_ending_signals()
             # kill -USR2 <rank's pid>: its Python stacks on stderr, where it is stuck.
             faulthandler.register(signal.SIGUSR2, all_threads=True)
             atexit.register(_leave_after_an_early_end)
@@ -248,21 +250,58 @@ def _watch_the_launcher() -> None:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
         if not _LAUNCHER.get("ending"):
-            os.kill(os.getpid(), signal.SIGUSR1)
-        _unstick_after(STUCK_S)
+            os.kill(os.getpid(), signal.SIGUSR1)  # and _unstick_on_ending_signals wakes
         time.sleep(GRACE_S)
         os._exit(1)
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
 
 
+# The signals whose handlers end a rank's run: Ctrl-C's and SIGTERM's (core/signals.py;
+# torchrun's SIGTERM after another rank failed) and the launcher watch's SIGUSR1.
+ENDING_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
+
+
+def _unstick_on_ending_signals() -> None:
+    """Under NCCL: STUCK_S after a signal that ends the run, if the main thread has not
+    begun its early end, the group's communicators aborted from a thread of their own.
+
+    The main thread can sit in a CUDA call that does not return while the GPU waits on a
+    collective whose peer is gone (a CUDA event's query, from the step reader or the ring
+    loader: 3 of 9 killed launchers on two H200s under load), so the signal's Python
+    handler never runs and torchrun's SIGKILL (or the launcher watch's os._exit) came 30 s
+    later. ncclCommAbort ends the waiting kernels (abandon_nccl); the call returns and
+    the handler raises. Python's wakeup fd is written by the C-level handler, whatever
+    the main thread is doing: that is how this thread hears of a signal at all."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # set_wakeup_fd is the main thread's
+    read, write = os.pipe()
+    os.set_blocking(write, False)  # a full pipe drops a byte, never blocks the handler
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    # A forked child (a data worker) would inherit the fd: its own signals must not read
+    # as this rank's.
+    os.register_at_fork(after_in_child=_no_wakeup_fd)
+
+    def watch():
+        while True:
+            got = os.read(read, 64)  # one byte a signal that has a Python handler
+            if not got:
+                return
+            if ENDING_SIGNALS.intersection(got):
+                _unstick_after(STUCK_S)
+                return
+    threading.Thread(target=watch, name="stuck-watch", daemon=True).start()
+
+
+def _no_wakeup_fd() -> None:
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:  # forked from a thread Python does not take for the main one
+        pass
+
+
 def _unstick_after(seconds: float) -> None:
-    """If the main thread has not begun its early end within `seconds`, the group's NCCL
-    communicators aborted from here. Under NCCL the main thread can sit in a CUDA call
-    that does not return while the GPU waits on a collective whose peer is gone (a CUDA
-    event's query, from the step reader or the ring loader: 3 of 9 killed launchers on two
-    H200s under load, until this watch's os._exit 30 s later), so SIGUSR1's handler never
-    runs. ncclCommAbort ends waiting kernels (abandon_nccl), so the call should return and
-    the handler raise: not yet seen on a GPU (results/correctness.md)."""
+    """The NCCL group aborted unless the early end begins within `seconds`
+    (_unstick_on_ending_signals says why)."""
     deadline = time.monotonic() + seconds
     while not _LAUNCHER.get("ending") and time.monotonic() < deadline:
         time.sleep(WATCH_S / 10)

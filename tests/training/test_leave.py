@@ -49,11 +49,10 @@ def test_an_early_end_leaves_a_group_with_a_collective_that_never_finishes():
     assert took < 20, "a rank waited for a collective that could never finish"
 
 
-def test_a_main_thread_stuck_past_the_launchers_death_gets_its_nccl_group_aborted(
-        monkeypatch):
-    """The launcher watch aborts the NCCL group when the main thread has not begun its
-    early end STUCK_S after SIGUSR1 (it sat in a CUDA event's query on two H200s, its
-    handler never run); not when it has."""
+def test_a_main_thread_stuck_past_a_signal_gets_its_nccl_group_aborted(monkeypatch):
+    """_unstick_after aborts the NCCL group when the main thread has not begun its early
+    end within its seconds (it sat in a CUDA event's query on two H200s, its handler never
+    run); not when it has."""
     import threading
 
     from training import ranks
@@ -66,3 +65,41 @@ def test_a_main_thread_stuck_past_the_launchers_death_gets_its_nccl_group_aborte
     threading.Timer(0.1, ranks.stop_watching).start()  # the early end begins in time
     ranks._unstick_after(2.0)
     assert len(aborted) == 1
+
+
+# A rank whose handlers cannot end it (they only count), its stuck-watch on: a SIGCHLD and
+# a forked child's own SIGTERM must not wake the watch; this process's SIGTERM must.
+STUCK = """
+import os, signal, sys, time
+from training import ranks
+ranks.STUCK_S = 0.2
+ranks.abandon_nccl = lambda: print("aborted", flush=True)
+signal.signal(signal.SIGTERM, lambda *_: None)  # a handler that never gets to run, in effect
+signal.signal(signal.SIGCHLD, lambda *_: None)
+ranks._unstick_on_ending_signals()
+child = os.fork()
+if child == 0:
+    os.kill(os.getpid(), signal.SIGTERM)
+    os._exit(0)
+os.waitpid(child, 0)
+time.sleep(1.0)
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_stop_signal_to_a_stuck_nccl_rank_aborts_its_group_from_a_thread():
+    """_unstick_on_ending_signals hears a stop signal through Python's wakeup fd, which the
+    C-level handler writes whatever the main thread is doing, and aborts the group
+    STUCK_S later; a data worker's own signal (a forked child) or a SIGCHLD does not."""
+    rank = subprocess.Popen([sys.executable, "-c", STUCK], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert rank.stdout.readline() == "ready\n", rank.stderr.read()
+        sent = time.monotonic()
+        rank.send_signal(__import__("signal").SIGTERM)
+        assert rank.stdout.readline() == "aborted\n", rank.stderr.read()
+        assert time.monotonic() - sent < 5
+    finally:
+        rank.kill()
+        rank.communicate()
