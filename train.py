@@ -34,7 +34,7 @@ from core.errors import (
 )
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
-from core.phases import phase, step_range
+from core.phases import mark_nvtx, phase, step_range
 from core.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from core.signals import ignore_stop_signals, note_stop_signals, raise_if_stopped, stop_once
 from profiling.scaling import check_baseline
@@ -89,6 +89,9 @@ class Config:
                                    "profiler's memory by category (memory.html, the footer); "
                                    "records shapes and stacks, so host times grow (one "
                                    "process, CUDA only)")
+    nvtx: bool = option(False, "each step and each of its phases also an NVTX range of the "
+                        "same name, for Nsight Systems and Nsight Compute (CUDA only; "
+                        "docs/runs.md)")
     amp: bool = option(True, "bf16 autocast for the forward (CUDA only)")
     pin_memory: bool = option(True, "pinned host memory for the batches (CUDA only)")
     loader: str = option("ring", "ring: the workers write each batch's images into a ring "
@@ -331,6 +334,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     validate(cfg, ranks.world)
     design, why = parallel.choose(cfg, ranks.world)  # --parallel auto: which design
     cfg = dataclasses.replace(cfg, parallel=design)
+    mark_nvtx(cfg.nvtx)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     cuda = torch.cuda.is_available()
     device = ranks.start(cuda, cfg.hang_timeout)  # its GPU (or the CPU), in the group

@@ -1,13 +1,19 @@
 """A step's phase: a torch.profiler range (what the trace, the table and TensorBoard read)
-and, where CUDA is, an NVTX range of the same name, so that Nsight Systems and Nsight
-Compute (`--nvtx --nvtx-include "loss/"`) can find and filter the step's phases. A whole
-step is an NVTX range alone, `step N` (the profiler marks it already, as ProfilerStep#N).
+and, under --nvtx where CUDA is, an NVTX range of the same name, so that Nsight Systems
+and Nsight Compute (`--nvtx --nvtx-include "backward"`) can find and filter the step's
+phases. A whole step is an NVTX range alone, `step N` (the profiler marks it already, as
+ProfilerStep#N).
 
     with step_range(7), phase("forward"):
         ...
 
-An NVTX push and pop cost about a microsecond each on the host when no tool listens; a
-step opens up to eight phases."""
+The NVTX ranges are start/end ranges, not push/pop ones: a pushed range belongs to the
+thread that pushed it, and autograd launches the backward's kernels from a device thread
+of its own, so a pushed `backward` held none of them (ncu's `step 2/` on an H200 at
+5931912: 22 kernels, none of the backward's). A start/end range holds whatever any thread
+launches while it is open. ncu names a start/end range without the push/pop ranges'
+trailing slash. A start and its end cost about a microsecond on the host when no tool
+listens; a step opens up to nine ranges."""
 
 import contextlib
 
@@ -20,30 +26,33 @@ def phase(name: str):
 
 
 def step_range(step: int):
-    """Step `step` (from 0) as an NVTX range, where CUDA is: `--nvtx-include "step 7/"`."""
+    """Step `step` (from 0) as an NVTX range under --nvtx: `--nvtx-include "step 7"`."""
     return nvtx_range(f"step {step}")
 
 
 @contextlib.contextmanager
 def nvtx_range(name: str):
-    """An NVTX range where CUDA is; nothing elsewhere."""
-    if not _nvtx():
+    """An NVTX start/end range under --nvtx where CUDA is; nothing otherwise."""
+    if not _ON[0]:
         yield
         return
     import torch
-    torch.cuda.nvtx.range_push(name)
+    handle = torch.cuda.nvtx.range_start(name)
     try:
         yield
     finally:
-        torch.cuda.nvtx.range_pop()
+        torch.cuda.nvtx.range_end(handle)
 
 
-_NVTX: list[bool] = []
+_ON: list[bool] = [False]
 
 
-def _nvtx() -> bool:
-    """Whether this process marks NVTX ranges: where CUDA is available (asked once)."""
-    if not _NVTX:
-        import torch
-        _NVTX.append(torch.cuda.is_available())
-    return _NVTX[0]
+def mark_nvtx(on: bool) -> None:
+    """--nvtx: from now on (or, False, no longer) each phase and step is an NVTX range,
+    where CUDA is; a CPU has no NVTX to mark."""
+    _ON[0] = bool(on) and _cuda()
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()

@@ -1,5 +1,5 @@
-"""core/phases.py: a step's phase is a profiler range, and where CUDA is an NVTX range of
-the same name, closed however the phase ends."""
+"""core/phases.py: a step's phase is a profiler range, and under --nvtx where CUDA is an
+NVTX start/end range of the same name, closed however the phase ends."""
 
 import pytest
 import torch
@@ -7,39 +7,59 @@ import torch
 from core import phases
 
 
-def test_a_phase_is_an_nvtx_range_where_cuda_is(monkeypatch):
-    said = []
-    monkeypatch.setattr(phases, "_NVTX", [True])
-    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: said.append(f"+{name}"))
-    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: said.append("-"))
+def _record_nvtx(monkeypatch) -> list[str]:
+    """NVTX's starts and ends as "+name" and "-name" (recorded by hand: no CUDA here)."""
+    said, names = [], {}
+
+    def start(name):
+        said.append(f"+{name}")
+        names[len(names)] = name
+        return len(names) - 1
+    monkeypatch.setattr(torch.cuda.nvtx, "range_start", start)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_end", lambda i: said.append(f"-{names[i]}"))
+    return said
+
+
+def test_a_phase_is_an_nvtx_range_under_nvtx(monkeypatch):
+    said = _record_nvtx(monkeypatch)
+    monkeypatch.setattr(phases, "_cuda", lambda: True)
+    monkeypatch.setattr(phases, "_ON", [False])
+    phases.mark_nvtx(True)
     with phases.phase("backward"):
         with phases.phase("optimizer"):
             pass
     with pytest.raises(ValueError), phases.phase("loss"):
         raise ValueError("a failing step still closes its range")
-    assert said == ["+backward", "+optimizer", "-", "-", "+loss", "-"]
+    assert said == ["+backward", "+optimizer", "-optimizer", "-backward", "+loss", "-loss"]
 
 
-def test_each_step_of_a_run_is_an_nvtx_range_around_its_phases(monkeypatch, tmp_path):
-    """A run's every step, its phases inside, as Nsight Systems would see the pushes and
-    pops (NVTX recorded by hand: no CUDA here)."""
+@pytest.mark.parametrize("nvtx", [True, False])
+def test_each_step_of_a_run_is_an_nvtx_range_around_its_phases_under_nvtx(
+        monkeypatch, tmp_path, nvtx):
+    """A run's every step, its phases inside, as Nsight Systems would see the ranges; none
+    without --nvtx."""
     import train
     from tests.helpers import TINY
-    said = []
-    monkeypatch.setattr(phases, "_NVTX", [True])
-    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: said.append(name))
-    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: said.append("-"))
-    train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)]))
-    steps = [name for name in said if name.startswith("step ")]
-    assert steps == ["step 0", "step 1", "step 2"], said
-    first = said[said.index("step 0"):said.index("step 1")]
-    assert {"forward", "loss", "backward", "optimizer"} <= set(first), first
-    assert first.count("-") == len(first) - first.count("-")  # each push popped inside it
+    said = _record_nvtx(monkeypatch)
+    monkeypatch.setattr(phases, "_cuda", lambda: True)  # the ranges as a GPU's run marks them
+    monkeypatch.setattr(phases, "_ON", [False])
+    train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path)] + ["--nvtx"] * nvtx))
+    if not nvtx:
+        assert said == []
+        return
+    steps = [name for name in said if name.startswith("+step ")]
+    assert steps == ["+step 0", "+step 1", "+step 2"], said
+    first = said[said.index("+step 0"):said.index("-step 0") + 1]
+    assert {"+forward", "+loss", "+loss_backward", "+backward", "+optimizer"} <= set(first)
+    assert sorted(n[1:] for n in first if n[0] == "+") == sorted(
+        n[1:] for n in first if n[0] == "-"), first  # each range ended inside its step
 
 
 def test_without_cuda_a_phase_is_the_profilers_range_alone(monkeypatch):
-    monkeypatch.setattr(phases, "_NVTX", [False])
-    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: pytest.fail("NVTX"))
+    monkeypatch.setattr(phases, "_cuda", lambda: False)
+    monkeypatch.setattr(phases, "_ON", [False])
+    phases.mark_nvtx(True)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_start", lambda name: pytest.fail("NVTX"))
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         with phases.phase("forward"):
             torch.ones(2).sum()
@@ -47,10 +67,17 @@ def test_without_cuda_a_phase_is_the_profilers_range_alone(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_ncu_profiles_one_phases_kernels_by_its_nvtx_range(tmp_path):
+@pytest.mark.parametrize("phase,inside,outside", [
+    ("loss", "giou_fwd_kernel", "giou_bwd_kernel"),
+    ("loss_backward", "giou_bwd_kernel", "giou_fwd_kernel"),
+    ("backward", "gemm", "giou_"),
+])
+def test_ncu_profiles_one_phases_kernels_by_its_nvtx_range(tmp_path, phase, inside, outside):
     """On the device, the ranges are what Nsight Compute filters by: under `--nvtx
-    --nvtx-include loss/` it profiles the fused loss's forward kernels and none of the same
-    step's others: not the loss's backward kernel (in loss_backward), not a GEMM."""
+    --nvtx-include <phase>` it profiles that phase's kernels and none of the step's
+    others: the fused loss's forward kernel alone in loss, its backward kernel alone in
+    loss_backward, and in backward (launched from autograd's own thread) the model's
+    GEMMs and no loss kernel."""
     import os
     import subprocess
     import sys
@@ -64,17 +91,19 @@ def test_ncu_profiles_one_phases_kernels_by_its_nvtx_range(tmp_path):
     raw, scratch = tmp_path / "raw.csv", tmp_path / "scratch"
     scratch.mkdir()  # ncu leaves a folder of its own (nvidia/) in TMPDIR: a private one
     done = subprocess.run(
-        [tool, "--target-processes", "all", "--nvtx", "--nvtx-include", "loss/",
+        [tool, "--target-processes", "all", "--nvtx", "--nvtx-include", phase,
          "--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw", "--log-file",
          str(raw), sys.executable, "train.py", *SMALL, "--loss", "kernel", "--backend",
-         "cuda", "--out-dir", str(tmp_path / "runs")],
+         "cuda", "--nvtx", "--out-dir", str(tmp_path / "runs")],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "TMPDIR": str(scratch)})
     if "ERR_NVGPUCTRPERM" in done.stdout + done.stderr:
         pytest.skip("ncu may not read this GPU's counters")
     assert done.returncode == 0, done.stderr[-3000:]
-    kernels = {ncu.short_name(k["Kernel Name"]).split("<")[0]
+    kernels = {ncu.short_name(k["Kernel Name"]).split("<")[0].lower()
                for k in ncu.read_raw(raw.read_text())}
-    assert "giou_fwd_kernel" in kernels, kernels
-    assert "giou_bwd_kernel" not in kernels, kernels
-    assert not {k for k in kernels if "gemm" in k.lower() or "nvjet" in k}, kernels
+    gemm = {k for k in kernels if "gemm" in k or "nvjet" in k}
+    assert any(inside in k for k in kernels) or (inside == "gemm" and gemm), kernels
+    assert not any(outside in k for k in kernels), kernels
+    if phase != "backward":
+        assert not gemm, kernels
