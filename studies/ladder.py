@@ -201,10 +201,10 @@ def _rung_name(rung: str) -> str:
     return rung if rung == "baseline" else f"+ {rung}"
 
 
-def ladder_rows(runs: dict, skipped: list[dict]) -> list[dict]:
-    """One row per rung, in the order the runs were made, skipped ones where they fell."""
+def ladder_rows(runs: dict, skipped: list[dict], summaries: dict) -> list[dict]:
+    """One row per rung, in the order the runs were made, skipped ones where they fell
+    (summaries: each run's summary.json, by the same key as runs)."""
     rows, previous = [], {}
-    summaries = {key: load_summary(path) for key, path in runs.items()}
     for (strategy, rung), s in summaries.items():
         on_gpu = ran_on_gpu(s)
         step_gpu = step_device_ms(s["step"]) if on_gpu else None
@@ -268,7 +268,8 @@ def write_ladder(out: Path, runs: dict, skipped: list[dict], note: str = "") -> 
     """skipped.json, ladder.md, .csv, ladder-kernels.md and ladder.png; `note` opens the
     table."""
     write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
-    rows = ladder_rows(runs, skipped)
+    summaries = _summaries(runs)  # read once: the rows and the chart's device and commit
+    rows = ladder_rows(runs, skipped, summaries)
     columns = [c for c in COLUMNS if any(c in r for r in rows)]
     table = markdown_of_dicts(columns, rows, left={"strategy", "rung"})
     if note:
@@ -276,9 +277,13 @@ def write_ladder(out: Path, runs: dict, skipped: list[dict], note: str = "") -> 
     write_whole(out / "ladder.md", table + "\n")
     write_whole(out / "ladder.csv", csv_text(columns, rows))
     write_whole(out / "ladder-kernels.md", kernel_changes(runs))
-    where = where_of(load_summary(path).get("environment") for path in runs.values())
+    where = where_of(s.get("environment") for s in summaries.values())
     ladder_chart(rows, out / "ladder.png", where, GOAL_MS)
     return table
+
+
+def _summaries(runs: dict) -> dict:
+    return {key: load_summary(path) for key, path in runs.items()}
 
 
 def _group(out: Path, group: str, train_args: list[str], plan_strategies) -> int:

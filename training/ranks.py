@@ -511,14 +511,16 @@ def abandon_nccl() -> None:
         if dist is None or not (dist.is_available() and dist.is_initialized()):
             return
         abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-        world = id(dist.distributed_c10d._get_default_group())
-        if dist.get_backend() == "nccl" and abort is not None and world not in _ABANDONED:
+        world = dist.distributed_c10d._get_default_group()
+        begun = any(group is world for group in _ABANDONED)
+        if dist.get_backend() == "nccl" and abort is not None and not begun:
+            # The group held, not its id(), which a freed group's successor could reuse.
             _ABANDONED[:] = [world]  # begun: an abort past LEAVE_S is not started twice
             finished_within(abort, LEAVE_S, "abort the NCCL group")
 
 
 _ABANDONING = threading.Lock()
-_ABANDONED: list[int] = []  # the id of the default group whose abort has begun
+_ABANDONED: list = []  # the default group whose abort has begun
 
 
 def _leave_after_an_early_end() -> None:

@@ -103,3 +103,24 @@ def test_a_stop_signal_to_a_stuck_nccl_rank_aborts_its_group_from_a_thread():
     finally:
         rank.kill()
         rank.communicate()
+
+
+def test_an_nccl_group_is_aborted_once_whichever_thread_comes_first(monkeypatch):
+    """The early end and the stuck-watch may both abort: one abort a group, and a new
+    group (another object, whatever its id) is aborted again."""
+    import types
+
+    from training import ranks
+    aborted, group = [], [object()]
+    c10d = types.SimpleNamespace(_abort_process_group=lambda: aborted.append(group[0]),
+                                 _get_default_group=lambda: group[0])
+    dist = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,
+                                 get_backend=lambda: "nccl", distributed_c10d=c10d)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    monkeypatch.setattr(ranks, "_ABANDONED", [])
+    ranks.abandon_nccl()
+    ranks.abandon_nccl()
+    assert aborted == [group[0]]
+    group[0] = object()
+    ranks.abandon_nccl()
+    assert len(aborted) == 2 and aborted[1] is group[0]
