@@ -67,43 +67,54 @@ def test_without_cuda_a_phase_is_the_profilers_range_alone(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("phase,inside,outside", [
-    ("loss", "giou_fwd_kernel", "giou_bwd_kernel"),
-    ("loss_backward", "giou_bwd_kernel", "giou_fwd_kernel"),
-    ("backward", "gemm", "giou_"),
-])
-def test_ncu_profiles_one_phases_kernels_by_its_nvtx_range(tmp_path, phase, inside, outside):
+def test_ncu_profiles_one_phases_kernels_by_its_nvtx_range(tmp_path):
     """On the device, the ranges are what Nsight Compute filters by: under `--nvtx
     --nvtx-include <phase>` it profiles that phase's kernels and none of the step's
     others: the fused loss's forward kernel alone in loss, its backward kernel alone in
     loss_backward, and in backward (launched from autograd's own thread) the model's
-    GEMMs and no loss kernel."""
+    GEMMs and no loss kernel. The three ncu runs one after the other, alone with the GPU's
+    counters (tests.helpers.gpu_counters_alone)."""
+    from studies import ncu
+    from tests.helpers import gpu_counters_alone
+    try:
+        tool = ncu.find_ncu()
+    except ncu.UserError:
+        pytest.skip("ncu is not installed here")
+    with gpu_counters_alone():
+        loss = _kernels_under_ncu(tool, "loss", tmp_path / "loss")
+        loss_backward = _kernels_under_ncu(tool, "loss_backward", tmp_path / "loss_backward")
+        backward = _kernels_under_ncu(tool, "backward", tmp_path / "backward")
+    assert "giou_fwd_kernel" in loss and "giou_bwd_kernel" not in loss, loss
+    assert "giou_bwd_kernel" in loss_backward and "giou_fwd_kernel" not in loss_backward, \
+        loss_backward
+    assert not _gemms(loss) and not _gemms(loss_backward), (loss, loss_backward)
+    assert _gemms(backward) and not any("giou" in k for k in backward), backward
+
+
+def _gemms(kernels: set[str]) -> set[str]:
+    return {k for k in kernels if "gemm" in k or "nvjet" in k}
+
+
+def _kernels_under_ncu(tool: str, phase: str, folder) -> set[str]:
+    """The short names (lower case) of the kernels ncu profiled within the NVTX range
+    `phase` of a small kernel/cuda run under --nvtx."""
     import os
     import subprocess
     import sys
 
     from studies import ncu
     from tests.helpers import REPO, SMALL
-    try:
-        tool = ncu.find_ncu()
-    except ncu.UserError:
-        pytest.skip("ncu is not installed here")
-    raw, scratch = tmp_path / "raw.csv", tmp_path / "scratch"
-    scratch.mkdir()  # ncu leaves a folder of its own (nvidia/) in TMPDIR: a private one
+    raw, scratch = folder / "raw.csv", folder / "scratch"
+    scratch.mkdir(parents=True)  # ncu leaves a folder of its own (nvidia/) in TMPDIR
     done = subprocess.run(
         [tool, "--target-processes", "all", "--nvtx", "--nvtx-include", phase,
          "--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw", "--log-file",
          str(raw), sys.executable, "train.py", *SMALL, "--loss", "kernel", "--backend",
-         "cuda", "--nvtx", "--out-dir", str(tmp_path / "runs")],
+         "cuda", "--nvtx", "--out-dir", str(folder / "runs")],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "TMPDIR": str(scratch)})
     if "ERR_NVGPUCTRPERM" in done.stdout + done.stderr:
         pytest.skip("ncu may not read this GPU's counters")
-    assert done.returncode == 0, done.stderr[-3000:]
-    kernels = {ncu.short_name(k["Kernel Name"]).split("<")[0].lower()
-               for k in ncu.read_raw(raw.read_text())}
-    gemm = {k for k in kernels if "gemm" in k or "nvjet" in k}
-    assert any(inside in k for k in kernels) or (inside == "gemm" and gemm), kernels
-    assert not any(outside in k for k in kernels), kernels
-    if phase != "backward":
-        assert not gemm, kernels
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return {ncu.short_name(k["Kernel Name"]).split("<")[0].lower()
+            for k in ncu.read_raw(raw.read_text())}
