@@ -284,8 +284,7 @@ def python_in(tree: Path, tmp_path: Path, *argv: str, timeout: float = 600):
 def gpu_counters_alone():
     """One test at a time, across make test-gpu's workers, that profiles with ncu or reads
     the GPU's energy counter: three ncu runs side by side exited 9, and the energy test
-    beside them read 0 W (make test-gpu at 509104e). ncu's own lock between its
-    instances lives in TMPDIR, which each ncu test gives its own."""
+    beside them read 0 W (make test-gpu at 509104e)."""
     import fcntl
     import tempfile
     with open(Path(tempfile.gettempdir()) / "gpu-counters.lock", "w") as lock:
