@@ -44,11 +44,21 @@ def parts(args, pytest_args: list[str], logs: Path) -> dict[str, list[str]]:
     return commands
 
 
+# The file the workers lock around ncu and the energy counter (tests.helpers.
+# gpu_counters_alone), beside the claims' folder: a file in it would count as a test.
+COUNTERS = "GPU_COUNTERS_LOCK"
+
+
+def counters_lock(claims: Path) -> Path:
+    return claims.with_name(claims.name + ".lock")
+
+
 def run_side_by_side(commands: dict, logs: Path, claims: Path) -> dict[str, int]:
     """Starts every part, says every minute how many tests have started and when each part
     ends; returns each part's exit code. Ctrl-C or SIGTERM stops every part first."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "CLAIMS_DIR": str(claims), "PYTHONUNBUFFERED": "1",
+    env = {**os.environ, "CLAIMS_DIR": str(claims), COUNTERS: str(counters_lock(claims)),
+           "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": path}
     started = said = time.monotonic()
     jobs = {name: subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.STDOUT,
@@ -201,6 +211,7 @@ def main(argv=None) -> int:
         return 130
     finally:
         shutil.rmtree(claims, ignore_errors=True)
+        counters_lock(claims).unlink(missing_ok=True)
     return report(codes, outcomes(sorted(logs.glob("worker*.xml"))), logs,
                   time.monotonic() - started)
 

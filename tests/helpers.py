@@ -284,10 +284,14 @@ def python_in(tree: Path, tmp_path: Path, *argv: str, timeout: float = 600):
 def gpu_counters_alone():
     """One test at a time, across make test-gpu's workers, that profiles with ncu or reads
     the GPU's energy counter: three ncu runs side by side exited 9, and the energy test
-    beside them read 0 W (make test-gpu at 509104e)."""
+    beside them read 0 W (make test-gpu at 509104e). The lock is the suite's file
+    (tests/gpu_suite.py); a plain pytest run, one process, needs none."""
     import fcntl
-    import tempfile
-    with open(Path(tempfile.gettempdir()) / "gpu-counters.lock", "w") as lock:
+    import os
+    path = os.environ.get("GPU_COUNTERS_LOCK")
+    if not path:
+        yield
+        return
+    with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
-

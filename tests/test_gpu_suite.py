@@ -84,3 +84,38 @@ def test_without_a_gpu_or_the_sanitizer_it_says_so_in_one_line(tmp_path):
         assert done.returncode == 2, done.stdout + done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
         assert "compute-sanitizer (the CUDA toolkit) is not on PATH" in done.stderr
+
+
+ALONE = """
+import time
+import pytest
+from tests.helpers import gpu_counters_alone
+
+@pytest.mark.parametrize("i", range(2))
+def test_counters(i):
+    with gpu_counters_alone():
+        start = time.time()
+        time.sleep(1.0)
+        with open({log!r}, "a") as log:
+            log.write(f"{{start}} {{time.time()}}\\n")
+"""
+
+
+def test_the_workers_read_the_gpus_counters_one_at_a_time(tmp_path):
+    """ncu's runs and the energy counter's reads (tests.helpers.gpu_counters_alone) never
+    overlap across the workers, and the suite's lock file is gone at its end."""
+    log = tmp_path / "times.txt"
+    (tmp_path / "test_d.py").write_text(ALONE.format(log=str(log)))
+    before = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
+    done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers", "2",
+                           "--marker", "", "--no-sanitizer", "--logs", str(tmp_path / "logs"),
+                           str(tmp_path / "test_d.py")], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (a_start, a_end), (b_start, b_end) = sorted(
+        tuple(map(float, line.split())) for line in log.read_text().splitlines())
+    assert a_end <= b_start, "two workers held the GPU's counters at once"
+    ran = [outcomes([tmp_path / "logs" / f"worker{i}.xml"]) for i in range(2)]
+    assert all(ran), "the two tests ran in one worker: nothing was shared"
+    assert not [n for n in set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) - before
+                if n.endswith(".lock")]
