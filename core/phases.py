@@ -9,11 +9,10 @@ ProfilerStep#N).
 
 The NVTX ranges are start/end ranges, not push/pop ones: a pushed range belongs to the
 thread that pushed it, and autograd launches the backward's kernels from a device thread
-of its own, so a pushed `backward` held none of them (ncu's `step 2/` on an H200 at
-5931912: 22 kernels, none of the backward's). A start/end range holds whatever any thread
-launches while it is open. ncu names a start/end range without the push/pop ranges'
-trailing slash. A start and its end cost about a microsecond on the host when no tool
-listens; a step opens up to nine ranges."""
+of its own, so a pushed `backward` held none of them (docs/runs.md). A start/end range
+holds whatever any thread launches while it is open. ncu names a start/end range without
+the push/pop ranges' trailing slash. A step opens up to nine ranges, under a microsecond
+of host time each where no tool listens (docs/runs.md)."""
 
 import contextlib
 

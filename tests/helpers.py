@@ -283,8 +283,8 @@ def python_in(tree: Path, tmp_path: Path, *argv: str, timeout: float = 600):
 @contextlib.contextmanager
 def gpu_counters_alone():
     """One test at a time, across make test-gpu's workers, that profiles with ncu or reads
-    the GPU's energy counter: three ncu runs side by side exited 9, and the energy test
-    beside them read 0 W (make test-gpu at 509104e). The lock is the suite's file
+    the GPU's energy counter: ncu runs side by side failed, and the energy test beside
+    them read no watts (results/correctness.md). The lock is the suite's file
     (tests/gpu_suite.py); a plain pytest run, one process, needs none."""
     import fcntl
     import os

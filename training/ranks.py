@@ -267,11 +267,11 @@ def _unstick_on_ending_signals() -> None:
 
     The main thread can sit in a CUDA call that does not return while the GPU waits on a
     collective whose peer is gone (a CUDA event's query, from the step reader or the ring
-    loader: 3 of 9 killed launchers on two H200s under load), so the signal's Python
-    handler never runs and torchrun's SIGKILL (or the launcher watch's os._exit) came 30 s
-    later. ncclCommAbort ends the waiting kernels (abandon_nccl); the call returns and
-    the handler raises. Python's wakeup fd is written by the C-level handler, whatever
-    the main thread is doing: that is how this thread hears of a signal at all."""
+    loader: results/correctness.md), so the signal's Python handler never runs and
+    torchrun's SIGKILL (or the launcher watch's os._exit) came 30 s later. ncclCommAbort
+    ends the waiting kernels (abandon_nccl), so the call can return and the handler raise.
+    Python's wakeup fd is written by the C-level handler, whatever the main thread is
+    doing: that is how this thread hears of a signal at all."""
     if threading.current_thread() is not threading.main_thread():
         return  # set_wakeup_fd is the main thread's
     read, write = os.pipe()
@@ -503,11 +503,11 @@ def abandon_nccl() -> None:
     (a Ctrl-C meets the ranks at different steps), never ends: its kernel waits on the
     GPU, and every later kernel of its stream behind it. The rank's own end then hung in
     whatever waited for that stream, its exit included, until torchrun's SIGKILL 30 s
-    later (a killed rank 0, Ctrl-C, a killed launcher: 30.3-30.6 s on two H200s).
+    later (a killed rank 0, Ctrl-C, a killed launcher: results/several-gpus.md).
     ncclCommAbort ends the waiting kernels. No collective follows an early end (rank 0
     writes the summary from its own steps), so nothing is lost."""
     dist = sys.modules.get("torch.distributed")
-    with _ABANDONING:  # the early end's and the launcher watch's: one abort, not two
+    with _ABANDONING:  # the early end's and the stuck-watch's: one abort, not two
         if dist is None or not (dist.is_available() and dist.is_initialized()):
             return
         abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
