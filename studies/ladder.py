@@ -268,7 +268,8 @@ def write_ladder(out: Path, runs: dict, skipped: list[dict], note: str = "") -> 
     """skipped.json, ladder.md, .csv, ladder-kernels.md and ladder.png; `note` opens the
     table."""
     write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
-    summaries = _summaries(runs)  # read once: the rows and the chart's device and commit
+    # Read once: the rows and the chart's device and commit.
+    summaries = {key: load_summary(path) for key, path in runs.items()}
     rows = ladder_rows(runs, skipped, summaries)
     columns = [c for c in COLUMNS if any(c in r for r in rows)]
     table = markdown_of_dicts(columns, rows, left={"strategy", "rung"})
@@ -280,10 +281,6 @@ def write_ladder(out: Path, runs: dict, skipped: list[dict], note: str = "") -> 
     where = where_of(s.get("environment") for s in summaries.values())
     ladder_chart(rows, out / "ladder.png", where, GOAL_MS)
     return table
-
-
-def _summaries(runs: dict) -> dict:
-    return {key: load_summary(path) for key, path in runs.items()}
 
 
 def _group(out: Path, group: str, train_args: list[str], plan_strategies) -> int:

@@ -58,8 +58,7 @@ def run_side_by_side(commands: dict, logs: Path, claims: Path) -> dict[str, int]
     ends; returns each part's exit code. Ctrl-C or SIGTERM stops every part first."""
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "CLAIMS_DIR": str(claims), COUNTERS: str(counters_lock(claims)),
-           "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": path}
+           "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     started = said = time.monotonic()
     jobs = {name: subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.STDOUT,
                                    stdout=(logs / f"{name}.log").open("w"),

@@ -288,7 +288,9 @@ def gpu_counters_alone():
     (tests/gpu_suite.py); a plain pytest run, one process, needs none."""
     import fcntl
     import os
-    path = os.environ.get("GPU_COUNTERS_LOCK")
+
+    from tests.gpu_suite import COUNTERS
+    path = os.environ.get(COUNTERS)
     if not path:
         yield
         return
