@@ -30,13 +30,18 @@ from core.errors import (
     exit_code,
     interruption,
     one_line,
-    wrapped_interrupt,
 )
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
 from core.phases import mark_nvtx, phase, step_range
 from core.run_folder import check_out_dir, check_run_name, display, utc_stamp
-from core.signals import ignore_stop_signals, note_stop_signals, raise_if_stopped, stop_once
+from core.signals import (
+    ignore_stop_signals,
+    note_stop_signals,
+    raise_if_stopped,
+    stop_once,
+    wrapped_interrupt,
+)
 from profiling.scaling import check_baseline
 from training import ddp, parallel, speedups
 from training.ddp import COMM_HOOKS

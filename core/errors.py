@@ -11,13 +11,16 @@
     NonFiniteLoss           the loss became NaN or inf (a RuntimeError; the run fails on it)
 
 Anything else is a bug and keeps its traceback. Nothing here imports torch, nor anything of
-the project's own (core/commands.py turns a command's errors into its exit).
+the project's own but core/signals.py (core/commands.py turns a command's errors into its
+exit).
 """
 
 import errno
 import os
 import sys
 from pathlib import Path
+
+from core.signals import wrapped_interrupt
 
 # The launcher's folder where each rank of a job leaves its one line (training/launch.py).
 ERRORS_ENV = "RAGGED_RANK_ERRORS"
@@ -121,20 +124,6 @@ def report_errors(run, *args, report=None) -> int:
             raise
         raise interrupt from None  # a Ctrl-C or SIGTERM, however Python wrapped it
 
-
-def wrapped_interrupt(exc: BaseException) -> KeyboardInterrupt | None:
-    """The KeyboardInterrupt (a Ctrl-C or SIGTERM: core/signals.py) that exc was raised
-    from, if any. Python 3.11 wraps what a __set_name__ raises in a RuntimeError: a SIGTERM
-    whose handler ran inside a functools.cached_property's __set_name__, as make compare
-    imported a module 2 s into its life, printed 56 lines of traceback (1 of 1,300
-    moments)."""
-    seen: list[BaseException] = []
-    while exc is not None and all(exc is not e for e in seen):
-        if isinstance(exc, KeyboardInterrupt):
-            return exc
-        seen.append(exc)
-        exc = exc.__cause__
-    return None
 
 
 # What the file system, not the code, refused: a full disk or quota, a read-only one, a

@@ -77,12 +77,28 @@ def _unraisable(unraisable) -> None:
     """stop_once's KeyboardInterrupt raised where Python cannot raise (a weakref's callback
     as importlib drops a module lock, a finalizer, an at-fork callback): Python swallowed
     it with 7 lines of "Exception ignored in ..." under the run's one line (the 50-moment
-    loop's 16th round at 5931912). Its signal is noted, and raise_if_stopped raises it
-    again where the run can end; here it is not printed. Everything else goes to the hook
-    stop_once found."""
-    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _STOPPED:
+    loop's 16th round at 5931912). It, or the error Python wrapped it in, is not printed:
+    its signal is noted, and raise_if_stopped raises it again where the run can end.
+    Everything else goes to the hook stop_once found."""
+    if wrapped_interrupt(unraisable.exc_value) is not None and _STOPPED:
         return
     (_UNRAISABLE[0] if _UNRAISABLE else sys.__unraisablehook__)(unraisable)
+
+
+def wrapped_interrupt(exc: BaseException | None) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (a Ctrl-C or SIGTERM) that exc was raised from or while
+    handling, if any. Python 3.11 wraps what a __set_name__ raises in a RuntimeError: a
+    SIGTERM whose handler ran inside a functools.cached_property's __set_name__, as make
+    compare imported a module 2 s into its life, printed 56 lines of traceback (1 of
+    1,300 moments). The context counts too: code that catches the RuntimeError and raises
+    its own error `from None` (a compiler's) keeps the interrupt only there."""
+    seen: list[BaseException] = []
+    while exc is not None and all(exc is not e for e in seen):
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _child_ended(signum, frame) -> None:
@@ -115,11 +131,13 @@ def raise_if_stopped() -> None:
 
 
 @contextlib.contextmanager
-def stop_signals_held(act: bool = True, say=None, what: str | None = "the run's files"):
+def stop_signals_held(act: bool = True, say=None, what: str | None = "the run's files",
+                      forks: bool = False):
     """Ctrl-C and SIGTERM that arrive inside are held and acted on at the end (act=False:
     dropped, for a run already ending). say(line): told once when the first one arrives,
     that `what` is being written and kept (None: that the run is ending and keeps
-    nothing).
+    nothing). forks: the block forks data workers, which start with both signals blocked
+    (unblock_stop_signals, once a worker has its own handlers).
 
     Python-level handlers that only take note, not pthread_sigmask: a signal blocked in
     the main thread is delivered to another thread, and its KeyboardInterrupt could still
@@ -142,9 +160,12 @@ def stop_signals_held(act: bool = True, say=None, what: str | None = "the run's 
 
     previous = {signum: signal.signal(signum, hold)
                 for signum in STOP_SIGNALS}
+    mask = _block_for_children() if forks else None
     try:
         yield
     finally:
+        if mask is not None:  # one that came meanwhile runs `hold` as this returns
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for signum, handler in previous.items():
             if signal.getsignal(signum) is hold:  # not where a rank chose to ignore them
                 signal.signal(signum, handler)
@@ -154,3 +175,25 @@ def stop_signals_held(act: bool = True, say=None, what: str | None = "the run's 
                 handler(held[0], None)  # Ctrl-C's KeyboardInterrupt, train.py's SIGTERM
             elif handler == signal.SIG_DFL:
                 os.kill(os.getpid(), held[0])
+
+
+def _block_for_children():
+    """Blocks Ctrl-C and SIGTERM in this thread, so that a child forked now starts with
+    them blocked; the old mask (None where there is no such call). A data worker gets its
+    own handlers a moment after it forks; before that, PyTorch's C handler (set first in
+    its worker loop) let a SIGTERM sent to the whole group kill it, and the main process's
+    SIGCHLD handler then raised "worker killed by signal" inside the loader's start: in
+    a Thread.start() or before the iterator had its fields (5 in 457 tries at 0-50 ms
+    after the loader's line, under load). Here a signal to the process still reaches
+    `hold`: the kernel hands it to a thread that does not block it, or keeps it pending
+    until the mask is put back."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def unblock_stop_signals() -> None:
+    """Unblocks Ctrl-C and SIGTERM in a child forked under stop_signals_held(forks=True),
+    once its own handlers are set: one sent meanwhile is delivered to them now."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -17,6 +17,7 @@ import traceback
 import torch
 
 from core.errors import UserError
+from core.signals import unblock_stop_signals
 from data import shared_memory
 from data.ring_loader import RingLoader, ring_bytes
 
@@ -146,6 +147,7 @@ def _worker_init(worker_cores: set[int] | None):
         # whose parent is gone exits on its own.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, _on_sigterm)
+        unblock_stop_signals()  # forked with them blocked (feed.py, ring_loader.py)
         os.nice(19)
         if worker_cores:
             os.sched_setaffinity(0, worker_cores)

@@ -173,8 +173,8 @@ class RingLoader:
         self.close()
         if self.loader is None:
             self._make()
-        with stop_signals_held():  # a KeyboardInterrupt amid the forks left a half-made
-            batches = iter(self.loader)  # iterator (a traceback from its __del__)
+        with stop_signals_held(forks=True):  # a KeyboardInterrupt amid the forks left a
+            batches = iter(self.loader)  # half-made iterator (a traceback from __del__)
         self.pinned = self.pin and _register(self.ring)
         copies = []  # events after the device copies of the batches handed out, oldest first
         handed = False

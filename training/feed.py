@@ -46,7 +46,7 @@ class InStep:
     batch: what must follow them on the compute stream (several ranks' box counts)."""
 
     def __init__(self, loader, copy, arrive):
-        with stop_signals_held():  # PyTorch's loader forks its workers here
+        with stop_signals_held(forks=True):  # PyTorch's loader forks its workers here
             self.batches = iter(loader)
         self.copy, self.arrive = copy, arrive
         self._waited = 0.0

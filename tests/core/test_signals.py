@@ -74,6 +74,29 @@ def test_a_stop_signal_in_a_finalizer_prints_nothing_and_is_raised_again(stop_on
     assert sys.unraisablehook is signals._unraisable
 
 
+def test_a_stop_signal_python_wrapped_in_a_finalizer_prints_nothing(stop_once_here,
+                                                                    monkeypatch):
+    """The same signal whose handler ran inside a cached_property's __set_name__, in a
+    finalizer: Python 3.11 hands the hook a RuntimeError raised from the interrupt, and
+    it printed its traceback (make compare's 56 lines, the 50-moment loop's round 20)."""
+    import functools
+    import gc
+    seen = []
+    monkeypatch.setattr(signals, "_UNRAISABLE", [lambda u: seen.append(u.exc_value)])
+
+    class Signalled(functools.cached_property):
+        def __set_name__(self, owner, name):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here
+
+    class Finalized:
+        def __del__(self):
+            type("Made", (), {"x": Signalled(lambda self: 1)})
+
+    Finalized()
+    gc.collect()
+    assert seen == [] and signals.stop_signal() == "SIGTERM"
+
+
 def test_a_stop_signal_leaves_childrens_deaths_unannounced(stop_once_here):
     signal.signal(signal.SIGCHLD, lambda *_: pytest.fail("SIGCHLD handler ran"))
     _swallowing(signal.SIGTERM)
@@ -99,7 +122,7 @@ def test_a_signal_that_python_wrapped_is_still_an_interruption(capsys):
 
     import train
     from core.commands import command
-    from core.errors import wrapped_interrupt
+    from core.signals import wrapped_interrupt
 
     class Interrupting(functools.cached_property):
         def __set_name__(self, owner, name):
@@ -114,6 +137,13 @@ def test_a_signal_that_python_wrapped_is_still_an_interruption(capsys):
         made = exc
     assert isinstance(wrapped_interrupt(made), KeyboardInterrupt)
     assert wrapped_interrupt(RuntimeError("a bug")) is None
+    try:  # a compiler's own error raised `from None` over it: the context keeps it
+        try:
+            body(None)
+        except RuntimeError:
+            raise ValueError("the compiler's") from None
+    except ValueError as exc:
+        assert isinstance(wrapped_interrupt(exc), KeyboardInterrupt)
     with pytest.raises(KeyboardInterrupt):
         command(body)([])
 

@@ -141,3 +141,35 @@ def test_a_batch_over_capacity_names_its_largest_sample():
                        "predicts only 2: raise --max-boxes to at least 7 \\(this batch's "
                        "largest\\)"):
         check_capacity(samples, 2)
+
+
+def test_a_worker_outlives_a_group_sigterm_that_comes_before_its_handlers():
+    """A SIGTERM to the whole group in the moment after a data worker forked, before its
+    init set its handlers, killed it by PyTorch's C handler (set first in the worker
+    loop), and the main process raised "worker killed by signal" inside the loader's
+    start (the fork test, 5 in 457 tries). Forked under stop_signals_held(forks=True), the
+    worker holds it until its own handler takes it, and lives."""
+    import os
+    import signal
+
+    from core.signals import stop_signals_held
+    from data.loader import _worker_init
+
+    init = _worker_init(None)
+    ready_r, ready_w = os.pipe()
+    sent_r, sent_w = os.pipe()
+    with stop_signals_held(forks=True):
+        pid = os.fork()
+        if pid == 0:  # the worker: PyTorch's handler first, which dies of a SIGTERM
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.write(ready_w, b"x")
+            os.read(sent_r, 1)  # the SIGTERM is on its way: its handlers come after it
+            init(0)
+            os._exit(0)
+        assert os.read(ready_r, 1) == b"x"
+        os.kill(pid, signal.SIGTERM)  # between its fork and its own handlers
+        os.write(sent_w, b"x")
+    for fd in (ready_r, ready_w, sent_r, sent_w):
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the worker died of the SIGTERM"
