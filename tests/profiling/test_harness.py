@@ -105,11 +105,11 @@ def test_a_bug_before_any_profiled_step_keeps_only_its_traceback(tmp_path, monke
 
 
 def test_a_failed_trace_write_leaves_nothing_half_written(tmp_path, monkeypatch):
-    import profiling.harness
+    import profiling.trace_writer
 
     def disk_full(run_dir, worker="*"):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(profiling.harness, "gzip_traces", disk_full)
+    monkeypatch.setattr(profiling.trace_writer, "gzip_traces", disk_full)
     with pytest.raises(RunFailed) as failed:
         train.run(train.parse_config(TINY + ["--out-dir", str(tmp_path), "--run-name", "run"]))
     # The write named no file: the run's folder, where it was writing, is named.
@@ -153,7 +153,7 @@ def test_a_signal_as_the_run_starts_to_end_still_marks_its_folder(tmp_path, monk
     import profiling.harness
     from core.signals import STOP_SIGNALS, stop_once
     monkeypatch.setattr(core.signals, "_STOPPED", [])  # the signal is this test's alone
-    real = profiling.harness.ProfiledRun._profiled_done
+    real = profiling.harness.ProfiledRun.profiled_done
     sent = []
 
     def profiled_done(self):
@@ -161,7 +161,7 @@ def test_a_signal_as_the_run_starts_to_end_still_marks_its_folder(tmp_path, monk
             sent.append(signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)  # its handler raises here
         return real(self)
-    monkeypatch.setattr(profiling.harness.ProfiledRun, "_profiled_done", profiled_done)
+    monkeypatch.setattr(profiling.harness.ProfiledRun, "profiled_done", profiled_done)
     _break_dataset_at(monkeypatch, 12)  # steps 1-3 complete, step 4 fails
     before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     stop_once()
@@ -180,7 +180,7 @@ def test_a_signal_as_the_run_starts_to_end_still_marks_its_folder(tmp_path, monk
 
 def test_an_early_end_outlasts_a_scalar_writer_that_never_closes(tmp_path, monkeypatch):
     """A Ctrl-C inside TensorBoard's add_scalar can leave its writer's close() waiting two
-    minutes (profiling/harness.close_within): the early end goes on without it."""
+    minutes (profiling/profiler_setup.close_within): the early end goes on without it."""
     import time
 
     import torch.utils.tensorboard
@@ -194,3 +194,28 @@ def test_an_early_end_outlasts_a_scalar_writer_that_never_closes(tmp_path, monke
     assert time.monotonic() - start < 15
     (kept,) = tmp_path.iterdir()
     assert kept.name.endswith("-failed")
+
+
+def test_kinetos_line_about_a_folder_gone_read_only_is_dropped(tmp_path, monkeypatch, capfd):
+    """The folder turned read-only between the check before the trace's write and kineto's
+    open (a CI run): kineto's ERROR line went out beside the run's one line. It is taken
+    aside and dropped, and the write ends on an OSError naming the folder; what kineto
+    says of a write that went well still reaches stderr."""
+    import os
+
+    from profiling.profiler_setup import _into_writable
+    writable = [True]
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: writable[0] and real(path, mode))
+
+    def remounted_as_it_writes(prof):
+        writable[0] = False
+        os.write(2, b"ERROR:... output_json.cpp:466] Failed to open '...': Read-only\n")
+    with pytest.raises(OSError) as refused:
+        _into_writable(tmp_path, remounted_as_it_writes)(None)
+    assert refused.value.filename == str(tmp_path)
+    assert capfd.readouterr().err == ""
+
+    writable[0] = True
+    _into_writable(tmp_path, lambda prof: os.write(2, b"a warning of kineto's\n"))(None)
+    assert capfd.readouterr().err == "a warning of kineto's\n"
