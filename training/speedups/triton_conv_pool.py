@@ -7,15 +7,15 @@ triton_conv_pool_bwd turns on the Triton one."""
 from training.speedups.base import SpeedUp, rebind
 
 
-def swap(model, build) -> None:
+def swap(model, build, triton_backward: bool = False) -> None:
+    """triton_backward: the block's backward as Triton kernels too (triton_conv_pool_bwd,
+    which swaps the block again with it)."""
     from kernels.trunk.conv_pool import conv_pool_bias_relu
-    block = model.features[2]
-    block.triton_backward = False  # triton_conv_pool_bwd's
 
     def forward(block, x):
         conv = block[0]
-        return conv_pool_bias_relu(x, conv.weight, conv.bias, block.triton_backward)
-    rebind(block, forward)
+        return conv_pool_bias_relu(x, conv.weight, conv.bias, triton_backward)
+    rebind(model.block("third"), forward)
 
 
 SPEEDUP = SpeedUp(

@@ -1,13 +1,15 @@
 """The third block's backward from its pooled gradient and the forward's pool code, in two
 Triton kernels (kernels/trunk/conv_pool_bwd.py): the pool's backward wrote the
 full-resolution gradient (537 MB at batch 1024), which cuDNN's input and weight gradients
-read back. It reads triton_conv_pool's code, so without that one it is off."""
+read back. It reads triton_conv_pool's code, and swaps that forward again with its
+backward, so without that one it is off."""
 
 from training.speedups.base import SpeedUp
+from training.speedups.triton_conv_pool import swap
 
 
 def turn_on(model, build) -> None:
-    model.features[2].triton_backward = True  # read by triton_conv_pool's forward
+    swap(model, build, triton_backward=True)
 
 
 SPEEDUP = SpeedUp(

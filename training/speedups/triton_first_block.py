@@ -7,20 +7,21 @@ dtype that autocast gives the conv, in the layout of the second block's conv wei
 from training.speedups.base import SpeedUp, rebind
 
 
-def swap(model, build) -> None:
+def swap(model, build, keep_code: bool = False) -> None:
+    """keep_code: the forward also writes the pool's code for the backward
+    (triton_first_block_code, which swaps the block again with it)."""
     import torch
 
     from kernels.triton_op import is_nhwc
     from kernels.trunk.first_block import first_block
     dtype = build.autocast_dtype
-    nhwc = is_nhwc(model.features[1][0].weight)  # after channels_last, if that is on
+    nhwc = is_nhwc(model.block("second")[0].weight)  # after channels_last, if that is on
     model.pixels = torch.nn.Identity()  # the kernel reads the uint8 pixels
-    model.features[0].keep_code = False  # triton_first_block_code's
 
     def forward(block, images):
         conv = block[0]
-        return first_block(images, conv.weight, conv.bias, dtype, nhwc, block.keep_code)
-    rebind(model.features[0], forward)
+        return first_block(images, conv.weight, conv.bias, dtype, nhwc, keep_code)
+    rebind(model.block("first"), forward)
 
 
 SPEEDUP = SpeedUp(

@@ -2,14 +2,15 @@
 forward also writes which window position won for each pooled value (4 bytes a pooled
 pixel, 67 MB at batch 1024), and the weight and bias gradients read it instead of
 recomputing the conv from the image (144 FMAs and the window's scan a pooled pixel):
-21 selects and 10 FMAs a channel. It sets what triton_first_block's forward reads, so
-without that one it is off."""
+21 selects and 10 FMAs a channel. It swaps triton_first_block's forward again, keeping
+the code, so without that one it is off."""
 
 from training.speedups.base import SpeedUp
+from training.speedups.triton_first_block import swap
 
 
 def turn_on(model, build) -> None:
-    model.features[0].keep_code = True  # read by triton_first_block's forward
+    swap(model, build, keep_code=True)
 
 
 SPEEDUP = SpeedUp(

@@ -20,8 +20,8 @@ def swap(model, build) -> None:
                          conv.groups)
             return pool_bias_relu(x, conv.bias, flat=flat)
         return forward
-    rebind(model.features[2], pooled(flat=False))
-    rebind(model.features[3], pooled(flat=True))
+    rebind(model.block("third"), pooled(flat=False))
+    rebind(model.block("fourth"), pooled(flat=True))
 
 
 SPEEDUP = SpeedUp(

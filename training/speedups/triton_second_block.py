@@ -12,7 +12,7 @@ def swap(model, build) -> None:
     def forward(block, x):
         conv = block[0]
         return second_block(x, conv.weight, conv.bias)
-    rebind(model.features[1], forward)
+    rebind(model.block("second"), forward)
 
 
 SPEEDUP = SpeedUp(
