@@ -83,11 +83,13 @@ NCU_ARGS = $(if $(filter-out file,$(origin LOSS)),--loss $(LOSS)) \
 ncu: $(SETUP)
 	$(PYTHON) -m studies.ncu $(strip $(NCU_ARGS) $(ARGS))
 
-# The CPU suite (Triton kernels in Triton's interpreter); the browser test is make
-# test-browser's.
+# The CPU suite (Triton kernels in Triton's interpreter), shared by TEST_WORKERS pytest
+# processes (tests/gpu_suite.py, as make test-gpu); the browser test is make
+# test-browser's. One file alone: $(PYTHON) -m pytest tests/<file>.
+TEST_WORKERS ?= 2
 test: $(SETUP)
-	@echo "make test: the CPU suite, about 20 to 30 minutes on 2 cores (pytest prints a dot a test, and the 15 slowest at the end)"
-	$(PYTHON) -m pytest -q -m "not browser" --durations=15 tests
+	@echo "make test: the CPU suite, $(TEST_WORKERS) pytest workers side by side (a line a minute, the failures in full and the 15 slowest at the end)"
+	$(PYTHON) -m tests.gpu_suite --workers $(TEST_WORKERS) --marker "not browser" --no-sanitizer $(ARGS)
 
 # ruff over the project's Python (ruff.toml); make setup installs it, CI runs it first.
 lint: $(SETUP)

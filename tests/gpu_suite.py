@@ -1,7 +1,9 @@
 """make test-gpu: every GPU-marked test and compute-sanitizer over the kernels, run side by
-side on one GPU, with one verdict.
+side on one GPU, with one verdict. make test: the CPU suite the same way, 2 workers and
+no sanitizer (--marker "not browser").
 
-    python3 -m tests.gpu_suite [--workers 6] [--logs DIR] [--no-sanitizer] [pytest args]
+    python3 -m tests.gpu_suite [--workers 6] [--marker gpu] [--logs DIR] [--no-sanitizer]
+                               [pytest args]
 
 Most of the suite's time is Triton compiling kernels on the host (an fp32 kernel's IEEE
 dots unroll into FMAs: a minute or more for some), one core each, while the GPU waits. So
@@ -9,7 +11,9 @@ dots unroll into FMAs: a minute or more for some), one core each, while the GPU 
 worker to reach it, the long ones spread as they come) and compute-sanitizer runs beside
 them. Each writes a log and a JUnit file into --logs; at the end come the failures in
 full, the slowest tests, the totals and the wall time. Exit 1 if a test or the sanitizer
-failed, 130 on Ctrl-C (every part stopped), 0 otherwise.
+failed, 130 on Ctrl-C (every part stopped), 0 otherwise. Tests marked `alone` read the
+whole machine's state (what is left in /dev/shm): they run after the others, in one
+worker.
 """
 
 import argparse
@@ -33,15 +37,28 @@ SANITIZER = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1",
 
 def parts(args, pytest_args: list[str], logs: Path) -> dict[str, list[str]]:
     """name -> command line of each part that runs side by side."""
-    commands = {}
-    for i in range(args.workers):
-        commands[f"worker{i}"] = [
-            sys.executable, "-m", "pytest", "-q", "-m", args.marker, "-p", "tests.claims",
-            "-p", "no:cacheprovider", f"--junitxml={logs / f'worker{i}.xml'}",
-            *(pytest_args or ["tests"])]
+    commands = {f"worker{i}": _pytest(_and(args.marker, "not alone"), f"worker{i}",
+                                      pytest_args, logs)
+                for i in range(args.workers)}
     if not args.no_sanitizer:
         commands["sanitizer"] = SANITIZER
     return commands
+
+
+def alone(args, pytest_args: list[str], logs: Path) -> dict[str, list[str]]:
+    """The one part that runs after the others: the tests marked alone."""
+    return {"worker-alone": _pytest(_and(args.marker, "alone"), "worker-alone", pytest_args,
+                                    logs)}
+
+
+def _and(marker: str, more: str) -> str:
+    return f"({marker}) and {more}" if marker else more
+
+
+def _pytest(marker: str, name: str, pytest_args: list[str], logs: Path) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-m", marker, "-p", "tests.claims",
+            "-p", "no:cacheprovider", f"--junitxml={logs / f'{name}.xml'}",
+            *(pytest_args or ["tests"])]
 
 
 # The file the workers lock around ncu and the energy counter (tests.helpers.
@@ -141,7 +158,8 @@ def failure_sections(log: Path) -> str:
     return "\n".join(text.splitlines()[-40:])
 
 
-def report(codes: dict, results: dict, logs: Path, wall: float) -> int:
+def report(codes: dict, results: dict, logs: Path, wall: float,
+           title: str = "make test-gpu") -> int:
     """The failures in full, the slowest tests, the totals; the exit code."""
     # pytest's exit 5: a worker that ran no test (the others took them all).
     broken = [n for n, c in codes.items() if c and not (n.startswith("worker") and c == 5)]
@@ -159,7 +177,7 @@ def report(codes: dict, results: dict, logs: Path, wall: float) -> int:
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no tests"
     if "sanitizer" in codes:
         summary += "; compute-sanitizer " + ("FAILED" if codes["sanitizer"] else "passed")
-    print(f"make test-gpu: {summary}, {wall:.0f} s wall; logs in {logs}", flush=True)
+    print(f"{title}: {summary}, {wall:.0f} s wall; logs in {logs}", flush=True)
     return 1 if failed or broken or not results else 0
 
 
@@ -178,7 +196,8 @@ def what_is_missing(args) -> str | None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="make test-gpu", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m tests.gpu_suite",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=6,
                         help="pytest processes sharing the tests (default 6)")
     parser.add_argument("--marker", default="gpu", help="pytest's -m (default gpu)")
@@ -193,18 +212,20 @@ def main(argv=None) -> int:
     if missing:
         print(f"error: {missing}", file=sys.stderr)
         return 2
-    logs = args.logs or REPO / "profiles" / time.strftime("test-gpu-%Y%m%d-%H%M%S",
+    folder = "test-gpu" if args.marker == "gpu" else "test"
+    logs = args.logs or REPO / "profiles" / time.strftime(f"{folder}-%Y%m%d-%H%M%S",
                                                           time.gmtime())
     logs.mkdir(parents=True, exist_ok=True)
-    commands = parts(args, pytest_args, logs)
-    print(f"make test-gpu: {args.workers} pytest workers"
-          f"{'' if args.no_sanitizer else ' and compute-sanitizer'} side by side; logs in "
-          f"{logs}", flush=True)
-    claims = Path(tempfile.mkdtemp(prefix="gpu-suite-claims-"))
+    name = "make test-gpu" if args.marker == "gpu" else "make test"
+    print(f"{name}: {args.workers} pytest workers"
+          f"{'' if args.no_sanitizer else ' and compute-sanitizer'} side by side, then the "
+          f"tests marked alone; logs in {logs}", flush=True)
+    claims = Path(tempfile.mkdtemp(prefix="suite-claims-"))
     started = time.monotonic()
     stop_once()  # Ctrl-C and SIGTERM as one KeyboardInterrupt
     try:
-        codes = run_side_by_side(commands, logs, claims)
+        codes = run_side_by_side(parts(args, pytest_args, logs), logs, claims)
+        codes.update(run_side_by_side(alone(args, pytest_args, logs), logs, claims))
     except KeyboardInterrupt:
         print(f"error: interrupted: every part was stopped; logs in {logs}", file=sys.stderr)
         return 130
@@ -212,7 +233,7 @@ def main(argv=None) -> int:
         shutil.rmtree(claims, ignore_errors=True)
         counters_lock(claims).unlink(missing_ok=True)
     return report(codes, outcomes(sorted(logs.glob("worker*.xml"))), logs,
-                  time.monotonic() - started)
+                  time.monotonic() - started, name)
 
 
 if __name__ == "__main__":

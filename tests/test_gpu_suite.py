@@ -50,7 +50,7 @@ def test_the_workers_share_the_suite_and_report_it_as_one(tmp_path):
     lines = done.stdout.splitlines()
     assert "FAILED test_a::test_fails" in lines
     assert not any("test_b::test_fails" in line and "FAILED" in line for line in lines)
-    assert "make test-gpu: 1 failure, 25 passed, 2 skipped, 2 xfailed" in lines[-1]
+    assert "make test: 1 failure, 25 passed, 2 skipped, 2 xfailed" in lines[-1]
     ran = [outcomes([logs / f"worker{i}.xml"]) for i in range(3)]
     assert sum(len(r) for r in ran) == 30  # each test in one worker only
     assert sum(1 for r in ran if r) >= 2  # the sleeping tests spread
@@ -63,7 +63,7 @@ def test_a_suite_that_passes_exits_0_and_says_so(tmp_path):
                            str(tmp_path / "test_c.py")], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "make test-gpu: 1 passed," in done.stdout.splitlines()[-1]
+    assert "make test: 1 passed," in done.stdout.splitlines()[-1]
 
 
 def test_without_a_gpu_or_the_sanitizer_it_says_so_in_one_line(tmp_path):
@@ -119,3 +119,41 @@ def test_the_workers_read_the_gpus_counters_one_at_a_time(tmp_path):
     assert all(ran), "the two tests ran in one worker: nothing was shared"
     assert not [n for n in set(os.listdir(os.environ.get("TMPDIR", "/tmp"))) - before
                 if n.endswith(".lock")]
+
+
+MACHINE = """
+import time
+import pytest
+
+def _log(name):
+    start = time.time()
+    time.sleep(0.5)
+    with open({log!r}, "a") as log:
+        log.write(f"{{name}} {{start}} {{time.time()}}\\n")
+
+@pytest.mark.parametrize("i", range(4))
+def test_beside(i):
+    _log("beside")
+
+@pytest.mark.alone
+def test_on_its_own():
+    _log("alone")
+"""
+
+
+def test_a_test_marked_alone_runs_after_the_others_in_one_worker(tmp_path):
+    """A test that reads the whole machine's state (what is left in /dev/shm) cannot share
+    it: it runs once every worker has ended, in a worker of its own."""
+    log = tmp_path / "times.txt"
+    (tmp_path / "test_e.py").write_text(MACHINE.format(log=str(log)))
+    done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers", "2",
+                           "--marker", "", "--no-sanitizer", "--logs", str(tmp_path / "logs"),
+                           str(tmp_path / "test_e.py")], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "make test: 5 passed," in done.stdout.splitlines()[-1]
+    times = [line.split() for line in log.read_text().splitlines()]
+    (alone_start,) = [float(start) for name, start, _ in times if name == "alone"]
+    assert alone_start >= max(float(end) for name, _, end in times if name == "beside")
+    (ran_alone,) = outcomes([tmp_path / "logs" / "worker-alone.xml"])
+    assert ran_alone.endswith("test_e::test_on_its_own")

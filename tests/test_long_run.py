@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO, TINY, gone, our_lines, signal_after, start_long_run
 
 STEPS = 300
@@ -23,6 +25,7 @@ def _leftovers() -> set[str]:
     return found | {str(p) for p in Path("/tmp").glob("pymp-*")}
 
 
+@pytest.mark.alone  # the machine's /dev/shm, before and after
 def test_a_run_of_hundreds_of_steps_times_and_counts_every_one(tmp_path):
     before = _leftovers()
     result = subprocess.run([sys.executable, str(REPO / "train.py"), *TINY, "--steps",
@@ -64,6 +67,7 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.alone  # the machine's /dev/shm, before and after
 def test_a_workers_error_deep_into_a_run_leaves_nothing_behind(tmp_path):
     before = _leftovers()
     result = subprocess.run([sys.executable, "-c", _FAILING, *TINY, "--steps", str(STEPS),
@@ -81,6 +85,7 @@ def test_a_workers_error_deep_into_a_run_leaves_nothing_behind(tmp_path):
     assert _leftovers() <= before, sorted(_leftovers() - before)
 
 
+@pytest.mark.alone  # the machine's /dev/shm, before and after
 def test_ctrl_c_deep_into_a_ring_run_leaves_nothing_behind(tmp_path):
     before = _leftovers()
     proc = start_long_run(tmp_path, "--num-workers", "2")
