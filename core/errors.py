@@ -125,7 +125,6 @@ def report_errors(run, *args, report=None) -> int:
         raise interrupt from None  # a Ctrl-C or SIGTERM, however Python wrapped it
 
 
-
 # What the file system, not the code, refused: a full disk or quota, a read-only one, a
 # name too long. One line naming the cause, not a traceback.
 WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG)

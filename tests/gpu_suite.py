@@ -76,6 +76,11 @@ def run_side_by_side(commands: dict, logs: Path, claims: Path) -> dict[str, int]
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "CLAIMS_DIR": str(claims), COUNTERS: str(counters_lock(claims)),
            "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    # Each worker's share of the cores for torch's threads (as training/launch.py gives a
+    # rank its share): two workers of 2 threads each on 2 cores made OpenMP's threads
+    # spin against each other, and make compare's test took 330 s instead of 26.
+    workers = sum(1 for name in commands if name.startswith("worker"))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(workers, 1))))
     started = said = time.monotonic()
     jobs = {name: subprocess.Popen(argv, cwd=REPO, env=env, stderr=subprocess.STDOUT,
                                    stdout=(logs / f"{name}.log").open("w"),
