@@ -84,9 +84,10 @@ ncu: $(SETUP)
 	$(PYTHON) -m studies.ncu $(strip $(NCU_ARGS) $(ARGS))
 
 # The CPU suite (Triton kernels in Triton's interpreter), shared by TEST_WORKERS pytest
-# processes (tests/gpu_suite.py, as make test-gpu); the browser test is make
-# test-browser's. One file alone: $(PYTHON) -m pytest tests/<file>.
-TEST_WORKERS ?= 2
+# processes (tests/gpu_suite.py, as make test-gpu): on 2 cores 3 beat 2, as many tests
+# wait on the processes they start. The browser test is make test-browser's. One file
+# alone: $(PYTHON) -m pytest tests/<file>.
+TEST_WORKERS ?= 3
 test: $(SETUP)
 	@echo "make test: the CPU suite, $(TEST_WORKERS) pytest workers side by side (a line a minute, the failures in full and the 15 slowest at the end)"
 	$(PYTHON) -m tests.gpu_suite --workers $(TEST_WORKERS) --marker "not browser" --no-sanitizer $(ARGS)

@@ -157,3 +157,24 @@ def test_a_test_marked_alone_runs_after_the_others_in_one_worker(tmp_path):
     assert alone_start >= max(float(end) for name, _, end in times if name == "beside")
     (ran_alone,) = outcomes([tmp_path / "logs" / "worker-alone.xml"])
     assert ran_alone.endswith("test_e::test_on_its_own")
+
+
+def test_each_worker_gets_its_share_of_the_cores_for_torchs_threads(tmp_path):
+    """Two workers of as many OpenMP threads as cores each, on 2 cores, spun against each
+    other: a test of make compare took 330 s instead of 26. Each worker (and what it
+    starts) gets cores / workers threads, unless OMP_NUM_THREADS is set."""
+    log = tmp_path / "threads.txt"
+    (tmp_path / "test_f.py").write_text(
+        "import os\n\ndef test_threads():\n"
+        f"    open({str(log)!r}, 'a').write(os.environ['OMP_NUM_THREADS'] + '\\n')\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    for workers, given, expected in ((2, None, max(1, os.cpu_count() // 2)),
+                                     (1, "3", 3)):
+        log.unlink(missing_ok=True)
+        done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers",
+                               str(workers), "--marker", "", "--no-sanitizer", "--logs",
+                               str(tmp_path / f"logs{workers}"), str(tmp_path / "test_f.py")],
+                              cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env={**env, **({"OMP_NUM_THREADS": given} if given else {})})
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert log.read_text().split() == [str(expected)]
