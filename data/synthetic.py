@@ -61,7 +61,7 @@ class SyntheticFaces(Dataset):
 def uniform_bytes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     """`rng.integers(0, 256, shape, dtype=np.uint8)`, the same bytes, in a third of the time.
 
-    Why: a loader worker spends 54 of its 90 us a 256x256 sample here (bench/loader_rate.py,
+    Why: a loader worker spends most of a 256x256 sample's time here (bench/loader_rate.py,
     results/several-gpus.md), and on several GPUs a rank's loaders are its bound. numpy
     draws a full-range uint8 as the bytes of successive 32-bit words, low byte first, and
     PCG64 gives its 32-bit words as the low then the high half of each 64-bit one: so on a

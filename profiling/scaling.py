@@ -7,8 +7,8 @@ so rank 0's step is the job's).
 
 The scaling compares the sustained rates (every step after --settle) where both runs have
 one: a handful of profiled steps carries the profiler's own cost, which differs by design
-(DDP's profiled steps on two H100s took 40.8 ms against its sustained 27.3, and its
-scaling read 1.25x where the sustained rates give 1.60x).
+(DDP's profiled steps took half as long again as its sustained ones, and the scaling
+they gave was far off: results/several-gpus.md).
 """
 
 from pathlib import Path

@@ -24,8 +24,8 @@ category, so each number here is defined once:
   past it. With three steps or more, busy_ms is the steady state: the union from the
   second step's first kernel on the compute stream (the stream of most GPU time) to the
   last step's, over the periods between them. Two steps or fewer: the union up to the
-  compute stream's last end, over the steps (the first step's lighter start counted: at
-  5ab6b8b this read 0.4 ms under the steady state of the H100's step);
+  compute stream's last end, over the steps (the first step's lighter start counted, a
+  little under the steady state);
 - top kernels: the GPU activities of the profiled steps by name, their time and count per
   step (what a CUDA graph's replay spends, whose phases are not separate ranges).
 All per-step numbers are means over the profiled (active) steps; cpu_ms_each lists each

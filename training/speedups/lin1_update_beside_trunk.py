@@ -1,4 +1,4 @@
-"""lin1's update beside the trunk: the shadow SGD (21.5 GB through HBM, 7.2 ms on the H100)
+"""lin1's update beside the trunk: the shadow SGD (21.5 GB through HBM, ~7.2 ms at 3 TB/s)
 forked onto a low-priority side stream as soon as lin1's gradient is ready, and joined just
 before lin1's next forward, while the step itself runs on a high-priority stream. The update
 then fills what the trunk's backward, the other parameters' update and the next step's
@@ -19,8 +19,7 @@ Why the priorities: the block scheduler gives an SM's freed room to the higher-p
 stream's waiting blocks first. With the step high and the update low, the update's short
 blocks (kernels/lin1/shadow_sgd.py's, one a 4096 elements) take only room that no trunk
 block is waiting for, and a trunk kernel whose blocks need a whole SM (cuDNN's input
-gradient of the fourth block) waits for some of them to end (23 µs in a profile), not
-for the whole update.
+gradient of the fourth block) waits for some of them to end, not for the whole update.
 Measured both ways in results/toward-20ms.md: at equal priority, or with a persistent
 update, the trunk's kernels waited and the step was slower.
 
