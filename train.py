@@ -371,7 +371,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
 
     label = describe(cfg.loss, cfg.backend)
     name = cfg.run_name or f"{label.replace('/', '-')}-{cfg.mode}-{utc_stamp()}"
-    with ProfiledRun(cfg, label, phases_of(cfg.mode, graphed is not None), cuda,
+    with ProfiledRun(plan_of(cfg), label, phases_of(cfg.mode, graphed is not None), cuda,
                      check_out_dir(cfg.out_dir), name, used=speed, ranks=ranks,
                      facts={"batches": batches,
                             "parallel": {"design": design, "why": why}}) as prof:
@@ -387,13 +387,23 @@ def run(cfg: Config, reuse: bool = False) -> dict:
             prof.say(f"design: --parallel {design} ({why})")
         prof.say(f"batches: {cfg.loader} loader, copied to the device {batches['copy']}")
         # The loss is read --run-ahead steps late in train mode on a GPU (reader_lag).
-        reader = StepReader(cuda, lag=reader_lag(cfg, cuda))
+        reader = StepReader(cuda, lag=reader_lag(cfg.mode, cfg.run_ahead, cuda))
         try:
             _steps(prof, feed, graphed, fns.train_step, reader)
         finally:  # an early end's summary has it too
             batches["loader_rate"] = own_rate(loader)
             feed.close()
     return prof.record
+
+
+def plan_of(cfg: Config):
+    """What the harness reads of the run (profiling/run_plan.py): the fields of its own
+    name, the whole configuration for summary.json, and two facts of the speed-ups and
+    the several-rank knobs."""
+    from profiling.run_plan import RunPlan
+    given = {f.name for f in dataclasses.fields(RunPlan)} - {"config", "runs_triton", "ddp"}
+    return RunPlan(config=dataclasses.asdict(cfg), runs_triton=speedups.runs_triton(cfg),
+                   ddp=ddp.knobs(cfg), **{name: getattr(cfg, name) for name in given})
 
 
 def _steps(prof, feed, graphed, train_step, reader) -> None:

@@ -6,7 +6,6 @@ exception then goes on as RunInterrupted or RunFailed, whose message is the one 
 print. On several ranks only rank 0 keeps, marks or removes the folder; the others drop
 their unfinished trace. A part of profiling/harness.ProfiledRun."""
 
-import dataclasses
 
 from core import run_folder
 from core.errors import (
@@ -116,7 +115,7 @@ class EarlyEnd:
             trace_writer.remove_plain_traces(self.dir, self.ranks.worker_name())
             self._drop_other_ranks_plain_traces()
             self.write_files({"status": "failed", "reason": reason, "completed_steps": self.done,
-                         "planned_steps": self.total, "config": dataclasses.asdict(self.cfg)},
+                         "planned_steps": self.total, "config": self.plan.config},
                         exc)
             marked = run_folder.mark(self.dir, "failed")
         except BaseException:  # noqa: BLE001

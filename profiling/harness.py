@@ -2,7 +2,7 @@
 profiler and its schedule, TensorBoard scalars, a progress line per step, and at the end
 the gzipped trace and summary.json. train.py's loop runs inside it:
 
-    with ProfiledRun(cfg, label, phases, cuda) as run:
+    with ProfiledRun(plan, label, phases, cuda) as run:
         for step in run.steps():
             ...                                  # the phases, each a record_function
             for read in reader.ready():          # profiling/step_reader.py: a step's loss
@@ -20,7 +20,6 @@ and the scalars' writer (profiling/profiler_setup.py); the record at the end
 (profiling/run_record.py); an early end (profiling/early_end.py).
 """
 
-import dataclasses
 import math
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from core.signals import ignore_stop_signals, stop_signals_held
 from profiling import compile_account, gpu_clocks, memory_account
 from profiling.early_end import EarlyEnd
 from profiling.profiler_setup import NoScalars, close_ending, make_profiler, quiet_writer_thread
+from profiling.run_plan import RunPlan
 from profiling.run_record import RunRecord
 from training import job_notes
 from training.ranks import Ranks, abandon_nccl, set_hang_timeout
@@ -43,17 +43,17 @@ LINE_EVERY_STEP_UP_TO = 500
 
 
 class ProfiledRun(RunRecord, EarlyEnd):
-    def __init__(self, cfg, label: str, phases: tuple[str, ...], cuda: bool,
+    def __init__(self, plan: RunPlan, label: str, phases: tuple[str, ...], cuda: bool,
                  out_dir: Path, run_name: str, used: dict | None = None,
                  ranks: Ranks = Ranks(),  # noqa: B008 (a frozen dataclass: one process)
                  facts: dict | None = None):
-        self.cfg, self.label, self.phases, self.cuda = cfg, label, phases, cuda
+        self.plan, self.label, self.phases, self.cuda = plan, label, phases, cuda
         self.speedups = used  # what training/speedups.resolve says this run uses
         self.facts = facts or {}  # more of what the run used, for summary.json
         self.ranks = ranks
         self.out_dir, self.run_name = out_dir, run_name
-        self.window = cfg.wait + cfg.warmup + cfg.active  # the profiler's steps
-        self.total = max(cfg.steps, self.window)  # planned; --seconds may end it sooner
+        self.window = plan.wait + plan.warmup + plan.active  # the profiler's steps
+        self.total = max(plan.steps, self.window)  # planned; --seconds may end it sooner
         self.done = 0          # steps completed
         self.losses: list[float] = []
         self._last_line = 0.0  # when the last progress line was printed (time.monotonic)
@@ -97,20 +97,20 @@ class ProfiledRun(RunRecord, EarlyEnd):
         self.dir = ranks.share(lambda: run_folder.new_run_dir(self.out_dir, self.run_name))
         set_hang_timeout(None)  # this run's first steps may compile (a run before it did not)
         if ranks.main:  # for the launcher, should this process die unable to mark it
-            job_notes.running(self.dir, dataclasses.asdict(self.cfg), self.total)
+            job_notes.running(self.dir, self.plan.config, self.total)
         self.writer = SummaryWriter(str(self.dir)) if ranks.main else NoScalars()
         quiet_writer_thread()
         self.compiled_before = compile_account.begin()  # this run's compiles: what comes after
         after_trace = None
-        if self.cfg.memory_snapshot:  # train.validate: one process on a GPU
+        if self.plan.memory_snapshot:  # train.validate: one process on a GPU
             self.memory = memory_account.AllocatorHistory(self.dir / memory_account.SNAPSHOT)
             after_trace = self._memory_by_category
-        self.profiler = make_profiler(self.cfg, self.dir, self.cuda, ranks.worker_name(),
+        self.profiler = make_profiler(self.plan, self.dir, self.cuda, ranks.worker_name(),
                                       after_trace)
         self.profiler.__enter__()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
-        if self.memory and self.cfg.wait + self.cfg.warmup == 0:
+        if self.memory and self.plan.wait + self.plan.warmup == 0:
             self.memory.start()  # the first step is profiled
         self._exiting = False  # __exit__ says why
         if self.cuda and ranks.main:
@@ -130,9 +130,9 @@ class ProfiledRun(RunRecord, EarlyEnd):
         have gone by."""
         started = time.perf_counter()
         for step in range(self.total):
-            if (step >= self.window and self.cfg.seconds
-                    and time.perf_counter() - started > self.cfg.seconds):
-                self.say(f"{self.cfg.seconds:g} s of steps reached: the run ends after "
+            if (step >= self.window and self.plan.seconds
+                    and time.perf_counter() - started > self.plan.seconds):
+                self.say(f"{self.plan.seconds:g} s of steps reached: the run ends after "
                          f"{step} of {self.total} steps")
                 return
             if self.clocks and step == self.first_sustained():
@@ -141,9 +141,9 @@ class ProfiledRun(RunRecord, EarlyEnd):
 
     def schedule_of(self, step: int) -> str:
         """Where a step falls in the profiler's schedule: wait, warmup or profiled."""
-        cfg = self.cfg
-        return ("wait" if step < cfg.wait else
-                "warmup" if step < cfg.wait + cfg.warmup else
+        plan = self.plan
+        return ("wait" if step < plan.wait else
+                "warmup" if step < plan.wait + plan.warmup else
                 "profiled" if step < self.window else "unprofiled")
 
     def record_step(self, read) -> None:
@@ -186,7 +186,7 @@ class ProfiledRun(RunRecord, EarlyEnd):
             # host-device sync: once a run, at the profiled window's end, so that its
             # trace holds every kernel of its last step (the host runs steps ahead).
             torch.cuda.synchronize()
-        if self.memory and step + 1 == self.cfg.wait + self.cfg.warmup:
+        if self.memory and step + 1 == self.plan.wait + self.plan.warmup:
             self.memory.start()  # the next step is the first profiled one
         if self.memory and step + 1 == self.window:
             self.say("writing the allocator's snapshot...")
@@ -194,8 +194,8 @@ class ProfiledRun(RunRecord, EarlyEnd):
         if self.clocks:
             self.clocks.step_ended()
         self.done = step + 1
-        if self.done == max(self.cfg.settle, 1):  # compiled and tuned: a long wait is a hang
-            set_hang_timeout(self.cfg.hang_timeout)
+        if self.done == max(self.plan.settle, 1):  # compiled and tuned: a long wait is a hang
+            set_hang_timeout(self.plan.hang_timeout)
         # Ctrl-C or SIGTERM inside the profiler's step transition could leave it unable to
         # write the trace of the steps already done: the signal waits until it is over.
         with stop_signals_held():
@@ -227,7 +227,7 @@ class ProfiledRun(RunRecord, EarlyEnd):
 
     def profiled_done(self) -> int:
         """The profiled steps that completed so far."""
-        return min(self.cfg.active, max(0, self.done - self.cfg.wait - self.cfg.warmup))
+        return min(self.plan.active, max(0, self.done - self.plan.wait - self.plan.warmup))
 
     def _exit(self, exc_type, exc, tb):
         self._exiting = True  # signals are held from here on (__exit__)

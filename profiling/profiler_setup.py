@@ -15,14 +15,14 @@ import torch
 from core.bounded import finished_within
 from core.errors import is_write_failure
 from core.names import FUSED
+from profiling.run_plan import RunPlan
 from profiling.trace_events import quiet_cpu_profiler
-from training import speedups
 
 # How long an early end waits for TensorBoard's writer to close (close_within).
 WRITER_CLOSE_S = 2.0
 
 
-def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train",
+def make_profiler(plan: RunPlan, run_dir: Path, cuda: bool, worker: str = "train",
                   after_trace=None) -> torch.profiler.profile:
     """wait/warmup/active schedule; the Chrome trace goes into the run folder when the
     active steps end (plain JSON, gzipped afterwards: profiling/trace_writer.py), named
@@ -40,12 +40,12 @@ def make_profiler(cfg, run_dir: Path, cuda: bool, worker: str = "train",
     warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
     return torch.profiler.profile(
         activities=activities,
-        schedule=torch.profiler.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
+        schedule=torch.profiler.schedule(wait=plan.wait, warmup=plan.warmup, active=plan.active,
                                          repeat=1),
         on_trace_ready=_then(_into_writable(run_dir, torch.profiler.tensorboard_trace_handler(
             str(run_dir), worker)), after_trace),
-        record_shapes=cfg.memory_snapshot, profile_memory=_memory_worth_profiling(cfg),
-        with_stack=cfg.memory_snapshot)
+        record_shapes=plan.memory_snapshot, profile_memory=_memory_worth_profiling(plan),
+        with_stack=plan.memory_snapshot)
 
 
 def _into_writable(run_dir: Path, handler):
@@ -111,14 +111,14 @@ def _then(first, second):
     return both
 
 
-def _memory_worth_profiling(cfg) -> bool:
+def _memory_worth_profiling(plan: RunPlan) -> bool:
     """Memory events for TensorBoard's memory view, except where Triton's interpreter runs
     a kernel of the step (a CPU run of a fused strategy or a Triton block): it keeps a
     block of each launch alive into the next launch, so the first profiled step frees a
     block made before the profiler started and c10 prints 'CPUAllocator.cpp:245 Memory
     block of unknown size...'."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
-    return not (interpreted and (cfg.loss in FUSED or speedups.runs_triton(cfg)))
+    return not (interpreted and (plan.loss in FUSED or plan.runs_triton))
 
 
 def close_within(writer, seconds: float) -> None:

@@ -1,9 +1,8 @@
 """A run's record at its end: the trace summarized, the rates, FLOPs, clocks, memory and
 compiles beside it, every rank's gathered on rank 0, and summary.json, the report page and
 the table written. A part of profiling/harness.ProfiledRun, which holds the state it reads
-(cfg, dir, ranks, step_times, losses, the clocks' and memory's records)."""
+(plan, dir, ranks, step_times, losses, the clocks' and memory's records)."""
 
-import dataclasses
 import json
 import time
 import traceback
@@ -30,7 +29,6 @@ from profiling.table import format_table
 from profiling.trace_events import find_trace, load_trace
 from profiling.trace_summary import not_measured_on_a_cpu, step_device_ms, summarize
 from training import job_notes
-from training.ddp import knobs
 
 
 class RunRecord:
@@ -58,21 +56,22 @@ class RunRecord:
             title += f" ({status} after {summary['steps']} profiled steps)"
         table = format_table(summary, title, on_gpu=self.cuda)
         first = self.first_sustained()
-        rate = sustained(self.step_times, first, self.cfg.batch_size * self.ranks.world)
+        rate = sustained(self.step_times, first, self.plan.batch_size * self.ranks.world)
         busy = self._busy_fraction(summary)
         wait = data_wait(self.step_times, first)
-        slow = tail(self.step_times, first, reader_lag(self.cfg, self.cuda))
+        lag = reader_lag(self.plan.mode, self.plan.run_ahead, self.cuda)
+        slow = tail(self.step_times, first, lag)
         paced = pace(self.step_times, first)
         model_flops = self._model_flops(summary, rate, env["device"])
         table += "\n" + flops.describe(model_flops, "the step's device time", env["device"],
-                                       self.cfg.mode)
-        first_ms = sum(t["host_ms"] for t in self.step_times[:self.cfg.settle])
+                                       self.plan.mode)
+        first_ms = sum(t["host_ms"] for t in self.step_times[:self.plan.settle])
         compiled = compile_account.account(self.compiled_before, first_ms)
         if compiled:
-            table += "\n" + compile_account.describe(compiled, self.cfg.settle)
+            table += "\n" + compile_account.describe(compiled, self.plan.settle)
         if rate:
             loader = self.facts.get("batches", {}).get("loader_rate")
-            table += "\n" + describe(rate, busy, wait, loader, self.cfg.batch_size, slow,
+            table += "\n" + describe(rate, busy, wait, loader, self.plan.batch_size, slow,
                                       paced)
             clocks = gpu_clocks.describe(self.clocks_summary)
             if clocks:
@@ -81,7 +80,7 @@ class RunRecord:
         if memory:
             table += "\n" + memory_account.describe(memory)
         return {"status": status, **extra,
-                "config": dataclasses.asdict(self.cfg), "speedups": self.speedups,
+                "config": self.plan.config, "speedups": self.speedups,
                 **self.facts,
                 "environment": env, "trace": trace.name, "table": table,
                 "step_times": self.step_times, "sustained": rate, "gpu_busy_fraction": busy,
@@ -97,11 +96,11 @@ class RunRecord:
     def first_sustained(self) -> int:
         """The first step of the sustained rate: the steps before it compile and tune. A
         CUDA graph is captured at the last --wait step: not a step of the steady state."""
-        cfg = self.cfg
-        return max(cfg.settle, cfg.wait) if "graph" in self.phases else cfg.settle
+        plan = self.plan
+        return max(plan.settle, plan.wait) if "graph" in self.phases else plan.settle
 
     def _title(self, device: str) -> str:
-        return f"{self.label}, {self.cfg.mode} mode, batch {self.cfg.batch_size}, {device}"
+        return f"{self.label}, {self.plan.mode} mode, batch {self.plan.batch_size}, {device}"
 
     def _peak_gb(self) -> float | None:
         """The run's peak allocated GB (the allocator's counter), on a GPU."""
@@ -141,13 +140,13 @@ class RunRecord:
         sustained rate, also the MFU at that rate (each rank's share of the job's samples:
         every --parallel design does a rank's batch's FLOPs a rank, tp's shards of the
         global batch included)."""
-        cfg = self.cfg
-        per_step = flops.step_flops(cfg.batch_size, cfg.image_size, cfg.max_boxes, cfg.hidden,
-                                    cfg.mode)
+        plan = self.plan
+        per_step = flops.step_flops(plan.batch_size, plan.image_size, plan.max_boxes,
+                                    plan.hidden, plan.mode)
         gpu_s = step_device_ms(summary["step"]) / 1e3 if self.cuda else None
         account = flops.utilisation(per_step, gpu_s, device if self.cuda else None)
         if rate and self.cuda:
-            step_s = cfg.batch_size * self.ranks.world / rate["samples_per_s"]
+            step_s = plan.batch_size * self.ranks.world / rate["samples_per_s"]
             at_rate = flops.utilisation(per_step, step_s, device)
             account["sustained_tflop_per_s"] = at_rate["tflop_per_s"]
             account["sustained_mfu"] = at_rate["mfu"]
@@ -157,7 +156,7 @@ class RunRecord:
         """The profiled steps' GPU busy time (the union of their kernels, copies and memsets
         over every stream, from the trace) over their time on the device (the step reader's events):
         how much of each step the GPU was kept busy. None without device times."""
-        start = self.cfg.wait + self.cfg.warmup
+        start = self.plan.wait + self.plan.warmup
         window = self.step_times[start:start + summary["steps"]]
         device = [t["device_ms"] for t in window if t["device_ms"] is not None]
         if not device or len(device) < len(window) or not self.cuda:
@@ -201,8 +200,8 @@ class RunRecord:
             return None
         import torch.distributed as dist
         job = combine(record, per_rank, self.ranks.world, dist.get_backend())
-        job["ddp"] = knobs(self.cfg)
-        job["distributed"]["parallel"] = self.cfg.parallel
-        if self.cfg.scaling_baseline:
-            job["distributed"]["scaling"] = scaling(job, self.cfg.scaling_baseline)
+        job["ddp"] = self.plan.ddp
+        job["distributed"]["parallel"] = self.plan.parallel
+        if self.plan.scaling_baseline:
+            job["distributed"]["scaling"] = scaling(job, self.plan.scaling_baseline)
         return job

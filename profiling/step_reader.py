@@ -118,11 +118,11 @@ def _median_p95(ordered: list[float]) -> tuple[float, float]:
     return ordered[len(ordered) // 2], ordered[min(last, round(0.95 * last))]
 
 
-def reader_lag(cfg, cuda: bool) -> int:
+def reader_lag(mode: str, run_ahead: int, cuda: bool) -> int:
     """How many steps late train.py reads each loss: --run-ahead in train mode on a GPU;
     0 in forward mode (its ranges each end in a sync) and on a CPU (no stream to run
     ahead of)."""
-    return cfg.run_ahead if cfg.mode == "train" and cuda else 0
+    return run_ahead if mode == "train" and cuda else 0
 
 
 SLOWEST = 0.01  # the share of the steps tail() names

@@ -159,8 +159,8 @@ def test_long_runs_print_fewer_progress_lines(monkeypatch):
     one every 2 s: 31,250 lines an epoch was too many to read."""
     from profiling import harness
     run = harness.ProfiledRun.__new__(harness.ProfiledRun)
-    run.cfg = train.parse_config(["--preset", "cpu", "--wait", "100", "--warmup", "1",
-                                  "--active", "2"])
+    run.plan = train.plan_of(train.parse_config(["--preset", "cpu", "--wait", "100",
+                                                 "--warmup", "1", "--active", "2"]))
     run.window, run._last_line = 103, 0.0
     clock = iter(float(i) * 0.01 for i in range(10**6))
     monkeypatch.setattr(harness.time, "monotonic", lambda: next(clock))
