@@ -240,7 +240,7 @@ def validate(cfg: Config, world: int = 1) -> None:
     if cfg.run_name:
         check_run_name(cfg.run_name)
     check_out_dir(cfg.out_dir)
-    speedups.check(cfg, torch.cuda.is_available())
+    speedups.check(asked_of(cfg), torch.cuda.is_available())
     ddp.check(cfg)
     parallel.check(cfg, world)
     if cfg.scaling_baseline:
@@ -273,7 +273,7 @@ def make_step(cfg: Config, strategy, runner, optimizer, device, across=None,
     across = across or GlobalBatch(cfg.loss)
     cuda = device.type == "cuda"
     # The strategy's loss as the speed-ups that are on run it (--graphed-loss).
-    loss_fn = speedups.wrap_loss(speedups.resolve(cfg, cuda)["on"], strategy.loss)
+    loss_fn = speedups.wrap_loss(speedups.resolve(asked_of(cfg), cuda)["on"], strategy.loss)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)
     forward_only = cfg.mode == "forward"
     one = torch.ones((), device=device)  # d loss / d loss, made once: no fill launch per step
@@ -343,7 +343,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     cuda = torch.cuda.is_available()
     device = ranks.start(cuda, cfg.hang_timeout)  # its GPU (or the CPU), in the group
-    speed = speedups.resolve(cfg, cuda)
+    speed = speedups.resolve(asked_of(cfg), cuda)
     used = speed["on"]
     speedups.set_process_flags(used, cuda, many_runs=reuse)
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
@@ -354,14 +354,14 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     if cfg.torch_trace:
         compile_account.trace_to(cfg.torch_trace)
     t_model = time.perf_counter()
-    model, runner, optimizer = speedups.build(cfg, used, device, reuse,
-                                              *ddp.wrapper(cfg, ranks, device))
+    model, runner, optimizer = speedups.build(used, device, reuse, model_sizes(cfg), cfg.amp,
+                                              cfg.lr, *ddp.wrapper(cfg, ranks, device))
     t_model = time.perf_counter() - t_model
     across = GlobalBatch.of(cfg, ranks, model)
     fns = make_step(cfg, strategy, runner, optimizer, device, across,
                     parallel.prefetcher(cfg, ranks, model))
 
-    graphed = speedups.graphed_step(used, fns.train_step, fns.to_device, cfg)
+    graphed = speedups.graphed_step(used, fns.train_step, fns.to_device, asked_of(cfg))
     # Forward mode keeps the original's copy, closed by a sync; a graph copies into its
     # captured tensors; a CPU has no stream to copy on.
     ahead = cfg.copy_ahead and cuda and cfg.mode == "train" and graphed is None
@@ -396,13 +396,28 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     return prof.record
 
 
+def asked_of(cfg: Config):
+    """What the speed-ups' checks read of the run (training/speedups/base.Asked): each
+    one's value, a few of the run's fields, and the several-rank design it uses."""
+    from training.speedups.base import Asked
+    world = from_env().world
+    return Asked(values={name: getattr(cfg, name) for name in speedups.ORDER},
+                 loss=cfg.loss, mode=cfg.mode, amp=cfg.amp, wait=cfg.wait,
+                 design=parallel.choose(cfg, world)[0] if world > 1 else "ddp")
+
+
+def model_sizes(cfg: Config) -> tuple:
+    """model/build.py's image_size, capacity, hidden, compile and seed, in that order."""
+    return cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile, cfg.seed
+
+
 def plan_of(cfg: Config):
     """What the harness reads of the run (profiling/run_plan.py): the fields of its own
     name, the whole configuration for summary.json, and two facts of the speed-ups and
     the several-rank knobs."""
     from profiling.run_plan import RunPlan
     given = {f.name for f in dataclasses.fields(RunPlan)} - {"config", "runs_triton", "ddp"}
-    return RunPlan(config=dataclasses.asdict(cfg), runs_triton=speedups.runs_triton(cfg),
+    return RunPlan(config=dataclasses.asdict(cfg), runs_triton=speedups.runs_triton(asked_of(cfg)),
                    ddp=ddp.knobs(cfg), **{name: getattr(cfg, name) for name in given})
 
 

@@ -163,12 +163,13 @@ def preset_step(train_args: list[str]):
     train_args (the GPU preset), built as train.py builds it, compiled afresh."""
     import losses
     cfg = train.parse_config(train_args)
-    used = speedups.resolve(cfg, True)["on"]
+    used = speedups.resolve(train.asked_of(cfg), True)["on"]
     speedups.set_process_flags(used, True, many_runs=True)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     device = torch.device("cuda", 0)
     torch._dynamo.reset()
-    model, runner, optimizer = speedups.build(cfg, used, device, False)
+    model, runner, optimizer = speedups.build(used, device, False, train.model_sizes(cfg),
+                                              cfg.amp, cfg.lr)
     fns = train.make_step(cfg, strategy, runner, optimizer, device)
     return cfg, model, fns, one_batch(cfg, strategy, device)
 

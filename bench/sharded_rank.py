@@ -83,7 +83,7 @@ def design_step(name, args, mesh) -> dict:
     cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend] +
                              (["--lin1-update-beside-trunk", "off"] if inline else []))
     device = torch.device("cuda", 0)
-    used = speedups.resolve(cfg, True)["on"]
+    used = speedups.resolve(train.asked_of(cfg), True)["on"]
     speedups.set_process_flags(used, True, many_runs=True)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     torch._dynamo.reset()  # the last design's compiled graphs held its model
@@ -92,7 +92,8 @@ def design_step(name, args, mesh) -> dict:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    model, runner, optimizer = speedups.build(cfg, used, device, False, wrap_for(design, mesh))
+    model, runner, optimizer = speedups.build(used, device, False, train.model_sizes(cfg),
+                                              cfg.amp, cfg.lr, wrap_for(design, mesh))
     prefetch = (lambda: model.lin1.unshard(async_op=True)) if design == "zero" else None
     fns = train.make_step(cfg, strategy, runner, optimizer, device, prefetch=prefetch)
     batch = one_batch(cfg, strategy, device)

@@ -88,7 +88,7 @@ def why_not_here(speedup: str, base: train.Config, loss: str, cuda: bool) -> str
             return (f"Triton's interpreter would take ~{seconds:.0f} s a step here (batch "
                     f"{base.batch_size}, {base.image_size}x{base.image_size} images); it "
                     "runs on a GPU")
-    return spec.why_not(run_config(base, loss=loss), cuda)
+    return spec.why_not(train.asked_of(run_config(base, loss=loss)), cuda)
 
 
 # cuDNN keeps, per process, the algorithm it first chose for a convolution's shapes and

@@ -229,7 +229,7 @@ def with_what_it_needs(name: str, usable) -> list[str]:
     from training import speedups
     spec = speedups.BY_NAME[name]
     alone = train.Config(**{**speedups.baseline_values(), name: "on" if spec.choice else True})
-    if speedups.resolve(alone, cuda=True)["on"][name]:
+    if speedups.resolve(train.asked_of(alone), cuda=True)["on"][name]:
         return [name]
     before = speedups.ORDER[:speedups.ORDER.index(name) + 1]
     return [n for n in before if usable(speedups.BY_NAME[n])]
@@ -297,3 +297,10 @@ def gpu_counters_alone():
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def resolved(cfg, cuda: bool) -> dict:
+    """training/speedups.resolve for a train.Config: what a run of it uses."""
+    import train
+    from training import speedups
+    return speedups.resolve(train.asked_of(cfg), cuda)

@@ -45,7 +45,8 @@ def test_a_strategy_that_syncs_is_refused_a_cuda_graph(monkeypatch):
     from training.speedups import cuda_graph
     syncing = dataclasses.replace(names.REGISTRY["padded"], syncs=True)
     monkeypatch.setitem(names.REGISTRY, "syncing", syncing)
-    cfg = type("Cfg", (), {"loss": "syncing", "mode": "train"})()
-    assert "waits for the device" in cuda_graph.refusal(cfg, cuda=True)
-    cfg.loss = "padded"
-    assert "waits for the device" not in (cuda_graph.refusal(cfg, cuda=False) or "")
+    from training.speedups.base import Asked
+    asked = Asked(values={}, loss="syncing", mode="train", amp=True, wait=2)
+    assert "waits for the device" in cuda_graph.refusal(asked, cuda=True)
+    asked = dataclasses.replace(asked, loss="padded")
+    assert "waits for the device" not in (cuda_graph.refusal(asked, cuda=False) or "")

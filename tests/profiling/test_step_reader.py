@@ -12,7 +12,7 @@ from data import SyntheticFaces
 from data.loader import make_loader
 from profiling import step_reader
 from profiling.step_reader import StepReader, sustained
-from tests.helpers import SMALL, TINY, make_every_loss_nan
+from tests.helpers import SMALL, TINY, make_every_loss_nan, resolved
 from training import speedups
 from training.feed import CopyAhead
 
@@ -176,9 +176,10 @@ def test_a_train_step_has_no_host_device_sync(loss, backend):
     cfg = train.parse_config(SMALL + ["--loss", loss, "--backend", backend])
     strategy = losses.get(loss, backend=backend, capacity=cfg.max_boxes)
     device = torch.device("cuda")
-    used = speedups.resolve(cfg, True)["on"]
+    used = resolved(cfg, True)["on"]
     speedups.set_process_flags(used, True, many_runs=False)
-    _, runner, optimizer = speedups.build(cfg, used, device, reuse=False)
+    _, runner, optimizer = speedups.build(used, device, False, train.model_sizes(cfg),
+                                          cfg.amp, cfg.lr)
     fns = train.make_step(cfg, strategy, runner, optimizer, device)
     loader = make_loader(SyntheticFaces(10 * cfg.batch_size, cfg.image_size, cfg.seed),
                          cfg.batch_size, 0, strategy.collate, pin_memory=True, ring=True)

@@ -176,7 +176,7 @@ def test_lin1s_update_beside_the_trunk_needs_a_whole_gradient(monkeypatch, desig
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     cfg = train.parse_config(RANK_ARGS + ["--parallel", design])
-    reason = BY_NAME["lin1_update_beside_trunk"].refusal(cfg, True)
+    reason = BY_NAME["lin1_update_beside_trunk"].refusal(train.asked_of(cfg), True)
     assert (reason is not None) == refused, reason
     if refused:
         assert "tp and tp2d only" in reason

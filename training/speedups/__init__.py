@@ -4,10 +4,10 @@ speed-up holds), applied to the plain model, its optimizer or the process; all o
 runs in it (channels_last before the Triton blocks that keep its layout).
 
     train.Config             one field and flag per speed-up (switches())
-    check(cfg, cuda)         one line for one asked where it cannot apply
-    resolve(cfg, cuda)       what a run uses, and why an auto one is off (summary.json)
+    check(asked, cuda)       one line for one asked where it cannot apply
+    resolve(asked, cuda)     what a run uses, and why an auto one is off (summary.json)
     set_process_flags(...)   the process-wide flags, every run
-    build(cfg, used, ...)    (model, runner, optimizer) with the model's and optimizer's
+    build(used, ...)         (model, runner, optimizer) with the model's and optimizer's
     graphed_step(...)        the CUDA graph's replay, or None
     wrap_loss(used, loss)    the strategy's loss as the speed-ups run it
 
@@ -22,7 +22,7 @@ import importlib
 
 from core.cli import option
 from core.errors import UserError
-from training.speedups.base import CHOICES, Build, SpeedUp
+from training.speedups.base import CHOICES, Asked, Build, SpeedUp
 
 ORDER = ("cudnn_benchmark", "fused_sgd", "channels_last", "triton_first_block",
          "triton_second_block", "triton_pool", "triton_conv_pool", "triton_conv_pool_bwd",
@@ -62,15 +62,15 @@ def cpu_preset_values() -> dict:
             if not s.choice and (s.gpu_only or s.interpreter_slow)}
 
 
-def check(cfg, cuda: bool) -> None:
+def check(asked: Asked, cuda: bool) -> None:
     """A speed-up asked for (a switch on, a choice "on") where it cannot apply: one line,
     before anything is written."""
     for s in SPEEDUPS:
-        value = getattr(cfg, s.name)
+        value = asked[s.name]
         if s.choice and value not in CHOICES:
             raise UserError(f"{s.flag} takes auto, on or off, not {value!r}")
         if value in (True, "on"):
-            reason = s.why_not(cfg, cuda)
+            reason = s.why_not(asked, cuda)
             if reason and s.choice:
                 raise UserError(f"{s.flag} on: {reason}; use {s.flag} off or auto")
             if reason:
@@ -78,20 +78,20 @@ def check(cfg, cuda: bool) -> None:
                                 "here")
 
 
-def resolve(cfg, cuda: bool) -> dict:
+def resolve(asked: Asked, cuda: bool) -> dict:
     """What this run uses: each speed-up on or off, and for each choice why it is off
     (None where it is on). Recorded in summary.json."""
     on, reasons = {}, {}
     for s in SPEEDUPS:
-        value = getattr(cfg, s.name)
+        value = asked[s.name]
         if value in (False, "off"):
             reason = "turned off"
         else:  # a switch on passed check(); a choice on or auto may still not apply
-            reason = s.why_not(cfg, cuda) if s.choice else None
+            reason = s.why_not(asked, cuda) if s.choice else None
         if reason is None and value == "auto" and s.auto_off:
-            reason = s.auto_off(cfg)
+            reason = s.auto_off(asked)
         if reason is None and s.idle:
-            reason = s.idle(cfg, on)
+            reason = s.idle(asked, on)
         on[s.name] = reason is None
         if s.choice:
             reasons[f"{s.name}_off_because"] = reason
@@ -110,10 +110,10 @@ def describe_used(speed: dict) -> str:
     return text
 
 
-def runs_triton(cfg) -> bool:
+def runs_triton(asked: Asked) -> bool:
     """Whether a speed-up asked for runs Triton kernels in the model (where the
     interpreter runs them, the profiler's memory events break: profiling/harness.py)."""
-    return any(getattr(cfg, s.name) for s in SPEEDUPS if s.interpreter_slow)
+    return any(asked[s.name] for s in SPEEDUPS if s.interpreter_slow)
 
 
 def set_process_flags(used: dict, cuda: bool, many_runs: bool) -> None:
@@ -124,10 +124,10 @@ def set_process_flags(used: dict, cuda: bool, many_runs: bool) -> None:
             s.process(used[s.name], cuda, many_runs)
 
 
-def build_context(cfg, device) -> Build:
+def build_context(amp: bool, lr: float, device) -> Build:
     import torch
-    autocast = cfg.amp and device.type == "cuda"
-    return Build(autocast_dtype=torch.bfloat16 if autocast else torch.float32, lr=cfg.lr)
+    autocast = amp and device.type == "cuda"
+    return Build(autocast_dtype=torch.bfloat16 if autocast else torch.float32, lr=lr)
 
 
 def model_transform(used: dict, build: Build):
@@ -153,23 +153,23 @@ def make_optimizer(model, used: dict, build: Build):
     return make(list(model.parameters()))
 
 
-def build(cfg, used: dict, device, reuse: bool, wrap=None, wrap_key=None):
-    """(model, runner, optimizer) of a run: the plain model built and transformed by the
-    speed-ups that are on, then wrapped (DDP on several ranks) and compiled (model/
-    build.py), and its optimizer."""
+def build(used: dict, device, reuse: bool, sizes: tuple, amp: bool, lr: float, wrap=None,
+          wrap_key=None):
+    """(model, runner, optimizer) of a run: the plain model of `sizes` (model/build.py's
+    image_size, capacity, hidden, compile and seed) built and transformed by the speed-ups
+    that are on, then wrapped (DDP on several ranks) and compiled, and its optimizer."""
     from model import build_model
-    context = build_context(cfg, device)
-    model, runner = build_model(cfg.image_size, cfg.max_boxes, cfg.hidden, cfg.compile,
-                                cfg.seed, device, reuse, model_transform(used, context),
+    context = build_context(amp, lr, device)
+    model, runner = build_model(*sizes, device, reuse, model_transform(used, context),
                                 wrap=wrap, wrap_key=wrap_key)
     return model, runner, make_optimizer(model, used, context)
 
 
-def graphed_step(used: dict, train_step, to_device, cfg):
+def graphed_step(used: dict, train_step, to_device, asked: Asked):
     """What replays the step (the CUDA graph), or None: the step runs as it is."""
     for s in SPEEDUPS:
         if used[s.name] and s.step:
-            return s.step(train_step, to_device, cfg)
+            return s.step(train_step, to_device, asked)
     return None
 
 

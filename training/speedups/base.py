@@ -10,25 +10,27 @@ says its name, its help, where it applies, and how it applies:
                                optimizer (fused SGD, the bf16 shadow's own step)
     process(on, cuda, many)    sets a process-wide flag for every run, on or off (cuDNN's
                                autotuning)
-    step(train_step, to_device, cfg)
+    step(train_step, to_device, asked)
                                -> what replays the step (the CUDA graph)
     loss(loss_fn)              -> the strategy's loss wrapped (its graph), as Liger
                                swaps a model's loss for its own
 
-and where it is refused: gpu_only; refusal(cfg, cuda) (why it cannot apply to a run, or
+and where it is refused: gpu_only; refusal(asked, cuda) (why it cannot apply to a run, or
 None: a switch given there, or a choice given "on", is one line and exit 2, "auto" is off
-with that reason); idle(cfg, on) (why it would do nothing in a run where it is on: the
+with that reason); idle(asked, on) (why it would do nothing in a run where it is on: the
 forward mode's optimizer, a backward whose forward is off; recorded off, no error; `on`
-holds the speed-ups before it in the ladder, resolved); auto_off(cfg) (why "auto" leaves
+holds the speed-ups before it in the ladder, resolved); auto_off(asked) (why "auto" leaves
 a choice off in a run where it could apply, measured not to pay there; "on" still turns
 it on); interpreter_slow (Triton kernels that the interpreter runs at ~100 s a step on 2
 cores: off in the CPU preset, make ladder skips it on a CPU). A switch (default True or
 False) is a flag --name / --no-name; a choice (default "auto", "on" or "off") takes one
 of those, auto meaning "where the run allows it" (and, with auto_off, where it pays).
+What they read of the run is an Asked record, which train.py fills (asked_of).
 
 Nothing here imports torch at import time (train.py --help reads every SPEEDUP).
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,14 +62,31 @@ class SpeedUp:
         """Whether it takes auto, on or off rather than being a switch."""
         return isinstance(self.default, str)
 
-    def why_not(self, cfg, cuda: bool) -> str | None:
-        """Why it cannot apply to this run (cfg with the other speed-ups as they are), or
-        None: its own refusal first (the most telling: a ragged strategy's step is no CUDA
-        graph on any machine), then a GPU-only one without a GPU."""
-        reason = self.refusal(cfg, cuda) if self.refusal else None
+    def why_not(self, asked: "Asked", cuda: bool) -> str | None:
+        """Why it cannot apply to this run (with the other speed-ups as asked), or None:
+        its own refusal first (the most telling: a ragged strategy's step is no CUDA graph
+        on any machine), then a GPU-only one without a GPU."""
+        reason = self.refusal(asked, cuda) if self.refusal else None
         if reason is None and self.gpu_only and not cuda:
             reason = "needs a CUDA GPU"
         return reason
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What the speed-ups' checks read of a run: each speed-up's switch or choice as given
+    (asked["cuda_graph"]), the strategy, the mode, autocast, the profiler's --wait, and the
+    several-rank design the run uses ("ddp" on one rank). train.py fills it; nothing here
+    reads train.Config's fields."""
+    values: Mapping[str, bool | str]
+    loss: str
+    mode: str
+    amp: bool
+    wait: int
+    design: str = "ddp"
+
+    def __getitem__(self, name: str) -> bool | str:
+        return self.values[name]
 
 
 @dataclass(frozen=True)

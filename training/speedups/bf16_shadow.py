@@ -35,6 +35,6 @@ SPEEDUP = SpeedUp(
     "bf16_shadow",
     "lin1's weight as bf16 with fp32 master weights, updated by one Triton kernel that "
     "reads the bf16 gradient (GPU, with --amp)",
-    gpu_only=True, refusal=lambda cfg, cuda: None if cuda and cfg.amp else
+    gpu_only=True, refusal=lambda asked, cuda: None if cuda and asked.amp else
     "needs bf16 autocast on a CUDA GPU (--amp)",
     model=shadow, optimizer=with_shadow)

@@ -9,9 +9,9 @@ from core.names import traits
 from training.speedups.base import SpeedUp
 
 
-def refusal(cfg, cuda: bool) -> str | None:
+def refusal(asked, cuda: bool) -> str | None:
     from training.ranks import from_env
-    loss = cfg.loss
+    loss = asked.loss
     record = traits(loss)
     if record.layout == "list":
         return (f"the {loss} strategy's targets are ragged (their shapes change every "
@@ -22,27 +22,27 @@ def refusal(cfg, cuda: bool) -> str | None:
     if record.syncs:
         return (f"the {loss} strategy's loss waits for the device (a host-device sync), "
                 "which a CUDA graph cannot hold")
-    if cfg.mode != "train":
+    if asked.mode != "train":
         return ("forward mode closes each phase with a device sync, which a CUDA graph "
                 "cannot hold")
     if not cuda:
         return "CUDA graphs need a CUDA GPU"
-    if cfg.lin1_update_beside_trunk == "on":
+    if asked["lin1_update_beside_trunk"] == "on":
         return ("lin1's update beside the trunk (--lin1-update-beside-trunk on) runs on into "
                 "the next step's forward, which a graph of one step cannot hold")
     if from_env().distributed:
         return ("a step with DDP's all-reduces is not captured as a CUDA graph here (one "
                 "GPU only)")
-    if cfg.wait < 2:
+    if asked.wait < 2:
         return ("a CUDA graph needs --wait 2 or more: one eager step to compile and tune, "
                 "one to capture, before the profiler records")
     return None
 
 
-def graphed(train_step, to_device, cfg):
+def graphed(train_step, to_device, asked):
     """Eager steps during the profiler's wait, the capture at its last wait step."""
     from training.cuda_graph import GraphedStep
-    return GraphedStep(train_step, to_device, capture_at=cfg.wait - 1)
+    return GraphedStep(train_step, to_device, capture_at=asked.wait - 1)
 
 
 SPEEDUP = SpeedUp(

@@ -15,5 +15,5 @@ def fused(model, make, build):
 SPEEDUP = SpeedUp(
     "fused_sgd", "one fused SGD-with-momentum kernel instead of foreach kernels",
     optimizer=fused,
-    idle=lambda cfg, on: "forward mode runs no optimizer step" if cfg.mode == "forward"
+    idle=lambda asked, on: "forward mode runs no optimizer step" if asked.mode == "forward"
     else None)

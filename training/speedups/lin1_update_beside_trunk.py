@@ -142,24 +142,22 @@ def update_in_backward(model, make, build):
     return make_beside
 
 
-def refusal(cfg, cuda: bool) -> str | None:
-    from training.parallel import choose
+def refusal(asked, cuda: bool) -> str | None:
     from training.ranks import from_env
-    world = from_env().world
-    if world > 1 and choose(cfg, world)[0] not in WHOLE_GRADIENT:
+    if from_env().world > 1 and asked.design not in WHOLE_GRADIENT:
         return ("on several ranks under ddp or zero lin1's gradient is reduced after its "
                 "hook has fired; tp and tp2d only")
-    if cfg.cuda_graph == "on":
+    if asked["cuda_graph"] == "on":
         return ("a CUDA graph holds one step, and this update runs on into the next "
                 "step's forward")
     return None
 
 
-def host_bound(cfg) -> str | None:
+def host_bound(asked) -> str | None:
     """Why auto leaves it off for this run's strategy, or None."""
     from core.names import HOST_BOUND
-    if cfg.loss in HOST_BOUND:
-        return (f"the {cfg.loss} strategy is host-bound: the update beside the trunk saves "
+    if asked.loss in HOST_BOUND:
+        return (f"the {asked.loss} strategy is host-bound: the update beside the trunk saves "
                 "GPU time its steps do not wait for, and cost nested 4-24 % of its epoch's "
                 "rate; --lin1-update-beside-trunk on to have it anyway")
     return None
@@ -174,5 +172,5 @@ SPEEDUP = SpeedUp(
     default="auto", gpu_only=True, refusal=refusal, auto_off=host_bound,
     model=join_before_head,
     optimizer=update_in_backward, process=step_stream,
-    idle=lambda cfg, on: None if on["bf16_shadow"] and cfg.mode == "train" else
+    idle=lambda asked, on: None if on["bf16_shadow"] and asked.mode == "train" else
     "it moves --bf16-shadow's update in train mode, which is off")

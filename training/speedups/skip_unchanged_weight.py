@@ -34,5 +34,5 @@ SPEEDUP = SpeedUp(
     "HBM writes saved where the learning rate moves few weights past a bf16 rounding "
     "(GPU, with --split-master)",
     gpu_only=True, optimizer=skip_unchanged,
-    idle=lambda cfg, on: None if on["split_master"] else
+    idle=lambda asked, on: None if on["split_master"] else
     "it changes --split-master's update, which is off")

@@ -35,5 +35,5 @@ SPEEDUP = SpeedUp(
     "lin1's fp32 master held as its bf16 weight plus a 16-bit low half: the shadow SGD "
     "moves 18 bytes an element, not 20 (GPU, with --bf16-shadow)",
     gpu_only=True, model=split_master,
-    idle=lambda cfg, on: None if on["bf16_shadow"] else
+    idle=lambda asked, on: None if on["bf16_shadow"] else
     "it holds --bf16-shadow's master, which is off")

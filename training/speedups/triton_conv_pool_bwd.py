@@ -17,5 +17,5 @@ SPEEDUP = SpeedUp(
     "with --triton-conv-pool, that block's backward as two Triton kernels from the pooled "
     "gradient and the pool's code",
     interpreter_slow=True, model=turn_on,
-    idle=lambda cfg, on: None if on["triton_conv_pool"] else
+    idle=lambda asked, on: None if on["triton_conv_pool"] else
     "it reads --triton-conv-pool's pool code, which is off")

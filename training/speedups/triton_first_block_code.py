@@ -18,5 +18,5 @@ SPEEDUP = SpeedUp(
     "with --triton-first-block, its forward keeps the pool's code and its backward reads "
     "it instead of recomputing the conv",
     interpreter_slow=True, model=turn_on,
-    idle=lambda cfg, on: None if on["triton_first_block"] else
+    idle=lambda asked, on: None if on["triton_first_block"] else
     "it reads --triton-first-block's forward, which is off")

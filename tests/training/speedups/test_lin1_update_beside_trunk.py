@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train
-from tests.helpers import SMALL, model_with, shadow_steps
+from tests.helpers import SMALL, model_with, resolved, shadow_steps
 from training import speedups
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -48,7 +48,7 @@ def test_a_new_optimizer_of_a_kept_model_takes_the_hook_over():
     model, first = model_with(BOTH, 32, 16, 64, seed, lr=0.5)
     used = {name: name in BOTH for name in speedups.ORDER}
     second = speedups.make_optimizer(model, used, speedups.build_context(
-        train.Config(lr=0.5), torch.device("cpu")))
+        True, 0.5, torch.device("cpu")))
     assert len(model.lin1_update.handles) == 1
     images = torch.randint(0, 255, (2, 1, 32, 32), dtype=torch.uint8)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # lin1's weight is bf16
@@ -71,16 +71,16 @@ def test_a_model_and_its_optimizer_are_freed_after_their_run():
 
 
 def test_it_is_on_where_it_applies_and_says_why_not_elsewhere():
-    on = speedups.resolve(train.Config(), cuda=True)["on"]
+    on = resolved(train.Config(), cuda=True)["on"]
     assert on["lin1_update_beside_trunk"] and on["bf16_shadow"]
-    off = speedups.resolve(train.Config(bf16_shadow=False), cuda=True)
+    off = resolved(train.Config(bf16_shadow=False), cuda=True)
     assert not off["on"]["lin1_update_beside_trunk"]
     assert "--bf16-shadow's update" in off["lin1_update_beside_trunk_off_because"]
-    graph = speedups.resolve(train.Config(cuda_graph="on"), cuda=True)
+    graph = resolved(train.Config(cuda_graph="on"), cuda=True)
     assert not graph["on"]["lin1_update_beside_trunk"] and graph["on"]["cuda_graph"]
     assert "runs on into the next step's forward" in \
         graph["lin1_update_beside_trunk_off_because"]
-    both = train.Config(cuda_graph="on", lin1_update_beside_trunk="on")
+    both = train.asked_of(train.Config(cuda_graph="on", lin1_update_beside_trunk="on"))
     assert "--lin1-update-beside-trunk on" in speedups.BY_NAME["cuda_graph"].why_not(both, True)
 
 
@@ -112,17 +112,17 @@ def test_the_step_runs_on_a_high_priority_stream_only_where_it_is_on():
 def test_auto_leaves_the_host_bound_strategies_without_it_and_on_still_applies(loss):
     """Their GPU idles most of each step: auto keeps the update in the optimizer, with the
     reason; on is a choice the user may still make there."""
-    auto = speedups.resolve(train.Config(loss=loss), cuda=True)
+    auto = resolved(train.Config(loss=loss), cuda=True)
     assert not auto["on"]["lin1_update_beside_trunk"]
     assert f"the {loss} strategy is host-bound" in \
         auto["lin1_update_beside_trunk_off_because"]
     assert "no lin1_update_beside_trunk: the" in speedups.describe_used(auto)
     on = train.Config(loss=loss, lin1_update_beside_trunk="on")
-    speedups.check(on, cuda=True)
-    assert speedups.resolve(on, cuda=True)["on"]["lin1_update_beside_trunk"]
+    speedups.check(train.asked_of(on), cuda=True)
+    assert resolved(on, cuda=True)["on"]["lin1_update_beside_trunk"]
 
 
 def test_auto_keeps_it_for_every_strategy_the_gpu_bounds():
     for loss in ("padded", "compiled", "kernel", "conditional", "packed", "compiled_packed"):
-        assert speedups.resolve(train.Config(loss=loss), cuda=True)["on"][
+        assert resolved(train.Config(loss=loss), cuda=True)["on"][
             "lin1_update_beside_trunk"], loss

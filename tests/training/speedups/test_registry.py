@@ -23,6 +23,7 @@ from tests.helpers import (
     cli,
     model_with,
     one_line_and_nothing_written,
+    resolved,
     with_what_it_needs,
 )
 from training import speedups
@@ -130,13 +131,13 @@ def test_each_model_speedup_keeps_the_parameters_names_and_values(name):
 def test_each_speedup_asked_for_where_it_cannot_apply_is_one_line(tmp_path, name):
     """Here, a CPU without autocast: one line naming the flag, exit 2, nothing written."""
     spec = speedups.BY_NAME[name]
-    reason = spec.why_not(_alone(name), cuda=False)
+    reason = spec.why_not(train.asked_of(_alone(name)), cuda=False)
     assert reason
     line = f"{spec.flag} on: {reason}" if spec.choice else f"{spec.flag} {reason}"
     one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *_asking_for(spec)),
                                  tmp_path, line)
     with pytest.raises(UserError, match=re.escape(line)):
-        speedups.check(_alone(name), cuda=False)
+        speedups.check(train.asked_of(_alone(name)), cuda=False)
 
 
 def test_every_switch_together_gives_the_baselines_losses_step_for_step(tmp_path):
@@ -173,19 +174,19 @@ def test_a_cuda_graph_where_none_can_be_made_is_one_line(tmp_path, args, message
 
 def test_auto_says_why_there_is_no_graph():
     cfg = train.parse_config(CPU + ["--loss", "loop", "--cuda-graph", "auto"])
-    used = speedups.resolve(cfg, cuda=True)
+    used = resolved(cfg, cuda=True)
     assert used["on"]["cuda_graph"] is False
     assert "ragged" in used["cuda_graph_off_because"]
     assert "no cuda_graph: the loop strategy's targets are ragged" in \
         speedups.describe_used(used)
     cfg = train.parse_config(CPU + ["--wait", "1", "--cuda-graph", "auto"])
-    assert "--wait 2 or more" in speedups.resolve(cfg, cuda=True)["cuda_graph_off_because"]
+    assert "--wait 2 or more" in resolved(cfg, cuda=True)["cuda_graph_off_because"]
     cfg = train.parse_config(CPU + ["--wait", "2", "--cuda-graph", "auto"])
-    assert speedups.resolve(cfg, cuda=True)["on"]["cuda_graph"] is True
+    assert resolved(cfg, cuda=True)["on"]["cuda_graph"] is True
 
 
 def _graphed_loss(*args, cuda=True):
-    used = speedups.resolve(train.parse_config(CPU + list(args)), cuda=cuda)
+    used = resolved(train.parse_config(CPU + list(args)), cuda=cuda)
     return used["on"]["graphed_loss"], used["graphed_loss_off_because"]
 
 
@@ -214,24 +215,24 @@ def test_a_graphed_loss_asked_for_another_strategy_is_one_line(tmp_path):
 def test_the_third_blocks_triton_backward_is_off_without_its_forward():
     """It reads the fused forward's code: with the forward off it cannot run, and the run
     says it did not."""
-    on = speedups.resolve(train.Config(triton_conv_pool=False), cuda=True)["on"]
+    on = resolved(train.Config(triton_conv_pool=False), cuda=True)["on"]
     assert on["triton_conv_pool_bwd"] is False and on["triton_pool"] is True
-    assert speedups.resolve(train.Config(), cuda=True)["on"]["triton_conv_pool_bwd"] is True
+    assert resolved(train.Config(), cuda=True)["on"]["triton_conv_pool_bwd"] is True
 
 
 def test_the_first_blocks_code_backward_is_off_without_its_forward():
     """It reads the Triton first block's kept code: with that block off it is off."""
     cfg = train.Config(triton_first_block=False)
-    assert speedups.resolve(cfg, cuda=True)["on"]["triton_first_block_code"] is False
+    assert resolved(cfg, cuda=True)["on"]["triton_first_block_code"] is False
     assert speedups.BY_NAME["triton_first_block_code"].idle(
-        cfg, {"triton_first_block": False}) == \
+        train.asked_of(cfg), {"triton_first_block": False}) == \
         "it reads --triton-first-block's forward, which is off"
-    assert speedups.resolve(train.Config(), cuda=True)["on"]["triton_first_block_code"]
+    assert resolved(train.Config(), cuda=True)["on"]["triton_first_block_code"]
 
 
 def test_forward_mode_records_the_fused_sgd_off():
     cfg = train.parse_config(CPU + ["--mode", "forward"])
-    assert cfg.fused_sgd and not speedups.resolve(cfg, cuda=False)["on"]["fused_sgd"]
+    assert cfg.fused_sgd and not resolved(cfg, cuda=False)["on"]["fused_sgd"]
 
 
 def test_the_model_transforms_run_in_the_ladders_order_and_key_the_kept_model():

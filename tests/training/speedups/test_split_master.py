@@ -10,7 +10,7 @@ import train
 from core.errors import InputError
 from kernels.lin1.master_halves import join, split
 from kernels.lin1.shadow_sgd import shadow_sgd_step
-from tests.helpers import shadow_steps
+from tests.helpers import resolved, shadow_steps
 from training import speedups
 from training.optimizer import MOMENTUM
 
@@ -120,9 +120,9 @@ def test_skipping_unchanged_weights_stores_the_same_bits(device, reach):
 
 def test_skipping_unchanged_weights_is_idle_without_the_split_master():
     base = {**speedups.baseline_values(), "bf16_shadow": True, "skip_unchanged_weight": True}
-    alone = speedups.resolve(train.Config(**base), cuda=True)
+    alone = resolved(train.Config(**base), cuda=True)
     assert not alone["on"]["skip_unchanged_weight"]
-    both = speedups.resolve(train.Config(**{**base, "split_master": True}), cuda=True)
+    both = resolved(train.Config(**{**base, "split_master": True}), cuda=True)
     assert both["on"]["skip_unchanged_weight"]
 
 
@@ -146,9 +146,9 @@ def test_a_split_model_takes_the_shadowed_models_steps(beside):
 
 def test_it_is_idle_without_the_shadow_and_on_with_it():
     base = speedups.baseline_values()
-    alone = speedups.resolve(train.Config(**{**base, "split_master": True}), cuda=True)
+    alone = resolved(train.Config(**{**base, "split_master": True}), cuda=True)
     assert not alone["on"]["split_master"]
-    both = speedups.resolve(train.Config(**{**base, "split_master": True,
+    both = resolved(train.Config(**{**base, "split_master": True,
                                             "bf16_shadow": True}), cuda=True)
     assert both["on"]["split_master"]
 
