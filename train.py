@@ -241,8 +241,8 @@ def validate(cfg: Config, world: int = 1) -> None:
         check_run_name(cfg.run_name)
     check_out_dir(cfg.out_dir)
     speedups.check(asked_of(cfg), torch.cuda.is_available())
-    ddp.check(cfg)
-    parallel.check(cfg, world)
+    ddp.check(spread_of(cfg))
+    parallel.check(spread_of(cfg), world)
     if cfg.scaling_baseline:
         check_baseline(cfg.scaling_baseline, dataclasses.asdict(cfg))
 
@@ -337,8 +337,9 @@ def run(cfg: Config, reuse: bool = False) -> dict:
 
     ranks = from_env()  # torchrun's rank and world; a world of one otherwise
     validate(cfg, ranks.world)
-    design, why = parallel.choose(cfg, ranks.world)  # --parallel auto: which design
+    design, why = parallel.choose(spread_of(cfg), ranks.world)  # --parallel auto: which
     cfg = dataclasses.replace(cfg, parallel=design)
+    spread = spread_of(cfg)
     mark_nvtx(cfg.nvtx)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     cuda = torch.cuda.is_available()
@@ -349,17 +350,17 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
                          cfg.batch_size, cfg.num_workers, strategy.collate,
                          pin_memory=cuda and cfg.pin_memory, main_cores=cfg.main_cores,
-                         sampler=RankShare.of(cfg, ranks), ring=cfg.loader == "ring",
+                         sampler=RankShare.of(spread, ranks), ring=cfg.loader == "ring",
                          share=(ranks.local_rank, per_host()) if cfg.rank_cores else (0, 1))
     if cfg.torch_trace:
         compile_account.trace_to(cfg.torch_trace)
     t_model = time.perf_counter()
     model, runner, optimizer = speedups.build(used, device, reuse, model_sizes(cfg), cfg.amp,
-                                              cfg.lr, *ddp.wrapper(cfg, ranks, device))
+                                              cfg.lr, *ddp.wrapper(spread, ranks, device))
     t_model = time.perf_counter() - t_model
-    across = GlobalBatch.of(cfg, ranks, model)
+    across = GlobalBatch.of(spread, ranks, model)
     fns = make_step(cfg, strategy, runner, optimizer, device, across,
-                    parallel.prefetcher(cfg, ranks, model))
+                    parallel.prefetcher(spread, ranks, model))
 
     graphed = speedups.graphed_step(used, fns.train_step, fns.to_device, asked_of(cfg))
     # Forward mode keeps the original's copy, closed by a sync; a graph copies into its
@@ -403,7 +404,13 @@ def asked_of(cfg: Config):
     world = from_env().world
     return Asked(values={name: getattr(cfg, name) for name in speedups.ORDER},
                  loss=cfg.loss, mode=cfg.mode, amp=cfg.amp, wait=cfg.wait,
-                 design=parallel.choose(cfg, world)[0] if world > 1 else "ddp")
+                 design=parallel.choose(spread_of(cfg), world)[0] if world > 1 else "ddp")
+
+
+def spread_of(cfg: Config):
+    """What the several-rank code reads of the run (training/spread.py)."""
+    from training.spread import Spread
+    return Spread(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(Spread)})
 
 
 def model_sizes(cfg: Config) -> tuple:
@@ -418,7 +425,7 @@ def plan_of(cfg: Config):
     from profiling.run_plan import RunPlan
     given = {f.name for f in dataclasses.fields(RunPlan)} - {"config", "runs_triton", "ddp"}
     return RunPlan(config=dataclasses.asdict(cfg), runs_triton=speedups.runs_triton(asked_of(cfg)),
-                   ddp=ddp.knobs(cfg), **{name: getattr(cfg, name) for name in given})
+                   ddp=ddp.knobs(spread_of(cfg)), **{name: getattr(cfg, name) for name in given})
 
 
 def _steps(prof, feed, graphed, train_step, reader) -> None:

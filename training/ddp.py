@@ -34,47 +34,47 @@ HELP = {
 COMM_HOOKS = ("none", "sum", "bf16")
 
 
-def check(cfg) -> None:
+def check(spread) -> None:
     """The knobs' values, before anything is written."""
-    if not cfg.bucket_mb > 0:
-        raise UserError(f"--bucket-mb must be a positive number, got {cfg.bucket_mb}")
-    if cfg.comm_hook not in COMM_HOOKS:
-        raise UserError(f"--comm-hook takes {' or '.join(COMM_HOOKS)}, not {cfg.comm_hook!r}")
-    if cfg.comm_hook == "bf16" and not cfg.overlap:
+    if not spread.bucket_mb > 0:
+        raise UserError(f"--bucket-mb must be a positive number, got {spread.bucket_mb}")
+    if spread.comm_hook not in COMM_HOOKS:
+        raise UserError(f"--comm-hook takes {' or '.join(COMM_HOOKS)}, not {spread.comm_hook!r}")
+    if spread.comm_hook == "bf16" and not spread.overlap:
         raise UserError("--comm-hook bf16 is a DDP hook and --no-overlap runs without DDP "
                         "(its all-reduces sum, as --comm-hook sum): use one")
 
 
-def knobs(cfg) -> dict:
+def knobs(spread) -> dict:
     """The knobs as summary.json records them."""
-    return {name: getattr(cfg, name) for name in HELP}
+    return {name: getattr(spread, name) for name in HELP}
 
 
-def wrapper(cfg, ranks, device) -> tuple:
+def wrapper(spread, ranks, device) -> tuple:
     """(wrap, wrap_key) for model/build.py: the function that wraps the model, and what
     the kept model of make compare must match to be reused."""
-    return (lambda model: wrap(model, cfg, ranks, device),
+    return (lambda model: wrap(model, spread, ranks, device),
             # one process: the model itself in both modes; several: DDP in train mode only
-            (ranks.world, cfg.mode if ranks.distributed else None, cfg.parallel,
-             *knobs(cfg).values()))
+            (ranks.world, spread.mode if ranks.distributed else None, spread.parallel,
+             *knobs(spread).values()))
 
 
-def reduction(cfg, ranks) -> str | None:
+def reduction(spread, ranks) -> str | None:
     """How a run's gradients are reduced over the ranks: "ddp" (DDP, during the backward),
     "after" (--no-overlap: after it, without DDP), or None (one rank, or forward mode:
     no gradients to reduce)."""
-    if not (ranks.distributed and cfg.mode == "train"):
+    if not (ranks.distributed and spread.mode == "train"):
         return None
-    return "ddp" if cfg.overlap else "after"
+    return "ddp" if spread.overlap else "after"
 
 
-def wrap(model, cfg, ranks, device):
+def wrap(model, spread, ranks, device):
     """The module the step runs: lin1 sharded as --parallel says (training/parallel.py),
     then DDP around the model where reduction() says so, leaving alone what the design
     owns; else the model itself."""
     from training.parallel import shard
-    owned = shard(model, cfg, ranks, device)
-    if reduction(cfg, ranks) != "ddp":
+    owned = shard(model, spread, ranks, device)
+    if reduction(spread, ranks) != "ddp":
         return model
     import warnings
 
@@ -87,12 +87,12 @@ def wrap(model, cfg, ranks, device):
     warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
     ddp = DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=cfg.bucket_mb, gradient_as_bucket_view=cfg.bucket_view,
+        bucket_cap_mb=spread.bucket_mb, gradient_as_bucket_view=spread.bucket_view,
         **no_buffer_broadcast())
-    if cfg.comm_hook == "bf16":
+    if spread.comm_hook == "bf16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    elif cfg.comm_hook == "sum":
+    elif spread.comm_hook == "sum":
         ddp.register_comm_hook(None, allreduce_sum_hook)
     return ddp
 
@@ -110,10 +110,10 @@ def no_buffer_broadcast() -> dict:
     return {"broadcast_buffers": False}
 
 
-def averages(cfg) -> bool:
+def averages(spread) -> bool:
     """Whether the gradient reduction averages over the ranks (DDP's own, its bf16 hook)
     or sums (the sum hook, --no-overlap); training/distributed.py scales the loss for it."""
-    return cfg.overlap and cfg.comm_hook != "sum"
+    return spread.overlap and spread.comm_hook != "sum"
 
 
 def allreduce_sum_hook(process_group, bucket):

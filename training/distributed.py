@@ -33,11 +33,11 @@ class RankShare(Sampler):
         self.length, self.batch, self.rank, self.world = length, batch, rank, world
 
     @classmethod
-    def of(cls, cfg, ranks) -> "RankShare | None":
+    def of(cls, spread, ranks) -> "RankShare | None":
         """A run's share on several ranks; None (the loader's own order) on one."""
         if not ranks.distributed:
             return None
-        return cls(cfg.dataset_length, cfg.batch_size, ranks.rank, ranks.world)
+        return cls(spread.dataset_length, spread.batch_size, ranks.rank, ranks.world)
 
     def __len__(self) -> int:
         return self.length // (self.batch * self.world) * self.batch
@@ -94,12 +94,12 @@ class GlobalBatch:
         self._works = []
 
     @classmethod
-    def of(cls, cfg, ranks, model) -> "GlobalBatch":
+    def of(cls, spread, ranks, model) -> "GlobalBatch":
         """A run's: its gradients reduced after the backward with --no-overlap in train
         mode, the loss scaled for the reduction training/ddp.py chose."""
         from training.ddp import averages, reduction
-        return cls(cfg.loss, ranks, model, reduce_after=reduction(cfg, ranks) == "after",
-                   averaged=averages(cfg))
+        return cls(spread.loss, ranks, model, reduce_after=reduction(spread, ranks) == "after",
+                   averaged=averages(spread))
 
     def count(self, targets, device) -> None:
         if not self.ranks.distributed:

@@ -65,26 +65,26 @@ def master_names(model) -> list[str]:
     return [name for name in (MASTER, MASTER_LOW, MASTER_TIES) if hasattr(model, name)]
 
 
-def check(cfg, world: int) -> None:
+def check(spread, world: int) -> None:
     """Where a design given cannot apply: one line, before anything is written (auto
     takes the next design that can)."""
-    if cfg.parallel not in CHOICES:
-        raise UserError(f"--parallel takes {', '.join(CHOICES)}, not {cfg.parallel!r}")
-    reason = None if cfg.parallel == "auto" else _refusal(cfg.parallel, cfg, world)
+    if spread.parallel not in CHOICES:
+        raise UserError(f"--parallel takes {', '.join(CHOICES)}, not {spread.parallel!r}")
+    reason = None if spread.parallel == "auto" else _refusal(spread.parallel, spread, world)
     if reason:
-        raise UserError(f"--parallel {cfg.parallel} {reason}")
+        raise UserError(f"--parallel {spread.parallel} {reason}")
 
 
-def choose(cfg, world: int) -> tuple[str, str]:
+def choose(spread, world: int) -> tuple[str, str]:
     """(the design this run uses, why): the one given, or for auto the fastest measured
     that can apply (PREFERRED: tp inside a host, tp2d across hosts), else ddp."""
-    if cfg.parallel != "auto":
-        return cfg.parallel, "given"
+    if spread.parallel != "auto":
+        return spread.parallel, "given"
     if world < 2:
         return "ddp", "auto: one rank, nothing to spread"
     several_hosts = (hosts() or 1) > 1
     best = "tp2d" if several_hosts else "tp"
-    reason = _refusal(best, cfg, world)
+    reason = _refusal(best, spread, world)
     if reason is None:
         return best, f"auto: {PREFERRED[best]}"
     return "ddp", f"auto: ddp, because --parallel {best} {reason}"
@@ -99,7 +99,7 @@ PREFERRED = {
 }
 
 
-def _refusal(design: str, cfg, world: int) -> str | None:
+def _refusal(design: str, spread, world: int) -> str | None:
     """Why a design cannot apply to this run, or None."""
     if design == "ddp":
         return None
@@ -113,36 +113,36 @@ def _refusal(design: str, cfg, world: int) -> str | None:
         if world % parts or (hosts() or world // parts) * parts != world:
             return (f"needs the same number of ranks on every host: this host runs {parts} "
                     f"of the job's {world}")
-    if cfg.hidden % parts:
+    if spread.hidden % parts:
         over = "each host's" if parts != world else "the"
-        return (f"splits lin1's {cfg.hidden} rows evenly over {over} ranks: --hidden must "
+        return (f"splits lin1's {spread.hidden} rows evenly over {over} ranks: --hidden must "
                 f"be a multiple of {parts}")
-    if cfg.overlap and cfg.comm_hook != "sum":
+    if spread.overlap and spread.comm_hook != "sum":
         return (f"sums gradients over the ranks (the head's sharded gradients are sums "
-                f"already): use --comm-hook sum (the default), not {cfg.comm_hook}")
+                f"already): use --comm-hook sum (the default), not {spread.comm_hook}")
     return None
 
 
-def sharded(cfg, ranks) -> bool:
+def sharded(spread, ranks) -> bool:
     """Whether this run shards lin1 (a design other than ddp, on several ranks)."""
-    return ranks.distributed and cfg.parallel != "ddp"
+    return ranks.distributed and spread.parallel != "ddp"
 
 
-def shard(model, cfg, ranks, device) -> list[str]:
+def shard(model, spread, ranks, device) -> list[str]:
     """Applies the design to the model in place, before DDP wraps it; returns the names of
     the parameters and buffers DDP must leave alone (sharded, or already the global
     batch's). Every rank built the same model from the same seed, so each keeps its own
     rows of the same full tensors."""
-    if not sharded(cfg, ranks):
+    if not sharded(spread, ranks):
         return []
     from torch.distributed.device_mesh import init_device_mesh
-    if cfg.parallel == "tp2d":
+    if spread.parallel == "tp2d":
         # torchrun numbers the ranks host by host: row h of the mesh is host h.
         g = per_host()
         mesh = init_device_mesh(device.type, (ranks.world // g, g), mesh_dim_names=("dp", "tp"))
         return apply(model, "tp2d", mesh, ranks)
     mesh = init_device_mesh(device.type, (ranks.world,), mesh_dim_names=("shard",))
-    return apply(model, cfg.parallel, mesh, ranks)
+    return apply(model, spread.parallel, mesh, ranks)
 
 
 def apply(model, design: str, mesh, ranks) -> list[str]:
@@ -219,11 +219,11 @@ def _left_to_the_design(model) -> list[str]:
     return names + master_names(model)
 
 
-def prefetcher(cfg, ranks, model):
+def prefetcher(spread, ranks, model):
     """What runs before each forward, outside the compiled model: under zero, lin1's
     all-gather started, so that it runs beside the conv forward (FSDP2's pre-forward
     hook then only waits for it); nothing otherwise."""
-    if not (sharded(cfg, ranks) and cfg.parallel == "zero"):
+    if not (sharded(spread, ranks) and spread.parallel == "zero"):
         return lambda: None
     lin1 = model.lin1
     return lambda: lin1.unshard(async_op=True)

@@ -148,22 +148,24 @@ def test_a_design_that_cannot_apply_is_one_line(tmp_path, args, world, message):
 
 def test_auto_takes_tp_on_one_host_tp2d_across_hosts_else_ddp_and_says_why(monkeypatch):
     from training.parallel import choose
+
+    def spread(*more):
+        return train.spread_of(train.parse_config(RANK_ARGS + list(more)))
     cfg = train.parse_config(RANK_ARGS)
     assert cfg.parallel == "auto"
-    design, why = choose(cfg, 2)
+    design, why = choose(spread(), 2)
     assert design == "tp" and why.startswith("auto: tp, the fastest design measured")
-    assert choose(cfg, 1) == ("ddp", "auto: one rank, nothing to spread")
+    assert choose(spread(), 1) == ("ddp", "auto: one rank, nothing to spread")
     # Where tp cannot apply, ddp, with the reason tp gives when asked for.
-    assert choose(train.parse_config(RANK_ARGS + ["--hidden", "33"]), 2) == (
+    assert choose(spread("--hidden", "33"), 2) == (
         "ddp", "auto: ddp, because --parallel tp splits lin1's 33 rows evenly over the "
         "ranks: --hidden must be a multiple of 2")
-    assert choose(train.parse_config(RANK_ARGS + ["--comm-hook", "none"]), 2)[0] == "ddp"
+    assert choose(spread("--comm-hook", "none"), 2)[0] == "ddp"
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
-    assert choose(cfg, 4)[0] == "tp2d"
+    assert choose(spread(), 4)[0] == "tp2d"
     # A design given is the design run, auto or not.
-    assert choose(train.parse_config(RANK_ARGS + ["--parallel", "zero"]), 4) == ("zero",
-                                                                                 "given")
+    assert choose(spread("--parallel", "zero"), 4) == ("zero", "given")
     train.validate(cfg, 2)  # auto never refuses: it falls back
 
 
@@ -198,7 +200,6 @@ def test_several_hosts_need_a_rendezvous_address():
 
 SHADOW_ON_SHARDS = """
 import sys, torch
-from types import SimpleNamespace
 from model import build_model
 from training import ddp, speedups
 from training.optimizer import momentum_sgd
@@ -206,13 +207,15 @@ from kernels.lin1.master_halves import join
 from training.parallel import local
 from training.speedups.base import Build
 from training.shadow_optimizer import SGDWithShadow
+from training.spread import Spread
 from training.ranks import from_env, stop
 
 design, names = sys.argv[1], sys.argv[2].split(",")
 ranks = from_env()
 device = ranks.start(cuda=False)
-cfg = SimpleNamespace(parallel=design, mode="train", overlap=True, comm_hook="sum",
-                      bucket_mb=25.0, bucket_view=True)
+spread = Spread(parallel=design, mode="train", loss="padded", hidden=32, batch_size=2,
+                dataset_length=2 * ranks.world, bucket_mb=25.0, bucket_view=True,
+                comm_hook="sum", overlap=True)
 images = torch.randint(0, 256, (2 * ranks.world, 1, 32, 32), dtype=torch.uint8,
                        generator=torch.Generator().manual_seed(1))
 
@@ -238,7 +241,7 @@ def master_of(model):  # the fp32 master's local rows, whole or (--split-master)
 shadow = speedups.model_transform({n: n in names for n in speedups.ORDER},
                                    Build(torch.float32, 0.5))
 model, runner = build_model(32, 16, 32, False, 0, device, transform=shadow,
-                            wrap=lambda m: ddp.wrap(m, cfg, ranks, device))
+                            wrap=lambda m: ddp.wrap(m, spread, ranks, device))
 mine = images[2 * ranks.rank:2 * ranks.rank + 2]
 step, momentum, weight = train(runner, model, mine, 1e-4 / len(images))
 master = master_of(model)
