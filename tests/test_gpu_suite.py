@@ -34,6 +34,14 @@ def test_xfails():
 """
 
 
+def _suite(test_file, logs, workers: int = 2, env=None) -> subprocess.CompletedProcess:
+    """The runner over one test file, without the sanitizer or a marker."""
+    return subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers", str(workers),
+                           "--marker", "", "--no-sanitizer", "--logs", str(logs),
+                           str(test_file)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
 def test_the_workers_share_the_suite_and_report_it_as_one(tmp_path):
     suite = tmp_path / "suite"
     suite.mkdir()
@@ -58,10 +66,7 @@ def test_the_workers_share_the_suite_and_report_it_as_one(tmp_path):
 
 def test_a_suite_that_passes_exits_0_and_says_so(tmp_path):
     (tmp_path / "test_c.py").write_text("def test_one():\n    pass\n")
-    done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers", "2",
-                           "--marker", "", "--no-sanitizer", "--logs", str(tmp_path / "logs"),
-                           str(tmp_path / "test_c.py")], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    done = _suite(tmp_path / "test_c.py", tmp_path / "logs")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "make test: 1 passed," in done.stdout.splitlines()[-1]
 
@@ -107,10 +112,7 @@ def test_the_workers_read_the_gpus_counters_one_at_a_time(tmp_path):
     log = tmp_path / "times.txt"
     (tmp_path / "test_d.py").write_text(ALONE.format(log=str(log)))
     before = set(os.listdir(os.environ.get("TMPDIR", "/tmp")))
-    done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers", "2",
-                           "--marker", "", "--no-sanitizer", "--logs", str(tmp_path / "logs"),
-                           str(tmp_path / "test_d.py")], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    done = _suite(tmp_path / "test_d.py", tmp_path / "logs")
     assert done.returncode == 0, done.stdout + done.stderr
     (a_start, a_end), (b_start, b_end) = sorted(
         tuple(map(float, line.split())) for line in log.read_text().splitlines())
@@ -146,10 +148,7 @@ def test_a_test_marked_alone_runs_after_the_others_in_one_worker(tmp_path):
     it: it runs once every worker has ended, in a worker of its own."""
     log = tmp_path / "times.txt"
     (tmp_path / "test_e.py").write_text(MACHINE.format(log=str(log)))
-    done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers", "2",
-                           "--marker", "", "--no-sanitizer", "--logs", str(tmp_path / "logs"),
-                           str(tmp_path / "test_e.py")], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    done = _suite(tmp_path / "test_e.py", tmp_path / "logs")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "make test: 5 passed," in done.stdout.splitlines()[-1]
     times = [line.split() for line in log.read_text().splitlines()]
@@ -171,10 +170,7 @@ def test_each_worker_gets_its_share_of_the_cores_for_torchs_threads(tmp_path):
     for workers, given, expected in ((2, None, max(1, os.cpu_count() // 2)),
                                      (1, "3", 3)):
         log.unlink(missing_ok=True)
-        done = subprocess.run([sys.executable, "-m", "tests.gpu_suite", "--workers",
-                               str(workers), "--marker", "", "--no-sanitizer", "--logs",
-                               str(tmp_path / f"logs{workers}"), str(tmp_path / "test_f.py")],
-                              cwd=REPO, capture_output=True, text=True, timeout=300,
-                              env={**env, **({"OMP_NUM_THREADS": given} if given else {})})
+        done = _suite(tmp_path / "test_f.py", tmp_path / f"logs{workers}", workers,
+                      env={**env, **({"OMP_NUM_THREADS": given} if given else {})})
         assert done.returncode == 0, done.stdout + done.stderr
         assert log.read_text().split() == [str(expected)]
