@@ -337,7 +337,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
 
     ranks = from_env()  # torchrun's rank and world; a world of one otherwise
     validate(cfg, ranks.world)
-    design, why = parallel.choose(spread_of(cfg), ranks.world)  # --parallel auto: which
+    # --parallel auto: which design this run uses
+    design, why = parallel.choose(spread_of(cfg), ranks.world)
     cfg = dataclasses.replace(cfg, parallel=design)
     spread = spread_of(cfg)
     mark_nvtx(cfg.nvtx)
@@ -420,8 +421,8 @@ def model_sizes(cfg: Config) -> tuple:
 
 def plan_of(cfg: Config):
     """What the harness reads of the run (profiling/run_plan.py): the fields of its own
-    name, the whole configuration for summary.json, and two facts of the speed-ups and
-    the several-rank knobs."""
+    name, the whole configuration for summary.json, whether a speed-up runs Triton
+    kernels, and the several-rank knobs."""
     from profiling.run_plan import RunPlan
     given = {f.name for f in dataclasses.fields(RunPlan)} - {"config", "runs_triton", "ddp"}
     return RunPlan(config=dataclasses.asdict(cfg), runs_triton=speedups.runs_triton(asked_of(cfg)),
