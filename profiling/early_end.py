@@ -6,7 +6,6 @@ exception then goes on as RunInterrupted or RunFailed, whose message is the one 
 print. On several ranks only rank 0 keeps, marks or removes the folder; the others drop
 their unfinished trace. A part of profiling/harness.ProfiledRun."""
 
-
 from core import run_folder
 from core.errors import (
     RunFailed,
