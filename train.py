@@ -241,8 +241,9 @@ def validate(cfg: Config, world: int = 1) -> None:
         check_run_name(cfg.run_name)
     check_out_dir(cfg.out_dir)
     speedups.check(asked_of(cfg), torch.cuda.is_available())
-    ddp.check(spread_of(cfg))
-    parallel.check(spread_of(cfg), world)
+    spread = spread_of(cfg)
+    ddp.check(spread)
+    parallel.check(spread, world)
     if cfg.scaling_baseline:
         check_baseline(cfg.scaling_baseline, dataclasses.asdict(cfg))
 
@@ -345,7 +346,8 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     cuda = torch.cuda.is_available()
     device = ranks.start(cuda, cfg.hang_timeout)  # its GPU (or the CPU), in the group
-    speed = speedups.resolve(asked_of(cfg), cuda)
+    asked = asked_of(cfg)
+    speed = speedups.resolve(asked, cuda)
     used = speed["on"]
     speedups.set_process_flags(used, cuda, many_runs=reuse)
     loader = make_loader(SyntheticFaces(cfg.dataset_length, cfg.image_size, cfg.seed),
@@ -363,7 +365,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     fns = make_step(cfg, strategy, runner, optimizer, device, across,
                     parallel.prefetcher(spread, ranks, model))
 
-    graphed = speedups.graphed_step(used, fns.train_step, fns.to_device, asked_of(cfg))
+    graphed = speedups.graphed_step(used, fns.train_step, fns.to_device, asked)
     # Forward mode keeps the original's copy, closed by a sync; a graph copies into its
     # captured tensors; a CPU has no stream to copy on.
     ahead = cfg.copy_ahead and cuda and cfg.mode == "train" and graphed is None

@@ -94,7 +94,7 @@ class EarlyEnd:
             trace_writer.gzip_traces(self.dir, self.ranks.worker_name())
             self._drop_other_ranks_plain_traces()
             record = self.summary_of(status, profiled, reason=reason,
-                                   completed_steps=self.done, planned_steps=self.total)
+                                     completed_steps=self.done, planned_steps=self.total)
             self.write_files(record, exc if status == "failed" else None)
             marked = run_folder.mark(self.dir, status)
         except BaseException:  # noqa: BLE001 (nothing half-written is kept)
@@ -113,9 +113,9 @@ class EarlyEnd:
         try:
             trace_writer.remove_plain_traces(self.dir, self.ranks.worker_name())
             self._drop_other_ranks_plain_traces()
-            self.write_files({"status": "failed", "reason": reason, "completed_steps": self.done,
-                         "planned_steps": self.total, "config": self.plan.config},
-                        exc)
+            self.write_files({"status": "failed", "reason": reason,
+                              "completed_steps": self.done, "planned_steps": self.total,
+                              "config": self.plan.config}, exc)
             marked = run_folder.mark(self.dir, "failed")
         except BaseException:  # noqa: BLE001
             return None
