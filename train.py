@@ -265,16 +265,19 @@ class StepFns:
 
 
 def make_step(cfg: Config, strategy, runner, optimizer, device, across=None,
-              prefetch=None) -> StepFns:
+              prefetch=None, used=None) -> StepFns:
     """The step's functions (StepFns). across: on several ranks, the global batch's loss
     and gradients (training/distributed.GlobalBatch); the returned loss is the global
     batch's. prefetch: what starts before the forward, outside the compiled model
-    (--parallel zero: lin1's all-gather, training/parallel.prefetcher)."""
+    (--parallel zero: lin1's all-gather, training/parallel.prefetcher). used: the
+    speed-ups that are on, as the run resolved them (resolved here where not given)."""
     from training.distributed import GlobalBatch
     across = across or GlobalBatch(cfg.loss)
     cuda = device.type == "cuda"
+    if used is None:
+        used = speedups.resolve(asked_of(cfg), cuda)["on"]
     # The strategy's loss as the speed-ups that are on run it (--graphed-loss).
-    loss_fn = speedups.wrap_loss(speedups.resolve(asked_of(cfg), cuda)["on"], strategy.loss)
+    loss_fn = speedups.wrap_loss(used, strategy.loss)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.amp and cuda)
     forward_only = cfg.mode == "forward"
     one = torch.ones((), device=device)  # d loss / d loss, made once: no fill launch per step
@@ -363,7 +366,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     t_model = time.perf_counter() - t_model
     across = GlobalBatch.of(spread, ranks, model)
     fns = make_step(cfg, strategy, runner, optimizer, device, across,
-                    parallel.prefetcher(spread, ranks, model))
+                    parallel.prefetcher(spread, ranks, model), used)
 
     graphed = speedups.graphed_step(used, fns.train_step, fns.to_device, asked)
     # Forward mode keeps the original's copy, closed by a sync; a graph copies into its

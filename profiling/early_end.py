@@ -19,7 +19,13 @@ from core.signals import ignore_stop_signals, stop_signal
 from profiling import trace_writer
 from profiling.profiler_setup import WRITER_CLOSE_S, close_within
 from training import job_notes
-from training.ranks import launcher_gone, peer_cause, peer_line, stop_watching
+from training.ranks import (
+    launcher_gone,
+    peer_cause,
+    peer_line,
+    stop_watching,
+    the_users_stop,
+)
 
 
 class EarlyEnd:
@@ -38,9 +44,14 @@ class EarlyEnd:
         stop_watching()
         # A dead launcher or peer: what this rank met first (a closed socket, a line of
         # DDP's hook) is not the cause.
-        gone = launcher_gone() or (self.ranks.distributed and not interrupted and
-                                   peer_cause(exc, self.ranks.rank, self.ranks.world))
-        if gone:
+        gone = launcher_gone()
+        users = None
+        if not gone and self.ranks.distributed and not interrupted:
+            gone = peer_cause(exc, self.ranks.rank, self.ranks.world)
+            users = gone and the_users_stop(self.ranks.rank, self.ranks.world)
+        if users:  # the peer's end was the user's stop, met before this rank's own signal
+            interrupted, status, reason = True, "interrupted", users
+        elif gone:
             interrupted, status, reason = False, "failed", gone
         elif interrupted and self.ranks.distributed and \
                 job_notes.stopped_for_a_failure(str(exc)):

@@ -84,6 +84,12 @@ def stopped_for_a_failure(signal_name: str) -> bool:
     return False
 
 
+def users_signal_noted() -> bool:
+    """Whether the launcher noted the user's Ctrl-C or SIGTERM (note_the_users_signal)."""
+    folder = launcher_folder()
+    return folder is not None and (folder / INTERRUPTED).exists()
+
+
 # -- the launcher's side --------------------------------------------------------------
 
 
