@@ -99,7 +99,7 @@ def _after_the_exit_callbacks() -> None:
     here, its streams flushed: the interpreter's own shutdown (0.8 s of freeing torch's
     modules after a CPU run) had to run with the stop signals ignored (it resets a Python
     handler to the default action: a death by the signal), and a SIGTERM that came then
-    was lost: the run exited 0 (5 of 50 moments of a short run's life)."""
+    was lost: the run exited 0."""
     code = _LEAVING.get("code")
     if code is None:  # not a command's exit (a test importing this module)
         return

@@ -38,11 +38,8 @@ def note_stop_signals() -> None:
 
 def stop_once() -> None:
     """Ctrl-C and SIGTERM end the run as a KeyboardInterrupt ("SIGTERM" for SIGTERM), once:
-    the first one raises, and any further one until the run has ended is dropped. Two
-    Ctrl-Cs back to back (a fresh-clone CI run under load) used to raise twice: the
-    second escaped the run's early-end handling as a bare "interrupted", left the
-    profiler half stopped, and the interpreter died by SIGSEGV at exit. The harness holds
-    the signals of its own file writing itself (profiling/harness.py)."""
+    the first one raises, and any further one is dropped (a second one escaped the run's
+    early end and left the profiler half stopped)."""
     if threading.current_thread() is not threading.main_thread():
         return
 
@@ -52,12 +49,9 @@ def stop_once() -> None:
     def first(signum, frame):
         for stop in STOP_SIGNALS:
             signal.signal(stop, dropped)
-        # From here on a child's death is the signal's doing (a terminal's or a scheduler's
-        # reaches the whole group): a data worker still starting dies of it before it has
-        # its own handler, and PyTorch's SIGCHLD handler raised "worker killed by signal"
-        # inside the run's early end (20 lines of "Exception ignored" under its one line).
-        # A no-op handler, not SIG_DFL: a SIGCHLD already pending for Python's handler then
-        # printed "OSError: Signal ... ignored due to race condition" (a CI run).
+        # From here on a child's death is the signal's doing (it reaches the whole group):
+        # PyTorch's SIGCHLD handler must not raise "worker killed by signal" inside the
+        # early end. A no-op handler, not SIG_DFL, for a SIGCHLD already pending.
         if hasattr(signal, "SIGCHLD"):  # POSIX
             signal.signal(signal.SIGCHLD, _child_ended)
         _STOPPED.append(signum)
@@ -74,11 +68,9 @@ _UNRAISABLE: list = []  # the unraisable hook stop_once found, for everything bu
 
 
 def _unraisable(unraisable) -> None:
-    """stop_once's KeyboardInterrupt raised where Python cannot raise (a weakref's callback
-    as importlib drops a module lock, a finalizer, an at-fork callback): Python swallowed
-    it with 7 lines of "Exception ignored in ..." under the run's one line (the 50-moment
-    loop's 16th round at 5931912). It, or the error Python wrapped it in, is not printed:
-    its signal is noted, and raise_if_stopped raises it again where the run can end.
+    """stop_once's KeyboardInterrupt raised where Python cannot raise (a weakref's callback,
+    a finalizer, an at-fork callback) is not printed as "Exception ignored in ...": its
+    signal is noted, and raise_if_stopped raises it again where the run can end.
     Everything else goes to the hook stop_once found."""
     if wrapped_interrupt(unraisable.exc_value) is not None and _STOPPED:
         return
@@ -87,11 +79,9 @@ def _unraisable(unraisable) -> None:
 
 def wrapped_interrupt(exc: BaseException | None) -> KeyboardInterrupt | None:
     """The KeyboardInterrupt (a Ctrl-C or SIGTERM) that exc was raised from or while
-    handling, if any. Python 3.11 wraps what a __set_name__ raises in a RuntimeError: a
-    SIGTERM whose handler ran inside a functools.cached_property's __set_name__, as make
-    compare imported a module 2 s into its life, printed 56 lines of traceback (1 of
-    1,300 moments). The context counts too: code that catches the RuntimeError and raises
-    its own error `from None` (a compiler's) keeps the interrupt only there."""
+    handling, if any: Python 3.11 wraps what a __set_name__ raises (a cached_property's,
+    as a module is imported) in a RuntimeError, and code that raises its own error `from
+    None` over that keeps the interrupt only in the context."""
     seen: list[BaseException] = []
     while exc is not None and all(exc is not e for e in seen):
         if isinstance(exc, KeyboardInterrupt):
@@ -122,10 +112,8 @@ def _name(signum: int) -> str:
 def raise_if_stopped() -> None:
     """Raises stop_once's KeyboardInterrupt again if its signal came: called where a run
     goes on as if none had (each step's start, a run's end). Python raises a handler's
-    exception wherever the main thread is, and some places swallow it with only an
-    "Exception ignored in ..." line: an at-fork callback as the loader's workers fork
-    (logging's _releaseLock), a finalizer. A SIGTERM 0-20 ms after the loader started was
-    lost so in 3 of 7 tries, and the run exited 0."""
+    exception wherever the main thread is, and some places swallow it (an at-fork
+    callback as the loader's workers fork, a finalizer): the run exited 0 after it."""
     if _STOPPED:
         raise _interrupt(_STOPPED[0])
 
@@ -139,9 +127,8 @@ def stop_signals_held(act: bool = True, say=None, what: str | None = "the run's 
     nothing). forks: the block forks data workers, which start with both signals blocked
     (unblock_stop_signals, once a worker has its own handlers).
 
-    Python-level handlers that only take note, not pthread_sigmask: a signal blocked in
-    the main thread is delivered to another thread, and its KeyboardInterrupt could still
-    be raised (and swallowed) inside the profiler; under load a test saw a Ctrl-C lost."""
+    Python-level handlers that only take note, not pthread_sigmask alone: a signal
+    blocked in the main thread goes to another thread, and was lost."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread
         return
@@ -179,14 +166,10 @@ def stop_signals_held(act: bool = True, say=None, what: str | None = "the run's 
 
 def _block_for_children():
     """Blocks Ctrl-C and SIGTERM in this thread, so that a child forked now starts with
-    them blocked; the old mask (None where there is no such call). A data worker gets its
-    own handlers a moment after it forks; before that, PyTorch's C handler (set first in
-    its worker loop) let a SIGTERM sent to the whole group kill it, and the main process's
-    SIGCHLD handler then raised "worker killed by signal" inside the loader's start: in
-    a Thread.start() or before the iterator had its fields (5 in 457 tries at 0-50 ms
-    after the loader's line, under load). Here a signal to the process still reaches
-    `hold`: the kernel hands it to a thread that does not block it, or keeps it pending
-    until the mask is put back."""
+    them blocked; the old mask (None where there is no such call). Before a data worker
+    has its own handlers, a SIGTERM to the group killed it, and PyTorch's SIGCHLD handler
+    raised "worker killed by signal" inside the loader's start. A signal for this process
+    still reaches `hold`: through another thread, or pending until the mask is back."""
     if not hasattr(signal, "pthread_sigmask"):
         return None
     return signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)

@@ -76,9 +76,7 @@ class ProfiledRun(RunRecord, EarlyEnd):
 
     def _undo_enter(self) -> None:
         """An __enter__ cut short (a Ctrl-C or SIGTERM as it ran, or an error) leaves no
-        folder: no __exit__ follows it, and a SIGTERM between the folder's making and the
-        writer's left an empty, unmarked one (1 of 150 moments of a short run's life,
-        under load). Nothing was profiled, so nothing is kept."""
+        folder: no __exit__ follows it, and nothing was profiled."""
         for undo in (lambda: self.profiler is not None and self.profiler.__exit__(None, None,
                                                                                    None),
                      lambda: self.writer is not None and close_ending(self.writer)):

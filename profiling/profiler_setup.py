@@ -49,11 +49,10 @@ def make_profiler(plan: RunPlan, run_dir: Path, cuda: bool, worker: str = "train
 
 
 def _into_writable(run_dir: Path, handler):
-    """handler(prof), while run_dir can still be written. Kineto writes the trace from C++,
-    and into a folder gone read-only it printed its own ERROR line beside the run's; the
-    run now ends on an OSError naming the folder, as for any other write. The folder can
-    turn read-only between the check before and the write (a CI run), so kineto's words
-    are taken aside and, where the folder turned read-only meanwhile, dropped."""
+    """handler(prof), while run_dir can still be written: the run ends on an OSError naming
+    the folder, not on kineto's own ERROR line (it writes from C++). The folder can turn
+    read-only between the check and the write, so kineto's words are taken aside and
+    dropped where it did."""
     def handle(prof):
         _refuse_unwritable(run_dir)
         said: list[bytes] = []
@@ -122,12 +121,9 @@ def _memory_worth_profiling(plan: RunPlan) -> bool:
 
 
 def close_within(writer, seconds: float) -> None:
-    """writer.close(), `seconds` at most. A Ctrl-C raised inside the writer's add_scalar,
-    in its queue's Condition, can lose its thread's wakeup; close() then waited in join()
-    for that thread's 120 s flush timer. A rank 0 stuck there past torchrun's 30 s was
-    killed and its folder marked -failed by the launcher (2 Ctrl-C in 20 under load;
-    py-spy: the main thread in _AsyncWriterThread.stop's join, the writer's thread in
-    Queue.get). Past the bound the last steps' scalars may be lost, not the run's folder."""
+    """writer.close(), `seconds` at most: a Ctrl-C raised inside the writer's add_scalar
+    can lose its thread's wakeup, and close() then waited for the thread's 120 s flush
+    timer. Past the bound the last steps' scalars may be lost, not the run's folder."""
     finished_within(lambda: close_ending(writer), seconds, "close the scalars")
 
 

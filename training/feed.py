@@ -70,10 +70,8 @@ class InStep:
 
     def close(self) -> None:
         """Stops the loader's workers now, in the run's own flow, with Ctrl-C and SIGTERM
-        held (acted on once they are stopped). Left to the garbage collector, PyTorch's
-        iterator stopped them in its __del__, where a SIGTERM's KeyboardInterrupt printed
-        "Exception ignored in: ..._MultiProcessingDataLoaderIter.__del__" and 21 more lines
-        (1 of 50 moments of a short run's life, under load)."""
+        held (acted on once they are stopped), not in PyTorch's iterator's __del__, where a
+        SIGTERM's KeyboardInterrupt is printed as "Exception ignored in: ..."."""
         batches, self.batches = self.batches, iter(())
         with stop_signals_held():
             close = getattr(batches, "close", None)  # the ring loader's generator

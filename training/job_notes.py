@@ -9,21 +9,12 @@ the launcher's folder ($RAGGED_RANK_ERRORS), beside each rank's one line (core/e
     pid<rank>         a rank's process id
     continued<rank>   the launcher found that rank stopped (SIGSTOP) and continued it
 
-Why: a rank 0 killed by SIGKILL cannot mark its own folder, which was left with no suffix
-and no summary; the launcher, which outlives it, marks it -failed with its own line. And
-torchrun stops the other ranks with SIGTERM both after one failed (SubprocessContext's
-poll closes them at once) and after the user's Ctrl-C or SIGTERM; a rank 0 that met that
-SIGTERM before its peer's closed socket labelled the run -interrupted, one that met the
-socket first -failed (a race), and under NCCL, where a dead peer's all-reduce just hangs,
-always -interrupted (seen on two H100s). The launcher's handler writes interrupted.txt
-before torchrun sends anything, so a rank stopped by SIGTERM without it was stopped for a
-failure. Ctrl-C in a terminal reaches the ranks too, as SIGINT: always the user's.
-torchrun's close is wrapped to leave stopping.txt before it sends its SIGTERM, so that a
-rank stopped for a failure knows at once (it waited NOTE_WAIT_S for a note that never
-came: 0.5 s of the 4 s a killed rank's job may take, under load); the wait is left to a
-SIGTERM sent to the whole process group, which reaches a rank with no note yet.
-
-Files, not collectives: the writer may be dead, and the readers are other processes.
+Why: a rank 0 killed by SIGKILL cannot mark its own folder; the launcher, which outlives
+it, marks it -failed. And torchrun stops the ranks with the same SIGTERM after a failure
+and after the user's Ctrl-C or SIGTERM: the launcher's handler writes interrupted.txt
+before torchrun sends anything, and its wrapped close writes stopping.txt otherwise, so a
+rank tells the two apart (SIGINT from a terminal is always the user's). Files, not
+collectives: the writer may be dead, and the readers are other processes.
 """
 
 import json
@@ -100,9 +91,8 @@ def note_the_users_signal(folder: Path) -> None:
 
 def note_a_failures_stop(folder: Path) -> None:
     """Said by the launcher as torchrun begins to stop the ranks: for a failure, unless
-    the user's signal was noted first (then the stop is the user's). A stopped rank
-    (SIGSTOP) is continued, so that torchrun's SIGTERM ends it now, not its SIGKILL 30 s
-    later."""
+    the user's signal was noted first. A stopped rank (SIGSTOP) is continued, so that
+    torchrun's SIGTERM ends it now, not its SIGKILL 30 s later."""
     if not (folder / INTERRUPTED).exists():
         _leave(folder / STOPPING, "a rank failed; torchrun stops the others\n")
     for rank, pid in {**children_ranks(os.getpid()), **rank_pids(folder)}.items():
@@ -115,9 +105,8 @@ def note_a_failures_stop(folder: Path) -> None:
 
 
 def was_stopped(rank: int) -> bool:
-    """Whether the launcher found rank `rank` stopped (SIGSTOP) and continued it: on four
-    NCCL ranks one rank timed out first and the launcher continued the stopped one, and
-    a rank that timed out a moment later found it running and named the wrong cause."""
+    """Whether the launcher found rank `rank` stopped (SIGSTOP) and continued it: a rank
+    that times out after that finds it running, and must still name it."""
     folder = launcher_folder()
     return folder is not None and (folder / f"{CONTINUED}{rank}").exists()
 
@@ -183,8 +172,8 @@ def _leave(note: Path, text: str) -> None:
 
 
 def settle(folder: Path, line: str) -> str:
-    """Marks rank 0's unsettled run folder -failed with `line` as its reason (a summary
-    of what is known: no step was summarised); '' if there is none, else what was done."""
+    """Marks rank 0's unsettled run folder -failed with `line` as its reason; '' if there
+    is none, else what was done."""
     note_file = folder / RUN
     try:
         note = json.loads(note_file.read_text())
@@ -194,9 +183,7 @@ def settle(folder: Path, line: str) -> str:
         summary = {"status": "failed", "reason": line, "planned_steps": note["planned_steps"],
                    "config": note["config"]}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        # Rank 0 died before packing its window's trace (past the window, under NCCL):
-        # a plain trace (profiling/trace_writer.py packs them) that no summary describes
-        # is not kept half-done.
+        # A plain trace that rank 0 died before packing is not kept half-done.
         for plain in run_dir.glob("*.pt.trace.json"):
             plain.unlink(missing_ok=True)
         return f"its run folder is {display(mark(run_dir, 'failed'))}"

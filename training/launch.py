@@ -4,21 +4,13 @@
     # several hosts (make profile GPUS=8 NODES=2 RDZV=host0:29500), the same on each host:
     python3 -m training.launch --nproc 8 --nnodes 2 --rdzv host0:29500 train.py ...
 
-torchrun itself (torch.distributed.run, no restarts) starts the ranks: one process per GPU
-with NCCL, or, without GPUs, N CPU processes with gloo (so a CPU machine runs the
-distributed path too). One host is --standalone; several meet through torchrun's own c10d
-rendezvous at --rdzv (a host:port every host reaches; the first launcher there hosts it),
-each host starting its own --nproc ranks (they may differ), the world being their sum.
-When a rank fails (an exception, a user error in its batch, a killed process), torchrun
-stops every other rank within its monitor interval (0.1 s); this launcher then prints the
-line of the rank that failed first, as that rank left it (core/errors.py), instead of
-torchrun's report, and exits with its code: 2 for a user error, 130 for Ctrl-C, 1
-otherwise. Ctrl-C stops every rank. The ranks tell it what it needs through its folder
-(training/job_notes.py): each rank's line, rank 0's run folder in progress (marked
--failed here if rank 0 dies unable to), and, from here, that the launcher itself got
-Ctrl-C or SIGTERM, so that a rank stopped without that note was stopped for a failure.
-Several hosts wait for each other within a bound, and a Ctrl-C while they wait is
-honoured (training/rendezvous.py).
+torchrun itself (no restarts) starts the ranks: one per GPU with NCCL, or N CPU processes
+with gloo, so a CPU machine runs the distributed path too. Several hosts meet at --rdzv
+(torchrun's c10d rendezvous; training/rendezvous.py bounds the wait). When a rank fails,
+torchrun stops the others; this launcher prints the line of the rank that failed first,
+as that rank left it (core/errors.py), instead of torchrun's report, and exits with its
+code: 2 for a user error, 130 for Ctrl-C, 1 otherwise. The ranks and the launcher talk
+through its folder (training/job_notes.py).
 """
 
 import logging
@@ -106,17 +98,12 @@ def check_devices(nproc: int) -> None:
 
 
 def first_failure(failures: dict, folder: Path | None = None) -> int:
-    """The rank whose end ended the job. A rank that loses its peer fails too, often at
-    the same poll of torchrun's, with a line about the peer or about its own data
-    workers (the SIGTERM torchrun sends reaches them); torchrun's choice, the earliest
-    timestamp in whole seconds with rank 0 winning a tie, then named the wrong rank
-    (rank 1 exiting at its start was reported as 'rank 0 failed: killed by SIGTERM'). So:
-    a rank killed by a signal other than torchrun's SIGTERM, then one that ended on its
-    own (exit 2, a user error, first), and last those torchrun stopped (SIGTERM, or 130:
-    the run's own end on it); within each, one whose line (in `folder`) is its own before
-    one whose line is another rank's end (a dead data worker of rank 1 was blamed on rank
-    0, which met rank 1's closed socket in the same second), and one that passes on
-    another's line (relays_another) after that; then the earliest, lowest."""
+    """The rank whose end ended the job. torchrun's choice (the earliest timestamp in
+    whole seconds, rank 0 winning a tie) blamed the wrong rank when a peer failed in the
+    same second. So: a rank killed by a signal other than torchrun's SIGTERM, then one
+    that ended on its own (a user error first), and last those torchrun stopped; within
+    each, one whose line (in `folder`) is its own cause before one that names another
+    rank's end, and one that relays another's line last; then the earliest, lowest."""
     def order(rank):
         failure = failures[rank]
         killed = failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM
@@ -129,10 +116,8 @@ def first_failure(failures: dict, folder: Path | None = None) -> int:
 
 
 def relays_another(line: str) -> bool:
-    """Whether a rank's line passes on another rank's ('rank 1 failed: ...'): a rank
-    stopped for another's failure says so, and the one whose line it passes on goes first
-    (a rank stopped by SIGSTOP, continued and stopped, was blamed for its own stop when it
-    ended in the same second as the rank that named it)."""
+    """Whether a rank's line passes on another rank's ('rank 1 failed: ...'): the one
+    whose line it passes on is blamed first."""
     return re.search(r"\brank \d+ failed: ", line) is not None
 
 
@@ -148,12 +133,10 @@ def explain(rank: int, failure, folder: Path) -> tuple[str, int]:
 
 def note_why_ranks_stop() -> None:
     """Has torchrun leave training/job_notes.py's notes before it stops the ranks with
-    SIGTERM, so that a rank can tell the user's stop from one after another rank failed:
-    its handler of Ctrl-C and SIGTERM leaves interrupted.txt, and its PContext.close (which
-    SubprocessContext's poll calls at once on a failure) leaves stopping.txt unless the
-    user's note is there. PContext.start installs the module's _terminate_process_handler
-    by name (torch 2.11 and 2.13 alike); where a torch has neither, a SIGTERM without a
-    note reads, after job_notes.NOTE_WAIT_S, as a failure's."""
+    SIGTERM: its handler of Ctrl-C and SIGTERM leaves interrupted.txt, its PContext.close
+    (called at once on a failure) stopping.txt. PContext.start installs the handler by
+    its module name (torch 2.11 and 2.13 alike); where a torch has neither, a SIGTERM
+    without a note reads, after job_notes.NOTE_WAIT_S, as a failure's."""
     from torch.distributed.elastic.multiprocessing import api
     _note_first(api, "_terminate_process_handler", job_notes.note_the_users_signal)
     _note_first(api.PContext, "close", job_notes.note_a_failures_stop)
@@ -175,21 +158,13 @@ def _note_first(owner, name: str, note) -> None:
 
 
 def quiet_torchrun() -> None:
-    """torchrun's agent logs each rank it stops, the signal it got and a report of the
-    failure, which the one line replaces. Its modules set their loggers' levels from
-    LOGLEVEL when imported, so this runs before they are. torch's C++ side logs its
-    store's failed reads, with a stack of 30 frames, when another host's launcher ends
-    first (the tp2d refusal on uneven hosts printed 67 lines). On four NCCL ranks NCCL's
-    watchdog logged its errors too: a Ctrl-C met one rank's all-gather after another rank
-    had aborted its communicator, and 14 lines of a C++ stack came with the job's line.
-    Each rank names its own cause, so the C++ side says only what is fatal, here and in
-    the ranks (TORCH_CPP_LOG_LEVEL=INFO shows it all again).
-
-    And NCCL's watchdog, on such an error, only aborts the communicator (TORCH_NCCL_
-    ASYNC_ERROR_HANDLING=2) rather than take the process down (3, torch's default): on
-    four H200s a killed launcher's rank 0 was taken down in its early end, before it
-    marked its folder (left with no suffix and plain traces). The rank's own wait then
-    ends on the aborted communicator, and its early end runs as on gloo."""
+    """The one line replaces what torchrun's agent logs (each rank it stops, the signal,
+    a report): its modules read LOGLEVEL when imported, so this runs first. torch's C++
+    side (the store's failed reads, NCCL's watchdog) says only what is fatal, here and in
+    the ranks (TORCH_CPP_LOG_LEVEL=INFO shows it all again): each rank names its own
+    cause. And NCCL's watchdog only aborts the communicator on an error (TORCH_NCCL_
+    ASYNC_ERROR_HANDLING=2), rather than take the process down before its early end has
+    marked its folder."""
     os.environ["LOGLEVEL"] = "CRITICAL"
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")

@@ -93,13 +93,10 @@ class Ranks:
         return torch.device("cuda", self.local_rank)
 
     def start(self, cuda: bool, hang_timeout: float = HANG_TIMEOUT_S):
-        """This rank's device, and the process group joined: NCCL between GPUs, gloo
-        between CPU processes. Joined once per process (make compare runs many runs).
-
-        The ranks reach the group's start seconds apart (each imports torch), so joining
-        waits hang_timeout at most (JOIN_FLOOR_S at least, for a loaded host): a rank
-        stopped or hung before it was found after the store's 5 minutes, with 27 lines of
-        traceback. Its pid is left first, for the peer that names it."""
+        """This rank's device, and the process group joined (NCCL between GPUs, gloo
+        between CPU processes), once per process. Joining waits hang_timeout at most
+        (JOIN_FLOOR_S at least): the ranks arrive seconds apart, but one stopped before it
+        must be named. Its pid is left first, for the peer that names it."""
         import torch.distributed as dist
         device = self.device(cuda)
         if self.distributed and not dist.is_initialized():
@@ -124,11 +121,9 @@ class Ranks:
         return device
 
     def share(self, make):
-        """make() on rank 0, its value on every rank (picklable; a collective: every rank
-        calls it at the same point). Where rank 0's make() refuses (a ProjectError:
-        --out is a file, the run folder cannot be made), every rank raises its line: the
-        others would otherwise meet rank 0's closed socket in the broadcast and print
-        gloo's traceback of 25-35 lines."""
+        """make() on rank 0, its value on every rank (a collective). Where rank 0's make()
+        refuses (a ProjectError), every rank raises its line, rather than meet rank 0's
+        closed socket in the broadcast."""
         if not self.distributed:
             return make()
         import torch.distributed as dist
@@ -143,9 +138,8 @@ class Ranks:
         kind, value = box[0]
         if kind == "value":
             return value
-        # Every rank is here and ends on the refusal: leave the group together, or gloo's
-        # threads end in the interpreter's shutdown ('terminate called without an active
-        # exception', SIGABRT: see _bind_defaults_before_the_group).
+        # Every rank ends on the refusal: leave the group together, while Python lives
+        # (_bind_defaults_before_the_group says why).
         stop()
         if refusal is not None:
             raise refusal
@@ -172,11 +166,9 @@ class Ranks:
                 pass
 
     def wait_for_others(self, name: str) -> None:
-        """Rank 0, about to rename the run folder `name` after a Ctrl-C or SIGTERM (every
-        rank alive: after a failure one is dead and never lets go): waits until every
-        other rank has let go of it, LET_GO_S at most. Renamed under a rank still
-        exporting its trace at the profiled window's end, kineto's own rename failed with
-        an ERROR line on stderr (1 Ctrl-C in 20 under load)."""
+        """Rank 0, about to rename the run folder `name` after a Ctrl-C or SIGTERM: waits
+        LET_GO_S at most until every other rank has let go of it, since a rank still
+        exporting its trace into it made kineto's own rename fail."""
         store = _store()
         if store is None:
             return
@@ -210,30 +202,19 @@ def _store():
 
 
 def _bind_defaults_before_the_group() -> None:
-    """Imports torch.distributed.nn.functional while no group exists. Its functions take
-    `group=group.WORLD` as a default argument, bound at import: imported after
-    init_process_group (DDP's constructor imports torch._dynamo, which imports it), they
-    hold the default group for the process's life, so destroy_process_group cannot free
-    it. Gloo's worker threads then outlive stop() and free their last work during the
-    interpreter's shutdown; that work still holds the tensors of the summaries' gather,
-    whose release needs the GIL, and the rank aborts ('terminate called without an active
-    exception', 1 run in ~20 on 2 CPU cores, seen in a core dump). Imported first, the
-    defaults are None, and destroy_process_group joins the threads while Python lives."""
+    """Imports torch.distributed.nn.functional while no group exists. Its functions bind
+    `group=group.WORLD` as a default at import; imported after init_process_group (DDP
+    imports it through Dynamo) they would hold the group for the process's life. Gloo's
+    threads would then free their last tensors in the interpreter's shutdown, without
+    the GIL, and abort the rank ('terminate called without an active exception')."""
     import torch.distributed.nn.functional  # noqa: F401
 
 
 def _watch_the_launcher() -> None:
-    """Ends this rank, as a failed run, within WATCH_S of its launcher's death.
-
-    torchrun's agent (in training/launch.py's process) starts the ranks in process groups
-    of their own and stops them when it ends by a signal it can catch; killed by SIGKILL it
-    stops nothing, and the ranks trained on for ~100 s, then wrote a folder that looked
-    complete. Nothing tells a process its parent died but its parent pid changing (Linux's
-    PR_SET_PDEATHSIG fires when the parent *thread* that started it ends, which torchrun
-    does not promise to keep), so a thread polls it. The main thread is interrupted by
-    SIGUSR1, whose handler raises LauncherGone: the run ends as a failure, its profiled
-    steps kept in a -failed folder. The launcher's folder of rank lines, which no one will
-    read now, is removed."""
+    """Ends this rank, as a failed run, within WATCH_S of its launcher's death: a
+    launcher killed by SIGKILL stops no rank. A thread polls the parent pid
+    (PR_SET_PDEATHSIG follows the parent *thread*, which torchrun does not keep) and
+    interrupts the main thread with SIGUSR1, whose handler raises LauncherGone."""
     parent = os.getppid()
     if parent == 1 or threading.current_thread() is not threading.main_thread():
         return
@@ -262,16 +243,12 @@ ENDING_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGUSR1})
 
 
 def _unstick_on_ending_signals() -> None:
-    """Under NCCL: STUCK_S after a signal that ends the run, if the main thread has not
-    begun its early end, the group's communicators aborted from a thread of their own.
-
-    The main thread can sit in a CUDA call that does not return while the GPU waits on a
-    collective whose peer is gone (a CUDA event's query, from the step reader or the ring
-    loader: results/correctness.md), so the signal's Python handler never runs and
-    torchrun's SIGKILL (or the launcher watch's os._exit) came 30 s later. ncclCommAbort
-    ends the waiting kernels (abandon_nccl), so the call can return and the handler raise.
-    Python's wakeup fd is written by the C-level handler, whatever the main thread is
-    doing: that is how this thread hears of a signal at all."""
+    """Under NCCL: STUCK_S after a signal that ends the run, unless the main thread has
+    begun its early end, the group's communicators aborted from a thread. The main thread
+    can sit in a CUDA call that does not return while the GPU waits on a collective whose
+    peer is gone, so the signal's handler never runs; the abort ends the waiting kernels.
+    This thread hears of the signal through Python's wakeup fd, which the C-level handler
+    writes whatever the main thread is doing."""
     if threading.current_thread() is not threading.main_thread():
         return  # set_wakeup_fd is the main thread's
     read, write = os.pipe()
@@ -310,9 +287,9 @@ def _unstick_after(seconds: float) -> None:
 
 
 def stop_watching() -> None:
-    """The run is ending already (a peer's closed socket came first): the launcher's
-    death must not raise into its early end, which then dropped the folder it was
-    keeping (3 runs in 20). The watch stays, to exit a rank stuck past GRACE_S."""
+    """The run is ending already: the launcher's death must not raise into its early end
+    (which dropped the folder it was keeping). The watch stays, to exit a rank stuck past
+    GRACE_S."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _LAUNCHER["ending"] = True
@@ -320,10 +297,7 @@ def stop_watching() -> None:
 
 def launcher_gone() -> str | None:
     """What ended this rank's run if its launcher has died (its parent pid changed), else
-    None. The ranks of a dead launcher meet their end in whatever they were doing: the
-    one whose watch fires first ends its run and closes its sockets, and its peer, in the
-    step's all-reduce, meets 'Connection closed by peer' or a line of DDP's source before
-    its own watch fires. This names the cause for either."""
+    None: a peer's closed socket, met first, is not the cause then."""
     parent = _LAUNCHER.get("pid")
     if parent is None or os.getppid() == parent:
         return None
@@ -340,13 +314,9 @@ TIMED_OUT = ("timed out waiting", "application timeout", "collective operation t
 
 def set_hang_timeout(seconds: float | None) -> None:
     """Every process group's collectives wait `seconds` for the other ranks from now on
-    (None: START_TIMEOUT again, for the next run of a process). A rank stopped (SIGSTOP)
-    or hung was found only after 345 s: the group's 5 minutes, then torchrun's SIGKILL.
-
-    Under NCCL a collective waits on the GPU, not in the host: the host's waits for the
-    GPU (core/waits.py) end after `seconds`, and the rank leaves its line naming the peer.
-    NCCL's watchdog gets twice as long and 10 s more, a backstop for a host blocked
-    elsewhere: it aborts the process from its own thread, with its logs and no line."""
+    (None: START_TIMEOUT again). Under NCCL a collective waits on the GPU, so the host's
+    waits for the GPU (core/waits.py) are bounded instead, and NCCL's watchdog, a
+    backstop, gets twice as long and 10 s more."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     if not dist.is_initialized():
@@ -403,9 +373,8 @@ def peer_line(rank: int, world: int) -> str | None:
 def the_users_stop(rank: int, world: int) -> str | None:
     """'interrupted (<signal>)' where the job is being stopped by the user: another rank
     ended on the user's Ctrl-C or SIGTERM (its line says so), or the launcher noted one.
-    A rank that met such a peer's closed socket before its own Ctrl-C came (which then came
-    inside the early end, where it is dropped) called the job failed: 1 in 18 rounds of
-    the gloo failure tests under load."""
+    A rank can meet such a peer's closed socket before its own signal, which then comes
+    inside the early end and is dropped there."""
     folder = launcher_folder()
     for peer in range(world):
         said = left_line(folder, peer) if peer != rank else None
@@ -446,12 +415,9 @@ PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pi
 
 
 def peer_gone(exc: BaseException) -> str | None:
-    """The line of a rank whose collective failed because another rank ended, else None.
-    The error's own message is gloo's paragraph, or, through DDP's communication hook, a
-    traceback whose last line (what one_line keeps) was a line of our source:
-    '.../training/ddp.py(125): <lambda>'. Which rank ended and how, the launcher says.
-    None where a Ctrl-C or SIGTERM is in the chain: every rank got it, and the peer that
-    ended first on it is not this rank's cause."""
+    """The line of a rank whose collective failed because another rank ended, else None
+    (also where a Ctrl-C or SIGTERM is in the chain: every rank got it). The markers are
+    searched through the whole chain: DDP's hook wraps gloo's message in a traceback."""
     chain = _chain(exc)
     if any(isinstance(e, KeyboardInterrupt) for e in chain):
         return None
@@ -463,9 +429,8 @@ def peer_gone(exc: BaseException) -> str | None:
 
 @contextmanager
 def _peers_alive(ranks: "Ranks"):
-    """Another rank's end, or its stop, met here, as its one line (PeerGone, exit 1):
-    gloo's paragraph or a C++ traceback of 25-35 lines otherwise buried the line of the
-    rank that failed (the launcher's: it names that rank)."""
+    """Another rank's end, or its stop, met here, as its one line (PeerGone, exit 1),
+    not gloo's paragraph or a C++ traceback."""
     try:
         yield
     except RuntimeError as exc:  # torch's DistError and gloo's errors are RuntimeErrors
@@ -497,9 +462,7 @@ def hosts() -> int | None:
 
 def stop() -> None:
     """Leaves the process group after a job that ended well, once every rank is done with
-    it (torch may not even be installed: train.py --help), and frees it: gloo's threads
-    end here, not in the interpreter's shutdown (_bind_defaults_before_the_group says
-    why that matters). After an early end nothing is waited for: torchrun stops the job."""
+    it, and frees it while Python lives (_bind_defaults_before_the_group says why)."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         _forget_what_holds_the_group()
@@ -512,15 +475,10 @@ def stop() -> None:
 
 
 def abandon_nccl() -> None:
-    """An early end under NCCL: the group's communicators aborted, LEAVE_S at most.
-
-    Under NCCL a collective whose peer has died, or that a peer stopped before joining
-    (a Ctrl-C meets the ranks at different steps), never ends: its kernel waits on the
-    GPU, and every later kernel of its stream behind it. The rank's own end then hung in
-    whatever waited for that stream, its exit included, until torchrun's SIGKILL 30 s
-    later (a killed rank 0, Ctrl-C, a killed launcher: results/several-gpus.md).
-    ncclCommAbort ends the waiting kernels. No collective follows an early end (rank 0
-    writes the summary from its own steps), so nothing is lost."""
+    """An early end under NCCL: the group's communicators aborted, LEAVE_S at most. A
+    collective whose peer died or never joined waits on the GPU forever, and everything
+    behind it on its stream, the rank's exit included; ncclCommAbort ends it. No
+    collective follows an early end, so nothing is lost."""
     dist = sys.modules.get("torch.distributed")
     with _ABANDONING:  # the early end's and the stuck-watch's: one abort, not two
         if dist is None or not (dist.is_available() and dist.is_initialized()):
@@ -539,24 +497,12 @@ _ABANDONED: list = []  # the default group whose abort has begun
 
 
 def _leave_after_an_early_end() -> None:
-    """At exit, a gloo group that an early end left joined is freed while Python lives,
-    without waiting for the others (one may be dead): its threads ended in the
-    interpreter's shutdown otherwise, and a rank aborted ('terminate called without an
-    active exception', 1 make scaling Ctrl-C in 20 under load; see
-    _bind_defaults_before_the_group). Not NCCL's: a communicator a dead peer left hung
-    may not be destroyed without blocking, and torchrun stops those ranks anyway.
-
-    Freeing it waits for its queued collectives, and one may never finish: a Ctrl-C
-    met rank 0 with DDP's all-reduce queued and rank 1 before its own, or in another
-    collective. Each rank then waits in gloo's destructor for the other's message, up
-    to the group's 5 min timeout, until torchrun kills it 30 s after the Ctrl-C
-    (reproduced with two collectives that do not match: destroy and gloo's abort() then
-    destroy both hung). The group is freed on a daemon thread instead, LEAVE_S at most;
-    past that the rank ends at once with its command's code, as the interpreter's
-    shutdown beside the blocked thread aborted it (4 in 12: 'terminate called without
-    an active exception'). Its peer's collective then meets the closed socket, and its
-    own freeing ends (tests/training/test_leave.py). Only stdout and stderr are flushed:
-    the rank has already marked its run folder."""
+    """At exit, a gloo group that an early end left joined is freed while Python lives
+    (_bind_defaults_before_the_group says why), without waiting for the others. Freeing
+    waits for queued collectives, and one may never finish (a Ctrl-C meets the ranks in
+    different collectives): so it runs on a daemon thread, LEAVE_S at most, after which
+    the rank exits at once with its command's code (its folder is already marked). Not
+    NCCL's: abandon_nccl aborts that."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not (dist.is_available() and dist.is_initialized()):
         return  # stop() left it, or there was none
@@ -572,10 +518,8 @@ def _leave_after_an_early_end() -> None:
 
 
 def _forget_what_holds_the_group() -> None:
-    """Drops the model that make compare keeps between its runs (model/build.py): it is
-    kept with its runner, the DDP wrapper, which holds the process group, so the group
-    outlived destroy_process_group and gloo's threads the interpreter (one make compare
-    rank in ~20 aborted at exit: 'terminate called without an active exception')."""
+    """Drops the model that make compare keeps between its runs (model/build.py): its
+    DDP wrapper holds the process group, which then outlived destroy_process_group."""
     build = sys.modules.get("model.build")  # loaded only where a model was built
     if build is not None:
         import gc
