@@ -43,24 +43,21 @@ class EarlyEnd:
         reason = interruption(exc) if interrupted else one_line(exc).rstrip(".")
         stop_watching()
         # A dead launcher or peer: what this rank met first (a closed socket, a line of
-        # DDP's hook) is not the cause.
+        # DDP's hook, torchrun's SIGTERM after another rank ended) is not the cause.
         gone = launcher_gone()
         users = None
-        if not gone and self.ranks.distributed and not interrupted:
-            gone = peer_cause(exc, self.ranks.rank, self.ranks.world)
+        if not gone and self.ranks.distributed:
+            if not interrupted:
+                gone = peer_cause(exc, self.ranks.rank, self.ranks.world)
+            elif job_notes.stopped_for_a_failure(str(exc)):
+                gone = (peer_line(self.ranks.rank, self.ranks.world) or
+                        "another rank failed; the launcher stopped this one")
+            # That peer may have ended on the user's stop, met before this rank's own.
             users = gone and the_users_stop(self.ranks.rank, self.ranks.world)
-        if users:  # the peer's end was the user's stop, met before this rank's own signal
+        if users:
             interrupted, status, reason = True, "interrupted", users
         elif gone:
             interrupted, status, reason = False, "failed", gone
-        elif interrupted and self.ranks.distributed and \
-                job_notes.stopped_for_a_failure(str(exc)):
-            # torchrun's SIGTERM after another rank failed, not the user's: it labelled
-            # the run -interrupted (under gloo when met before the peer's closed socket,
-            # under NCCL always).
-            interrupted, status = False, "failed"
-            reason = (peer_line(self.ranks.rank, self.ranks.world) or
-                      "another rank failed; the launcher stopped this one")
         elif not interrupted and not user_error and stop_signal():
             # A stop signal came, then the run failed: the signal that reached the whole
             # group killed a data worker before it had its own handler, and the loader
