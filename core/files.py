@@ -16,6 +16,7 @@ from pathlib import Path
 from core.errors import UserError
 
 _claims: list[Path] = []
+_made_here: list[Path] = []  # folders this command made (made_here)
 
 
 @contextlib.contextmanager
@@ -133,6 +134,19 @@ def _set_aside(path: Path, stale: str) -> bool:
     return True
 
 
-def release_claims() -> None:
+def made_here(folder: Path) -> None:
+    """`folder` was made by this command: release_claims removes it if it ends empty (a
+    Ctrl-C or SIGTERM between its making and the study's own early end left it behind)."""
+    _made_here.append(folder)
+
+
+def release_claims(folders: bool = True) -> None:
+    """The command's claims given back, and (folders) the folders it made that hold
+    nothing removed."""
     while _claims:
         _claims.pop().unlink(missing_ok=True)
+    while folders and _made_here:
+        try:
+            _made_here.pop().rmdir()
+        except OSError:  # it holds the study's work, or it was renamed or removed
+            pass

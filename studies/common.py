@@ -14,12 +14,21 @@ from core.errors import (
     is_write_failure,
     one_line,
 )
-from core.files import claim, release_claims
+from core.files import claim, made_here, release_claims
 from core.names import describe
 from core.run_folder import check_out_dir, display, mark, new_run_dir, utc_stamp
+from core.signals import note_stop_signals, stop_signals_held
 from training.ranks import from_env
 
 SKIPPED = "skipped.json"  # rows that could not run, kept beside the runs for a rebuild
+
+
+def tables_follow() -> None:
+    """The study's runs are over and only its tables, charts and page are left to write: a
+    Ctrl-C or SIGTERM from here on is noted, not raised, so that they are written whole,
+    and the command then exits 130 saying so (core.commands.leave). Raised, it left the
+    folder with its runs but no table and no suffix."""
+    note_stop_signals()
 
 
 def write_page(out: Path, markdown: str) -> None:
@@ -42,22 +51,28 @@ _made: set[Path] = set()
 
 def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
     """The study's output folder: a new profiles/<prefix>-<UTC time>[-N]/, or --out if it
-    holds no <kind> yet (a study is never overwritten)."""
+    holds no <kind> yet (a study is never overwritten). Made and noted with Ctrl-C and
+    SIGTERM held (acted on after), so that the command's end removes it while empty."""
     if out is None:
-        made = new_run_dir(check_out_dir("profiles"), f"{prefix}-{utc_stamp()}")
-        _made.add(made)
+        with stop_signals_held():
+            made = new_run_dir(check_out_dir("profiles"), f"{prefix}-{utc_stamp()}")
+            _made.add(made)
+            made_here(made)
         return made
     check_out_dir(str(out), "--out")
     if (out / f"{kind}.md").exists() or (out / SKIPPED).exists():
         raise UserError(f"{out} already holds a {kind}; choose a new --out (a {kind} is "
                         "never overwritten)")
-    if not out.exists():
-        try:
-            out.mkdir(parents=True)
-        except OSError as exc:  # /proc, say: writable as root, yet no folder can be made
-            raise UserError(f"--out {out}: cannot make the folder ({exc.strerror})") from None
-        _made.add(out)
-    claim(out, kind, f"make {prefix}")
+    with stop_signals_held():
+        if not out.exists():
+            try:
+                out.mkdir(parents=True)
+            except OSError as exc:  # /proc, say: writable as root, yet no folder is made
+                raise UserError(f"--out {out}: cannot make the folder ({exc.strerror})") \
+                    from None
+            _made.add(out)
+            made_here(out)
+        claim(out, kind, f"make {prefix}")
     return out
 
 
@@ -74,9 +89,7 @@ def ranks_out(ranks, out: Path | None, kind: str, prefix: str) -> Path:
 def discard_out(out: Path) -> None:
     """Gives back a study's folder that ends holding nothing: removed if the study made it
     (its claim first), else left as it was found."""
-    release_claims()
-    if out in _made and out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
+    release_claims()  # removes it if this study made it and it is empty
 
 
 def keep_interrupted(out: Path, exc: BaseException, finished: str, write_partial=None
@@ -87,7 +100,7 @@ def keep_interrupted(out: Path, exc: BaseException, finished: str, write_partial
     finished, marked as interrupted (its runs are now under `folder`). Returns the error
     whose message is the one line to print: the signal, the step a run was at, and where
     what finished is (`finished`: '2 of 5 runs finished')."""
-    release_claims()  # before a rename: the claim must not travel with the folder
+    release_claims(folders=False)  # before a rename: the claim must not travel with it
     cause = interruption(exc).split(";")[0]  # where the run kept its steps is said below
     if write_partial is None and not any(out.iterdir()):
         if out in _made:

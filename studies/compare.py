@@ -43,6 +43,7 @@ from studies.common import (
     progress,
     ranks_out,
     run_config,
+    tables_follow,
     write_page,
 )
 from studies.compare_rows import (
@@ -204,6 +205,7 @@ def _main(argv) -> int:
                             "would change nothing")
         runs, skipped = finished_runs(args.runs)
         out = fresh_out(args.out, "comparison", "compare")
+        tables_follow()
     else:
         ranks = from_env()
         base, given = base_config(train_args, PER_RUN, REFUSAL)
@@ -220,6 +222,7 @@ def _main(argv) -> int:
         stop()  # every rank done with the process group (train.main does the same)
         if not from_env().main:
             return 0  # rank 0 writes the comparison
+        tables_follow()
         # Kept so that a rebuild from these run folders lists the skipped runs too.
         write_whole(out / SKIPPED, json.dumps(skipped, indent=1) + "\n")
     table = write_comparison(out, runs, skipped)

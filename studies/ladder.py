@@ -45,6 +45,7 @@ from studies.common import (
     outcome,
     progress,
     run_config,
+    tables_follow,
     write_page,
 )
 from studies.compare_rows import load_summary, ran_on_gpu
@@ -335,6 +336,7 @@ def _main(argv) -> int:
         run_groups(out, train_args, args.strategies, plan_strategies, runs, skipped)
     except KeyboardInterrupt as exc:
         raise _keep_partial(out, runs, skipped, planned, exc) from None
+    tables_follow()
     table = write_ladder(out, runs, skipped)
     print(table)
     print(f"written: {display(out / 'ladder.md')}, ladder.csv, ladder-kernels.md, ladder.png")

@@ -34,6 +34,7 @@ from studies.common import (
     progress,
     ranks_out,
     run_config,
+    tables_follow,
     write_page,
 )
 from studies.compare_rows import load_summary, ran_on_gpu
@@ -128,6 +129,7 @@ def _main(argv) -> int:
     stop()  # every rank done with the process group (train.main does the same)
     if not ranks.main:
         return 0
+    tables_follow()
     write_table(out, rows, failed)
     return 1 if failed or not rows else 0
 

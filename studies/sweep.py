@@ -36,7 +36,7 @@ from core.tables import csv_text
 from kernels.giou.cuda_extension import unavailable_reason
 from profiling.environment import environment
 from studies.charts import sweep_chart, where_of
-from studies.common import fresh_out, keep_interrupted, write_page
+from studies.common import fresh_out, keep_interrupted, tables_follow, write_page
 from studies.sweep_point import measure, samples, sigma_label
 from studies.sweep_report import markdown, read_rows
 
@@ -232,6 +232,7 @@ def _main(argv) -> int:
     except KeyboardInterrupt as exc:
         # The points measured so far are kept, marked; an empty folder is not left.
         raise _keep_partial(out, rows, args, time.time() - started, exc) from None
+    tables_follow()
     write_whole(out / "sweep.csv", csv_text(COLUMNS, rows))
     table = markdown(rows, args, time.time() - started)
     write_whole(out / "sweep.md", table)

@@ -62,6 +62,7 @@ from studies.common import (
     progress,
     ranks_out,
     run_config,
+    tables_follow,
     write_page,
 )
 from studies.compare_rows import load_summary
@@ -221,6 +222,7 @@ def _main(argv) -> int:
     stop()  # every rank done with the process group (train.main does the same)
     if not ranks.main:
         return 0
+    tables_follow()
     if not rows and not any(str(r["steps run"]).startswith("the run failed") for r in skipped):
         # Nothing could run here (CUDA kernels on a CPU, say): no table, and no folder
         # whose skipped.json would refuse the next make throughput there.

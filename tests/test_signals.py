@@ -255,6 +255,35 @@ run_command(command(body), "the ladder was not written")
                            "it wrote is whole\n")
 
 
+def test_a_signal_as_a_studys_tables_are_written_lets_them_be_written_whole(tmp_path):
+    """make compare SIGTERMed after its runs, as it wrote its table, left a folder of runs
+    with no table and no suffix. From tables_follow() on the signal is noted: the tables
+    are written whole, and the command exits 130 saying so."""
+    out = tmp_path / "cmp"
+    script = f"""
+import os, signal
+from pathlib import Path
+from core.commands import command, run_command
+from studies import common
+
+def body(argv):
+    out = common.fresh_out(Path({str(out)!r}), "comparison", "compare")
+    common.tables_follow()
+    os.kill(os.getpid(), signal.SIGTERM)  # as the table is written
+    (out / "comparison.md").write_text("the table\\n")
+    print("written: the table", flush=True)
+    return 0
+
+run_command(command(body), "the comparison was not written")
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (130, "written: the table\n"), done.stderr
+    assert done.stderr == ("error: interrupted (SIGTERM) as the command ended; what it said "
+                           "it wrote is whole\n")
+    assert (out / "comparison.md").read_text() == "the table\n"
+
+
 # SIGNAL_MOMENTS=50 for the issue's measure (each moment is one short life: 2-5 s for a
 # run, 3-8 s for make compare on 2 cores); the suite takes 8, a fresh offset each time.
 MOMENTS = int(os.environ.get("SIGNAL_MOMENTS", "8"))
