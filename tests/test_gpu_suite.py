@@ -174,3 +174,23 @@ def test_each_worker_gets_its_share_of_the_cores_for_torchs_threads(tmp_path):
                       env={**env, **({"OMP_NUM_THREADS": given} if given else {})})
         assert done.returncode == 0, done.stdout + done.stderr
         assert log.read_text().split() == [str(expected)]
+
+
+def test_every_test_that_runs_ncu_holds_the_counters_alone():
+    """make ncu's GPU test ran its ncu beside the NVTX test's in another worker, and ncu
+    exited 9 ("Failed to profile"): a test that starts ncu, or calls one that does, holds
+    tests.helpers.gpu_counters_alone around it."""
+    import ast
+    starts_ncu = ("studies.ncu", "_kernels_under_ncu", "_make_ncu_on_the_gpu")
+    bare = []
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            source = ast.get_source_segment(path.read_text(), node)
+            gpu = any("gpu" in ast.unparse(d) for d in node.decorator_list)
+            if gpu and any(s in source for s in starts_ncu) and \
+                    "gpu_counters_alone" not in source:
+                bare.append(f"{path.relative_to(REPO)}::{node.name}")
+    assert not bare, bare
