@@ -140,6 +140,11 @@ def made_here(folder: Path) -> None:
     _made_here.append(folder)
 
 
+def is_made_here(folder: Path) -> bool:
+    """Whether this command made `folder` (made_here) and has not yet released it."""
+    return folder in _made_here
+
+
 def release_claims(folders: bool = True) -> None:
     """The command's claims given back, and (folders) the folders it made that hold
     nothing removed."""

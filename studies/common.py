@@ -14,7 +14,7 @@ from core.errors import (
     is_write_failure,
     one_line,
 )
-from core.files import claim, made_here, release_claims
+from core.files import claim, is_made_here, made_here, release_claims
 from core.names import describe
 from core.run_folder import check_out_dir, display, mark, new_run_dir, utc_stamp
 from core.signals import note_stop_signals, stop_signals_held
@@ -44,11 +44,6 @@ def folder_name(loss: str, backend: str) -> str:
     return describe(loss, backend).replace("/", "-")
 
 
-# The output folders this process made (fresh_out): only those are renamed when their
-# study is interrupted; a --out that existed may hold another command's work.
-_made: set[Path] = set()
-
-
 def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
     """The study's output folder: a new profiles/<prefix>-<UTC time>[-N]/, or --out if it
     holds no <kind> yet (a study is never overwritten). Made and noted with Ctrl-C and
@@ -56,7 +51,6 @@ def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
     if out is None:
         with stop_signals_held():
             made = new_run_dir(check_out_dir("profiles"), f"{prefix}-{utc_stamp()}")
-            _made.add(made)
             made_here(made)
         return made
     check_out_dir(str(out), "--out")
@@ -70,7 +64,6 @@ def fresh_out(out: Path | None, kind: str, prefix: str) -> Path:
             except OSError as exc:  # /proc, say: writable as root, yet no folder is made
                 raise UserError(f"--out {out}: cannot make the folder ({exc.strerror})") \
                     from None
-            _made.add(out)
             made_here(out)
         claim(out, kind, f"make {prefix}")
     return out
@@ -95,18 +88,20 @@ def discard_out(out: Path) -> None:
 def keep_interrupted(out: Path, exc: BaseException, finished: str, write_partial=None
                      ) -> StudyInterrupted:
     """A study ended by Ctrl-C or SIGTERM. The folder becomes <out>-interrupted if this
-    study made it (a --out that existed keeps its name: its table says it), or is removed
-    if it holds nothing; then write_partial(folder), if given, writes the table of what
-    finished, marked as interrupted (its runs are now under `folder`). Returns the error
-    whose message is the one line to print: the signal, the step a run was at, and where
-    what finished is (`finished`: '2 of 5 runs finished')."""
-    release_claims(folders=False)  # before a rename: the claim must not travel with it
+    study made it (a --out that existed keeps its name, and may hold another command's
+    work: its table says it), or is removed if it holds nothing; then write_partial(folder),
+    if given, writes the table of what finished, marked as interrupted (its runs are now
+    under `folder`). Returns the error whose message is the one line to print: the
+    signal, the step a run was at, and where what finished is (`finished`: '2 of 5 runs
+    finished')."""
+    made, nothing = is_made_here(out), write_partial is None
+    # Before a rename: the claim must not travel with the folder. With nothing to write,
+    # a folder this study made that holds nothing goes with it.
+    release_claims(folders=nothing)
     cause = interruption(exc).split(";")[0]  # where the run kept its steps is said below
-    if write_partial is None and not any(out.iterdir()):
-        if out in _made:
-            out.rmdir()
+    if nothing and not (out.is_dir() and any(out.iterdir())):
         return StudyInterrupted(f"{cause}; nothing kept")
-    if out in _made:
+    if made:
         out = mark(out, "interrupted")
     if write_partial is not None:
         write_partial(out)

@@ -184,11 +184,11 @@ def test_every_test_that_runs_ncu_holds_the_counters_alone():
     starts_ncu = ("studies.ncu", "_kernels_under_ncu", "_make_ncu_on_the_gpu")
     bare = []
     for path in sorted((REPO / "tests").rglob("test_*.py")):
-        tree = ast.parse(path.read_text())
-        for node in tree.body:
+        text = path.read_text()
+        for node in ast.parse(text).body:
             if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
                 continue
-            source = ast.get_source_segment(path.read_text(), node)
+            source = ast.get_source_segment(text, node)
             gpu = any("gpu" in ast.unparse(d) for d in node.decorator_list)
             if gpu and any(s in source for s in starts_ncu) and \
                     "gpu_counters_alone" not in source:

@@ -362,12 +362,17 @@ def peer_stopped(exc: BaseException, rank: int, world: int) -> str | None:
 def peer_line(rank: int, world: int) -> str | None:
     """'rank N failed: <its line>' of the first other rank that left its line for the
     launcher (its cause, where this rank met only its end), else None."""
+    return next((f"rank {peer} failed: {said}" for peer, said in _peer_lines(rank, world)),
+                None)
+
+
+def _peer_lines(rank: int, world: int):
+    """(peer, its line) of the other ranks that left their line for the launcher."""
     folder = launcher_folder()
     for peer in range(world):
         said = left_line(folder, peer) if peer != rank else None
         if said is not None:
-            return f"rank {peer} failed: {said}"
-    return None
+            yield peer, said
 
 
 def the_users_stop(rank: int, world: int) -> str | None:
@@ -375,10 +380,8 @@ def the_users_stop(rank: int, world: int) -> str | None:
     ended on the user's Ctrl-C or SIGTERM (its line says so), or the launcher noted one.
     A rank can meet such a peer's closed socket before its own signal, which then comes
     inside the early end and is dropped there."""
-    folder = launcher_folder()
-    for peer in range(world):
-        said = left_line(folder, peer) if peer != rank else None
-        if said and (found := re.match(r"interrupted \([^)]*\)", said)):
+    for _, said in _peer_lines(rank, world):
+        if found := re.match(r"interrupted \([^)]*\)", said):
             return found.group(0)
     return "interrupted (the launcher got Ctrl-C or SIGTERM)" if job_notes.users_signal_noted() \
         else None
