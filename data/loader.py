@@ -9,6 +9,7 @@ steady.
 
 import atexit
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -154,6 +155,19 @@ def _worker_init(worker_cores: set[int] | None):
     return init
 
 
+def _one_temp_folder_for_the_workers() -> None:
+    """Makes this process's multiprocessing temporary folder (pymp-*) before PyTorch's
+    loader's workers fork, so that they inherit it instead of each making its own (the
+    ring loader's pass no file descriptors and make none). A worker's first batch opens a
+    socket there, through which the main process fetches the batch's file
+    descriptors (multiprocessing.resource_sharer); a worker's own folder went only with
+    its exit's finalizers, and a worker ended by _on_sigterm's os._exit or by its
+    parent's death (_die_with's SIGKILL) left it behind: the likely cause of CI's one
+    error at ec1f074, in the teardown ("nothing left behind") of the fork SIGTERM test.
+    This process's folder goes at its exit, with the workers' sockets in it."""
+    multiprocessing.util.get_temp_dir()
+
+
 def make_loader(dataset, batch_size: int, num_workers: int, collate, pin_memory: bool,
                 main_cores: int = 0, sampler=None, ring: bool = False,
                 share: tuple[int, int] = (0, 1)):
@@ -183,6 +197,8 @@ def make_loader(dataset, batch_size: int, num_workers: int, collate, pin_memory:
         return RingLoader(dataset, batch_size, num_workers, collate, pinned=pin_memory,
                           sampler=sampler, worker_init_fn=_worker_init(cores[1] if cores
                                                                        else None))
+    if num_workers:
+        _one_temp_folder_for_the_workers()
     return torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=False, sampler=sampler, drop_last=True,
         num_workers=num_workers, collate_fn=collate, pin_memory=pin_memory,

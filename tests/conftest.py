@@ -1,4 +1,5 @@
 import getpass
+import multiprocessing.util
 import os
 import shutil
 import tempfile
@@ -80,6 +81,10 @@ def no_plain_trace_is_left(request):
 # launcher's ragged-ranks-*). pytest's own tmp_path folders and Inductor's cache stay
 # where they were.
 _REAL_TMP = tempfile.gettempdir()
+# This process's multiprocessing folder (pymp-*, which the workers of the loaders that the
+# tests start share: data/loader.py) made where multiprocessing removes it at exit: in
+# SESSION_TMP it was gone (pytest_sessionfinish) before that, which printed a traceback.
+multiprocessing.util.get_temp_dir()
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _REAL_TMP)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                       os.path.join(_REAL_TMP, f"torchinductor_{getpass.getuser()}"))
@@ -116,10 +121,7 @@ def _session_processes() -> dict[int, str]:
 
 
 def _temp_folders() -> set[str]:
-    import multiprocessing
-    own = multiprocessing.process.current_process()._config.get("tempdir")
-    return {p.name for p in SESSION_TMP.iterdir()
-            if str(p) != own and not p.name.startswith(CACHES)}
+    return {p.name for p in SESSION_TMP.iterdir() if not p.name.startswith(CACHES)}
 
 
 @pytest.fixture(autouse=True)

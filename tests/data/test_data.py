@@ -1,6 +1,7 @@
 """The synthetic dataset and the collates."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -173,3 +174,32 @@ def test_a_worker_outlives_a_group_sigterm_that_comes_before_its_handlers():
         os.close(fd)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "the worker died of the SIGTERM"
+
+
+def test_a_loaders_workers_make_no_temp_folder_of_their_own(tmp_path):
+    """Each worker made its own multiprocessing folder (pymp-*, the socket of its first
+    batch's file descriptors), which a worker ended without its finalizers (os._exit on
+    the main process's exit, or its parent's death) left behind. They share the main
+    process's, removed at its exit. In a process of its own: this one's folder is made
+    (conftest), and its workers would inherit it without the fix."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+    script = (
+        "import multiprocessing.util, pathlib, sys, losses\n"
+        "from data import SyntheticFaces\n"
+        "from data.loader import make_loader\n"
+        "collate = losses.get('padded', capacity=64).collate\n"
+        "batches = iter(make_loader(SyntheticFaces(64, 32, seed=11), 8, 2, collate, "
+        "pin_memory=False))\n"
+        "for _ in range(4): next(batches)  # both workers have served a batch\n"
+        "found = sorted(str(p) for p in pathlib.Path(sys.argv[1]).glob('pymp-*'))\n"
+        "batches._shutdown_workers()\n"
+        "print(found == [multiprocessing.util.get_temp_dir()], found)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO,
+                          env={**os.environ, "TMPDIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("True"), done.stdout
+    assert list(tmp_path.iterdir()) == [], "the main process's folder outlived it"
