@@ -610,6 +610,17 @@ def test_a_peers_end_is_named_as_such():
         assert peer_gone(after_ctrl_c) is None
 
 
+def _stacks_of(pids: list[int]) -> None:
+    """SIGUSR2 to each of `pids` that is still a rank (a stopped one prints once
+    continued)."""
+    for pid in pids:
+        try:
+            if b"train.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGUSR2)
+        except OSError:  # ended meanwhile
+            pass
+
+
 @pytest.mark.parametrize("stopped", [0, 1])
 def test_a_stopped_rank_is_named_within_the_hang_timeout(tmp_path, stopped):
     """A rank stopped by SIGSTOP (no SIGCONT) was found only after 345 s (the group's
@@ -620,9 +631,17 @@ def test_a_stopped_rank_is_named_within_the_hang_timeout(tmp_path, stopped):
     for line in proc.stdout:
         if "step 5/" in line:
             break
-    os.kill(_ranks_of(proc.pid)[stopped], signal.SIGSTOP)
+    ranks = _ranks_of(proc.pid)
+    os.kill(ranks[stopped], signal.SIGSTOP)
     sent = time.time()
-    code, _, err = _finish(proc, timeout=120)
+    # Once in ~30 loop rounds under load the job took 31.7 s: past 15 s each rank still
+    # there prints its stacks (faulthandler, training/ranks.py) into the lines asserted on.
+    dump = threading.Timer(15, _stacks_of, args=(list(ranks.values()),))
+    dump.start()
+    try:
+        code, _, err = _finish(proc, timeout=120)
+    finally:
+        dump.cancel()
     took = time.time() - sent
     said = (f"rank {stopped} stopped answering: its process is stopped (SIGSTOP or a "
             "debugger), and this rank's collective waited --hang-timeout for it")
