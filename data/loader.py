@@ -156,15 +156,11 @@ def _worker_init(worker_cores: set[int] | None):
 
 
 def _one_temp_folder_for_the_workers() -> None:
-    """Makes this process's multiprocessing temporary folder (pymp-*) before PyTorch's
-    loader's workers fork, so that they inherit it instead of each making its own (the
-    ring loader's pass no file descriptors and make none). A worker's first batch opens a
-    socket there, through which the main process fetches the batch's file
-    descriptors (multiprocessing.resource_sharer); a worker's own folder went only with
-    its exit's finalizers, and a worker ended by _on_sigterm's os._exit or by its
-    parent's death (_die_with's SIGKILL) left it behind: the likely cause of CI's one
-    error at ec1f074, in the teardown ("nothing left behind") of the fork SIGTERM test.
-    This process's folder goes at its exit, with the workers' sockets in it."""
+    """Makes this process's multiprocessing folder (pymp-*) before PyTorch's loader's
+    workers fork, so that they share it. Each made its own for the socket of its batches'
+    file descriptors (multiprocessing.resource_sharer), removed only by its exit's
+    finalizers: one ended by _on_sigterm's os._exit or _die_with's SIGKILL left it behind.
+    The ring loader's workers pass no file descriptors and make none."""
     multiprocessing.util.get_temp_dir()
 
 
