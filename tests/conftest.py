@@ -81,14 +81,15 @@ def no_plain_trace_is_left(request):
 # launcher's ragged-ranks-*). pytest's own tmp_path folders and Inductor's cache stay
 # where they were.
 _REAL_TMP = tempfile.gettempdir()
-# This process's multiprocessing folder (pymp-*, which the workers of the loaders that the
-# tests start share: data/loader.py) made where multiprocessing removes it at exit: in
-# SESSION_TMP it was gone (pytest_sessionfinish) before that, which printed a traceback.
-multiprocessing.util.get_temp_dir()
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", _REAL_TMP)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                       os.path.join(_REAL_TMP, f"torchinductor_{getpass.getuser()}"))
 SESSION_TMP = Path(tempfile.mkdtemp(prefix="ragged-tests-", dir=_REAL_TMP))
+# Removed as this process ends, after the multiprocessing folder (pymp-*) this process may
+# make in it (a loader's workers share it: data/loader.py), whose finalizer runs at
+# priority -100, higher first: removed before it, that finalizer printed a traceback.
+multiprocessing.util.Finalize(None, shutil.rmtree, args=(str(SESSION_TMP), True),
+                              exitpriority=-200)
 os.environ["TMPDIR"] = str(SESSION_TMP)
 tempfile.tempdir = str(SESSION_TMP)
 # Processes that may outlive a test: Inductor's pool of compile workers (torch.compile in
@@ -121,7 +122,9 @@ def _session_processes() -> dict[int, str]:
 
 
 def _temp_folders() -> set[str]:
-    return {p.name for p in SESSION_TMP.iterdir() if not p.name.startswith(CACHES)}
+    own = multiprocessing.process.current_process()._config.get("tempdir")
+    return {p.name for p in SESSION_TMP.iterdir()
+            if str(p) != own and not p.name.startswith(CACHES)}
 
 
 @pytest.fixture(autouse=True)
@@ -141,10 +144,6 @@ def nothing_is_left_behind():
         shutil.rmtree(SESSION_TMP / path, ignore_errors=True)
     assert not running, f"processes left running: {running}"
     assert not left, f"temporary folders left in {SESSION_TMP}: {sorted(left)}"
-
-
-def pytest_sessionfinish(session, exitstatus):
-    shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
