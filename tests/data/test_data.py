@@ -180,8 +180,8 @@ def test_a_loaders_workers_make_no_temp_folder_of_their_own(tmp_path):
     """Each worker made its own multiprocessing folder (pymp-*, the socket of its first
     batch's file descriptors), which a worker ended without its finalizers (os._exit on
     the main process's exit, or its parent's death) left behind. They share the main
-    process's, removed at its exit. In a process of its own: this one's folder is made
-    (conftest), and its workers would inherit it without the fix."""
+    process's, removed at its exit. In a process of its own: this one's may exist already
+    (an earlier test's loader), and its workers would inherit it without the fix."""
     import subprocess
     import sys
 
