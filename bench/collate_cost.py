@@ -1,8 +1,8 @@
 """The host time of each layout's collate alone at make sweep's points: the targets' share
 (the images are one pixel, as in the sweep), the fastest and the median of 11 calls with
 the garbage collector paused. make sweep's own collate column is a median taken between
-GPU measurements; on the H100 host it varied by ~6 ms between calls of the same collate,
-so this script times the collates alone, where that noise can be seen and avoided.
+GPU measurements, where it varied by milliseconds between calls of the same collate
+(results/sweep.md), so this script times the collates alone.
 
     python3 bench/collate_cost.py [--calls 11]      # prints a Markdown table
 """

@@ -62,9 +62,9 @@ def split_cores(main_cores: int, share: tuple[int, int] = (0, 1)
 def share_of(cores: list[int], index: int, count: int, siblings=None) -> list[int]:
     """The index-th of count contiguous shares of `cores`, each physical core's hardware
     threads kept in one share and next to each other (so that main_cores=2 is one whole
-    core). Why: under GPUS=4 on a 64-core host each rank's main thread shared the cores
-    with 64 data workers of all four ranks, and its host time a step rose from 7.1 to
-    12.8 ms (results/several-gpus.md)."""
+    core). Why: under GPUS=4 each rank's main thread shared the cores with every rank's
+    data workers, and its host time a step was nearly twice one GPU's
+    (results/archive/several-gpus.md)."""
     groups: dict[tuple[int, ...], list[int]] = {}
     for core in cores:
         key = tuple(sorted(set((siblings or _siblings)(core)) & set(cores))) or (core,)

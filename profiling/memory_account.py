@@ -23,7 +23,7 @@ still uses it is freed later, free_completed, but no longer counts), as
 torch.cuda.max_memory_allocated does, which is reset at start() to be held against it. The
 trace records each allocation's requested size, the counter its block's (rounded up to
 512 B, or a whole block left unsplit), so the replay is in requested bytes throughout and
-comes out a little under the counter: 6.5 kB under 13.4 GB at the GPU preset.
+comes out a little under the counter.
 """
 
 import pickle

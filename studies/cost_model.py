@@ -7,27 +7,12 @@ model; results/several-gpus.md sets it beside the measurements.
         [--worlds 2,4,8,16,64] [--gpus-per-host 8] [--nvlink-gbs 341] [--network-gbs 50]
         [--chart scaling.png] [--out folder]
 
---measure runs bench/sharded_rank.py on this machine's GPU first (about two minutes), so
-that the prediction rests on the current commit's step; --measured names any earlier one.
-
-The model, per rank and step (B samples a rank, lin1 F -> H, lin2 H -> O, bf16 = 2 bytes):
-- compute: the design's step on a world of one (measured: the engines' own cost with
-  collectives that move nothing), less the shadow SGD over the rows it no longer owns.
-  Where the JSON has the step with lin1's update inline too ('tp-inline'), the update
-  beside the trunk is accounted as measured: the step without it, plus what of the
-  rank's smaller update (H/N rows, measured) the trunk cannot hide (it hid
-  inline - beside of the whole one on one GPU). A tp rank's GEMMs at its shapes (N·B
-  samples, H/N rows) replace one GPU's (both measured).
-- collectives by NCCL's ring: an all-reduce of S bytes takes 2 (N-1)/N S / bw, an
-  all-gather or a reduce-scatter of S bytes in all (N-1)/N S / bw, where bw is the bus
-  bandwidth of the slowest link the ring crosses (NVLink inside a host, the network across).
-- exposure: a collective runs beside compute that does not need it, else it is exposed:
-  ddp's all-reduce beside the backward; zero's all-gather beside the conv forward, its
-  reduce-scatter beside the conv backward; tp's features' all-gather beside the rank's
-  own rows' GEMM (1/N of lin1's forward at N), dx's reduce-scatter beside lin1's dW GEMM
-  (training/tensor_parallel.py); lin2's two small ones inline. Hidden communication
-  still slows the kernels beside it by `contention` of its time (fitted to the two-H200
-  DDP run).
+The model, per rank and step (docs/several-gpus.md, "The cost model", has it whole): the
+design's step on a world of one (measured), less the shadow SGD over the rows it no
+longer owns; NCCL's ring times for its collectives at the bus bandwidth of the slowest
+link the ring crosses; each collective hidden beside compute that does not need it, or
+exposed, and hidden communication slowing the kernels beside it by `contention` of its
+time.
 """
 
 import argparse

@@ -3,27 +3,12 @@
     python3 -m studies.ncu [--loss kernel --backend cuda] [--out DIR] [train.py options...]
     python3 -m studies.ncu --loss kernel --backend cuda --point 1024,1024,full
 
-Runs train.py (a few steps at the GPU preset unless ARGS say otherwise) under `ncu`,
-which replays each launch of the GIoU kernels (Triton's and the CUDA extension's: names
-matching KERNELS) with a fixed metric set, every other kernel running as usual. With
---point B,M,SIGMA it runs the loss alone instead, as make sweep measures a point
-(studies/sweep_point.py: bf16 predictions, the forward and backward, POINT_CALLS calls
-after one to warm up): a point no training run reaches, such as the sweep's largest
-input, every one of M = 1024 slots filled in each of 1024 images ('full').
-
-    duration              gpu__time_duration.sum
-    DRAM % of peak        dram__throughput.avg.pct_of_peak_sustained_elapsed
-    achieved occupancy    sm__warps_active.avg.pct_of_peak_sustained_active
-    registers a thread    launch__registers_per_thread
-
-The table (ncu.md, ncu.csv: per kernel, the mean over its profiled launches) lands in
-profiles/ncu-<strategy>-<UTC time>/ beside the run folder and ncu's own report
-(report.ncu-rep, for the Nsight Compute GUI). The steps' times in that run are not
-figures: ncu serialises the kernels it profiles and replays them.
-
-Refused in one line: without a GPU or without ncu (exit 2); where ncu may not read the
-GPU's counters (ERR_NVGPUCTRPERM: a driver setting, exit 1); where no kernel matched (a
-strategy without a fused kernel: loop, padded, concat, compiled, nested; exit 2).
+Runs train.py under `ncu`, which replays each launch of the GIoU kernels (names matching
+KERNELS) with the METRICS below, every other kernel running as usual; with --point
+B,M,SIGMA, the loss alone at a point of make sweep (studies/sweep_point.py), such as one
+no training run reaches. The table, ncu's report and the refusals (no GPU, no ncu, no
+counters, no kernel matched): docs/runs.md ("make ncu"). The run's step times there are
+not figures: ncu serialises the kernels it profiles and replays them.
 """
 
 import argparse

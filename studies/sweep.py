@@ -42,7 +42,7 @@ from studies.sweep_report import markdown, read_rows
 
 AXES = {"batch": "batch size", "capacity": "box capacity M", "boxes": "boxes per image"}
 # (batch sizes, capacities, sigmas, the centre (batch, capacity, sigma), the boxes axis' M,
-# the loop's largest batch). The loop costs ~3 ms of host time per sample per call.
+# the loop's largest batch: its host time grows with every sample).
 GRIDS = {
     "gpu": dict(batch=[64, 256, 1024, 4096, 8192], capacity=[256, 1024, 4096],
                 sigma=[1, 3, 10, 30, 100, 300, math.inf], centre=(1024, 256, 3.0),

@@ -134,10 +134,8 @@ def _host_ms(call, device, calls: int = 5) -> float:
 def collate_times(collate, pairs, calls: int = 11) -> list[float]:
     """Host ms of each of `calls` collates of the point's samples, Python's garbage
     collector paused: a collection over the sweep's own heap (thousands of samples kept
-    for the next strategies) landing inside one is not the collate's cost. (The first
-    sweep with this column, without the pause, read 0.39 to 6.0 ms for the same padded
-    collate of 64 samples on the H100 host; the pause did not remove that spread there:
-    results/sweep.md.)"""
+    for the next strategies) landing inside one is not the collate's cost (results/sweep.md
+    has the spread measured with and without the pause)."""
     import gc
     collate(pairs)  # warm: first-call allocations
     gc.collect()

@@ -2,31 +2,16 @@
 
     python3 -m studies.throughput [--strategies padded,kernel:triton] [train.py options...]
 
-Each strategy (the fused ones with both backends) runs in train mode for a whole epoch of
-the dataset, the same batches for all, its profiled window at the run's end, once the
-loader's prefetched batches are used up (`--steps`, `--wait` in ARGS change that). The
-ragged strategies (loop, concat) take seconds a step at the GPU preset: they get a time
-budget instead (`--ragged-seconds`), their window at the start, and the table says so.
+Each strategy runs in train mode for a whole epoch, the same batches for all, its profiled
+window at the run's end; the ragged ones (loop, concat) get a time budget instead
+(--ragged-seconds). What the table holds, column by column, and where it is written:
+docs/runs.md ("make throughput"). The sustained rate is the global batch over the summed
+device step times after --settle (host wall time on a CPU); the GPU's own rate, the batch
+over the profiled steps' GPU busy time, is what the GPU could take if never left waiting.
 
-Per run, from its summary.json: **sustained samples/s** (the global batch over the summed
-device step times of every step after --settle; host wall time on a CPU), the **GPU's own
-rate** (the batch over the profiled steps' GPU busy time, the union over their streams:
-what it could take if never left waiting; a copy a step ahead, on its own stream beside
-the compute, adds nothing to it), their
-ratio, the model's TFLOP/s a GPU and MFU at the sustained rate (profiling/flops.py), the
-median and 95th-percentile step, the GPU's busy fraction over the profiled steps, the
-GPU's SM clock and power (medians over the sustained steps) and what held its clock down
-(profiling/gpu_clocks.py: the profiled steps' rate is at the clocks of the run's end), and
-the host's wait for the loader over every step after --settle.
-Written under profiles/throughput-<UTC time>/: throughput.md, throughput.csv,
-throughput.png (the rates) and steps.png (every run's step times over the run, the steps a
-user sees), beside the run folders.
-
-Under torchrun (make throughput GPUS=N, training/launch.py) every rank makes the same runs,
-each a job of N ranks, the epoch being the dataset over the global batch; rank 0 alone
-prints and writes the table, whose rates are the global batch's. `--against FOLDER` (one
-GPU's make throughput, say) adds each strategy's scaling: its sustained rate here over its
-rate there.
+Under torchrun (make throughput GPUS=N) every rank makes the same runs, each a job of N
+ranks; rank 0 alone prints and writes the table. `--against FOLDER` (one GPU's make
+throughput, say) adds each strategy's scaling: its rate here over its rate there.
 """
 
 import argparse

@@ -1,20 +1,9 @@
-"""DistributedDataParallel around the model on several ranks, and the knobs that decide how
-well the step scales. Each knob is a train.Config switch, recorded in summary.json:
-
-    bucket_mb    DDP's gradient bucket size: gradients are all-reduced a bucket at a time,
-                 as soon as the bucket's last gradient is ready. lin1's weight (1.07 B
-                 elements) is a bucket of its own whatever the size.
-    bucket_view  DDP's gradient_as_bucket_view: each gradient is a view into its bucket,
-                 so DDP copies no gradient into the bucket before the all-reduce and none
-                 back after it (two passes over 2-4 GB at this model's size).
-    comm_hook    none: DDP's own reduction (it divides every gradient by N, then sums);
-                 sum: a hook that only sums, the loss scaled for it instead (one pass
-                 over every gradient fewer); bf16: DDP's bf16_compress_hook (buckets
-                 all-reduced as bf16: half the bytes of fp32 gradients; lin1's gradient is
-                 already bf16 under --bf16-shadow).
-    overlap      on: DDP, whose all-reduces run during the backward. off: no DDP; every
-                 gradient is all-reduced after the backward, to measure what the overlap
-                 hides.
+"""DistributedDataParallel around the model on several ranks, and its knobs (bucket_mb,
+bucket_view, comm_hook, overlap): each a train.Config switch recorded in summary.json,
+what it does and what it measured in docs/several-gpus.md's table of DDP knobs. lin1's
+weight (1.07 B elements) is a bucket of its own whatever the size; bucket_view spares two
+passes over 2-4 GB of gradients (no copy into the buckets and back); sum spares one
+(the loss is scaled for a sum instead of DDP dividing every gradient by N).
 
 Nothing here imports torch at import time (train.py --help works without it). The loss's
 global mean over the ranks is training/distributed.py's.

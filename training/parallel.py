@@ -1,34 +1,9 @@
-"""--parallel: how the step is spread over N ranks (make profile GPUS=N). lin1 holds 98 % of
-the parameters (65,536 x 16,384 at the full size), so the designs differ in what they do
-with it; the convolutions, lin2 (under zero) and every bias but lin1's are replicated,
-their gradients all-reduced by DDP (training/ddp.py) in every design.
-
-    ddp   lin1 replicated: its 2.1 GB bf16 gradient all-reduced every step, and every rank
-          runs the whole optimizer over it (identical work on every rank).
-    zero  lin1's weight sharded by rows (FSDP2's fully_shard on a 1-D DeviceMesh): its
-          gradient reduce-scattered, its bf16 weight all-gathered before the conv forward
-          (prefetcher(): the convolutions do not need it), its fp32 master and momentum
-          (--bf16-shadow) kept for the local rows only, so each rank updates 1/N of it.
-    tp    lin1 column-parallel and lin2 row-parallel, in plain tensors and collectives
-          (training/tensor_parallel.py): each rank's flattened features are
-          all-gathered, each rank computes its 1/N of lin1's outputs for the global batch,
-          lin2's partial sums are reduce-scattered back to each rank's own samples. lin1's
-          weight never moves; its gradient is the global batch's on each rank already, so
-          no gradient of the head's shards is reduced, and each rank updates only its
-          rows (beside the trunk's backward, as on one GPU: --lin1-update-beside-trunk).
-    tp2d  tp inside each host and data-parallel across hosts (a 2-D DeviceMesh, hosts x
-          ranks per host): the features are gathered over a host's NVLink only, lin1's and
-          lin2's shards hold the host's batch's gradient, which is summed over the ranks
-          of the same shard on the other hosts (one all-reduce of 1/g of the head's
-          gradient across the network, g ranks a host). One host: tp. Every host must run
-          the same number of ranks.
-
-Bytes a rank sends per step at the full size (docs/several-gpus.md has the cost model):
-ddp ~2 x (N-1)/N x 2.15 GB; zero ~2 x (N-1)/N x 2.15 GB too (a reduce-scatter plus an
-all-gather of the bf16 weight) but 1/N of the optimizer; tp ~2 x (N-1) x B x 65,536 x 2
-bytes (each rank's bf16 features gathered in the forward, their gradient reduce-scattered
-in the backward; lin2's B x 1,024 outputs add little), 0.27 GB at N = 2 and batch 1024 a
-rank (studies/cost_model.sent_per_rank).
+"""--parallel: how the step is spread over N ranks (make profile GPUS=N). ddp, zero, tp and
+tp2d differ in what they do with lin1 (98 % of the parameters): its weight, its gradient,
+its optimizer and the bytes a rank sends are docs/several-gpus.md's table ("Spreading
+lin1"); studies/cost_model.sent_per_rank counts the bytes. The convolutions (and, outside
+tp, lin2 and every bias) are replicated, their gradients all-reduced by DDP
+(training/ddp.py).
 
 Every design sums the gradients over the ranks (the loss is scaled for a sum,
 training/distributed.py): the head's tensor-parallel gradients are sums by construction,

@@ -23,10 +23,8 @@ gradient of the fourth block) waits for some of them to end, not for the whole u
 Measured both ways in results/toward-20ms.md: at equal priority, or with a persistent
 update, the trunk's kernels waited and the step was slower.
 
-Where auto leaves it off though it could apply: the host-bound strategies (loop, concat,
-nested: their GPU idles half of each step or more, results/step.md). It saves GPU time
-they do not need, and over an epoch nested ran 4-24 % slower with it on, in four pairs
-on three H100s (its loss's host time grew; the step's stream priority was not the cause:
+auto leaves it off for the host-bound strategies (loop, concat, nested): it saves GPU
+time they do not need, and nested's epoch ran slower with it (docs/speedups.md,
 results/step.md). `on` still turns it on there.
 
 Each element's update is the same kernel's: the same bits, the same losses. What reads
