@@ -1,0 +1,112 @@
+"""Probe: the host's ms to issue one train step, per --parallel design on a process group of
+one (NCCL, this GPU), beside the GPU's ms for the same step.
+
+Issue 62's runs on several GPUs found each tp rank's host needing 10-13 ms a step against
+one GPU's 7, with the loader, the step reader and the other ranks around it. This takes
+the step alone (bench/sharded_rank.py's build, one batch reused, no loader, no profiler):
+what the design's own code adds to the host's share. Each sample is a step issued right
+after its predecessor, the GPU at most two steps behind (a sync before every third), so
+the host never waits on a full launch queue. `--profile N`: cProfile's N largest
+functions by their own time over 20 steps, a sync after each (host time under cProfile is
+inflated; compare the designs, not the figures).
+
+    python3 bench/step_host.py [--designs one,ddp,tp] [--loss kernel --backend cuda]
+"""
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench.sharded_rank as sharded  # noqa: E402
+import losses  # noqa: E402
+import train  # noqa: E402
+from training import speedups  # noqa: E402
+
+ROUNDS = 30  # rounds of three steps; the last two of each are timed
+
+
+def built_step(design: str, args, mesh):
+    """The train step and one batch as a rank of `design` runs them (sharded_rank's way)."""
+    cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend])
+    device = torch.device("cuda", 0)
+    used = speedups.resolve(train.asked_of(cfg), True)["on"]
+    speedups.set_process_flags(used, True, many_runs=True)
+    strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
+    torch._dynamo.reset()  # the last design's compiled graphs held its model
+    model, runner, optimizer = speedups.build(used, device, False, train.model_sizes(cfg),
+                                              cfg.amp, cfg.lr, sharded.wrap_for(design, mesh))
+    prefetch = (lambda: model.lin1.unshard(async_op=True)) if design == "zero" else None
+    fns = train.make_step(cfg, strategy, runner, optimizer, device, prefetch=prefetch)
+    return fns.train_step, sharded.one_batch(cfg, strategy, device)
+
+
+def host_ms(step, batch) -> list[float]:
+    """Host ms of each timed step: three steps after a sync, the first not timed (it
+    includes the sync's wake-up)."""
+    for _ in range(10):  # compile, tune, fill the caches
+        step(*batch)
+    out = []
+    for _ in range(ROUNDS):
+        torch.cuda.synchronize()  # host-device sync: the GPU idle before each round
+        marks = [time.perf_counter()]
+        for _ in range(3):
+            step(*batch)
+            marks.append(time.perf_counter())
+        out += [(marks[i + 1] - marks[i]) * 1e3 for i in (1, 2)]
+    torch.cuda.synchronize()  # host-device sync: the rounds are done
+    return out
+
+
+def profiled(step, batch, top: int) -> str:
+    """cProfile's `top` functions by own time over 20 steps, a sync after each."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(20):
+        step(*batch)
+        torch.cuda.synchronize()  # host-device sync: each step alone in the profile
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--designs", default="one,ddp,tp")
+    ap.add_argument("--loss", default="kernel")
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--profile", type=int, default=0, metavar="N")
+    args = ap.parse_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29518")
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cuda", (1,), mesh_dim_names=("shard",))
+    print(f"# The host's ms a step per design on a world of one, "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"{args.loss}/{args.backend}\n\n| design | host ms median | p10 | p90 | GPU ms median |"
+          "\n|---|---:|---:|---:|---:|", flush=True)
+    for design in args.designs.split(","):
+        step, batch = built_step(design, args, mesh)
+        host = sorted(host_ms(step, batch))
+        gpu = statistics.median(sharded.time_steps(step, batch, 2, 10))
+        print(f"| {design} | {statistics.median(host):.2f} | {host[len(host) // 10]:.2f} | "
+              f"{host[len(host) * 9 // 10]:.2f} | {gpu:.2f} |", flush=True)
+        if args.profile:
+            print(f"\n### {design}: cProfile\n```\n{profiled(step, batch, args.profile)}```\n",
+                  flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
