@@ -164,6 +164,22 @@ def stop_signals_held(act: bool = True, say=None, what: str | None = "the run's 
                 os.kill(os.getpid(), held[0])
 
 
+def import_held(name: str):
+    """The module `name` imported with Ctrl-C and SIGTERM held until it is (they act right
+    after), or None where it is not installed. For triton, whose C++ module (nanobind's,
+    triton 3.9) imports Python modules as it starts: a KeyboardInterrupt raised in one was
+    swallowed (the run went on, its signal lost) or became a C++ exception that nothing
+    caught (the process aborted: SIGABRT, "terminate called after throwing an instance of
+    'nanobind::python_error'"). Import it this way before anything else does (train.run,
+    make sweep): later imports find it done."""
+    import importlib
+    with stop_signals_held():
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            return None
+
+
 def _block_for_children():
     """Blocks Ctrl-C and SIGTERM in this thread, so that a child forked now starts with
     them blocked; the old mask (None where there is no such call). Before a data worker

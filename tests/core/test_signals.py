@@ -158,3 +158,36 @@ def test_a_signal_that_python_wrapped_is_still_an_interruption(capsys):
         for signum, handler in kept.items():
             signal.signal(signum, handler)
     assert capsys.readouterr().err.strip().splitlines() == ["error: interrupted (SIGTERM)"]
+
+
+def test_triton_is_imported_whole_before_a_stop_signal_acts():
+    """A SIGTERM as triton imports acts once the import is done (signals.import_held): one
+    that landed inside the start of triton 3.9's C++ module (nanobind's) was swallowed, or
+    aborted the process. The signal comes here as the import looks that module up, in a
+    fresh interpreter (triton not yet imported); without the hold it cuts the import."""
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+    pytest.importorskip("triton")
+    code = textwrap.dedent("""
+        import importlib.abc, os, signal, sys
+        from core import signals
+        signals.stop_once()
+
+        class SignalAsItStarts(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name == "triton._C.libtriton":
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return None
+
+        sys.meta_path.insert(0, SignalAsItStarts())
+        try:
+            signals.import_held("triton")
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted; triton whole:", hasattr(sys.modules.get("triton"), "jit"))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "interrupted; triton whole: True", done.stderr[-2000:]
