@@ -34,7 +34,21 @@ from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, ".")
 TARGET = GPUTarget("cuda", 90, 32)
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def _ptxas() -> str:
+    """The ptxas that Triton itself runs for the target: the one that reads the PTX it
+    emits. Triton 3.9 emits PTX 9.4 for sm_90a, which its `ptxas` (CUDA 12.9) refuses; it
+    runs `ptxas-blackwell` (CUDA 13.4) from sm_90 on. Triton 3.6 runs `ptxas`."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+        return get_ptxas(TARGET.arch).path
+    except (ImportError, AttributeError):  # a Triton without that function
+        return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                            "ptxas")
+
+
+PTXAS = _ptxas()
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
          torch.int8: "i8", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
          torch.bool: "i1"}

@@ -36,9 +36,11 @@ def test_every_trunk_kernel_keeps_its_stack_frame_small_on_the_h100():
 
 
 def test_the_frame_check_fails_over_its_limit():
-    """--max-frame below the bf16 input gradient's frame (2,296 bytes) fails, in one line."""
+    """--max-frame below the bf16 input gradient's frame (2,296 bytes under Triton 3.6's
+    ptxas, 3,520 under 3.9's) fails, in one line."""
     done = subprocess.run([sys.executable, "bench/kernel_stack.py", "--only",
                            "conv_pool bf16 NCHW", "--max-frame", "1024"], cwd=REPO,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 1
-    assert "over 1024 bytes: conv_pool bf16 NCHW: _conv_pool_xgrad_kernel" in done.stderr
+    over = [line for line in done.stderr.splitlines() if line.startswith("over 1024 bytes: ")]
+    assert len(over) == 1 and "_conv_pool_xgrad_kernel" in over[0], done.stderr[-2000:]
