@@ -177,6 +177,17 @@ def table(rows: list[dict]) -> str:
                      ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows])
 
 
+def world_of_one(port: str):
+    """An NCCL process group of this process alone on GPU 0, and its 1-D mesh: a design's
+    collectives run and move nothing."""
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", port)
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cuda", (1,), mesh_dim_names=("shard",))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loss", default="kernel")
@@ -189,12 +200,7 @@ def main() -> None:
                     "kernels per step (a profile of 3 steps)")
     ap.add_argument("--json", default=os.environ.get("SHARDED_JSON", ""))
     args = ap.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cuda", (1,), mesh_dim_names=("shard",))
+    mesh = world_of_one("29517")
     print(f"# A rank's work per design, {torch.cuda.get_device_name()}, torch "
           f"{torch.__version__}, {args.loss}/{args.backend}\n", flush=True)
     steps = []

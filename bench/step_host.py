@@ -86,12 +86,7 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     args = ap.parse_args()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29518")
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cuda", (1,), mesh_dim_names=("shard",))
+    mesh = sharded.world_of_one("29518")
     print(f"# The host's ms a step per design on a world of one, "
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{args.loss}/{args.backend}\n\n| design | host ms median | p10 | p90 | GPU ms median |"
