@@ -167,11 +167,11 @@ def stop_signals_held(act: bool = True, say=None, what: str | None = "the run's 
 def import_held(name: str):
     """The module `name` imported with Ctrl-C and SIGTERM held until it is (they act right
     after), or None where it is not installed. For triton, whose C++ module (nanobind's,
-    triton 3.9) imports Python modules as it starts: a KeyboardInterrupt raised in one was
-    swallowed (the run went on, its signal lost) or became a C++ exception that nothing
-    caught (the process aborted: SIGABRT, "terminate called after throwing an instance of
-    'nanobind::python_error'"). Import it this way before anything else does (train.run,
-    make sweep): later imports find it done."""
+    triton 3.9) runs Python as it starts (it makes enums): a KeyboardInterrupt raised
+    there was swallowed (the import went on, the signal lost) or became a C++ exception
+    that nothing caught (the process aborted: SIGABRT, "terminate called after throwing an
+    instance of 'nanobind::python_error'"). Import it this way before anything else does
+    (train.run, make sweep): later imports find it done."""
     import importlib
     with stop_signals_held():
         try:
