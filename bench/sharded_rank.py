@@ -76,8 +76,10 @@ def time_steps(step, batch, warmup: int, steps: int) -> list[float]:
     return [s.elapsed_time(e) for s, e in ms]
 
 
-def design_step(name, args, mesh) -> dict:
-    """`name` is a design, or a design with '-inline': lin1's update not beside the trunk."""
+def built_step(name, args, mesh):
+    """(the train step, one batch, the moment its build began) of design `name` as a rank
+    runs it, train.py's step (train.make_step); `name` is a design, or a design with
+    '-inline': lin1's update not beside the trunk."""
     import losses
     design, inline = name.removesuffix("-inline"), name.endswith("-inline")
     cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend] +
@@ -91,19 +93,24 @@ def design_step(name, args, mesh) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     model, runner, optimizer = speedups.build(used, device, False, train.model_sizes(cfg),
                                               cfg.amp, cfg.lr, wrap_for(design, mesh))
     prefetch = (lambda: model.lin1.unshard(async_op=True)) if design == "zero" else None
     fns = train.make_step(cfg, strategy, runner, optimizer, device, prefetch=prefetch)
-    batch = one_batch(cfg, strategy, device)
-    ms = time_steps(fns.train_step, batch, args.warmup, args.steps)
+    return fns.train_step, one_batch(cfg, strategy, device), started
+
+
+def design_step(name, args, mesh) -> dict:
+    """`name`'s step timed on the GPU: the row of table A."""
+    step, batch, started = built_step(name, args, mesh)
+    ms = time_steps(step, batch, args.warmup, args.steps)
     if args.top:
-        print(top_kernels(design, fns.train_step, batch, args.top), flush=True)
+        print(top_kernels(name.removesuffix("-inline"), step, batch, args.top), flush=True)
     row = {"design": name, "step ms median": statistics.median(ms),
            "step ms min": min(ms), "step ms max": max(ms),
            "peak GB": torch.cuda.max_memory_allocated() / 1e9,
-           "build+run s": time.perf_counter() - t0}
+           "build+run s": time.perf_counter() - started}
     return row  # the model goes with this frame; the next design resets dynamo first
 
 

@@ -27,26 +27,8 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench.sharded_rank as sharded  # noqa: E402
-import losses  # noqa: E402
-import train  # noqa: E402
-from training import speedups  # noqa: E402
 
 ROUNDS = 30  # rounds of three steps; the last two of each are timed
-
-
-def built_step(design: str, args, mesh):
-    """The train step and one batch as a rank of `design` runs them (sharded_rank's way)."""
-    cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend])
-    device = torch.device("cuda", 0)
-    used = speedups.resolve(train.asked_of(cfg), True)["on"]
-    speedups.set_process_flags(used, True, many_runs=True)
-    strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
-    torch._dynamo.reset()  # the last design's compiled graphs held its model
-    model, runner, optimizer = speedups.build(used, device, False, train.model_sizes(cfg),
-                                              cfg.amp, cfg.lr, sharded.wrap_for(design, mesh))
-    prefetch = (lambda: model.lin1.unshard(async_op=True)) if design == "zero" else None
-    fns = train.make_step(cfg, strategy, runner, optimizer, device, prefetch=prefetch)
-    return fns.train_step, sharded.one_batch(cfg, strategy, device)
 
 
 def host_ms(step, batch) -> list[float]:
@@ -92,7 +74,7 @@ def main() -> None:
           f"{args.loss}/{args.backend}\n\n| design | host ms median | p10 | p90 | GPU ms median |"
           "\n|---|---:|---:|---:|---:|", flush=True)
     for design in args.designs.split(","):
-        step, batch = built_step(design, args, mesh)
+        step, batch, _ = sharded.built_step(design, args, mesh)
         host = sorted(host_ms(step, batch))
         gpu = statistics.median(sharded.time_steps(step, batch, 2, 10))
         print(f"| {design} | {statistics.median(host):.2f} | {host[len(host) // 10]:.2f} | "
