@@ -37,7 +37,6 @@ from core.phases import mark_nvtx, phase, step_range
 from core.run_folder import check_out_dir, check_run_name, display, utc_stamp
 from core.signals import (
     ignore_stop_signals,
-    import_held,
     note_stop_signals,
     raise_if_stopped,
     stop_once,
@@ -340,7 +339,6 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     from training.distributed import GlobalBatch, RankShare
     from training.feed import CopyAhead, InStep
 
-    import_held("triton")  # before torch.compile or a kernel imports it: core/signals.py
     ranks = from_env()  # torchrun's rank and world; a world of one otherwise
     validate(cfg, ranks.world)
     # --parallel auto: which design this run uses

@@ -39,7 +39,8 @@ def note_stop_signals() -> None:
 def stop_once() -> None:
     """Ctrl-C and SIGTERM end the run as a KeyboardInterrupt ("SIGTERM" for SIGTERM), once:
     the first one raises, and any further one is dropped (a second one escaped the run's
-    early end and left the profiler half stopped)."""
+    early end and left the profiler half stopped). C extension modules imported from now
+    on start with both held (_hold_as_extensions_start)."""
     if threading.current_thread() is not threading.main_thread():
         return
 
@@ -59,9 +60,34 @@ def stop_once() -> None:
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, first)
+    _hold_as_extensions_start()
     if sys.unraisablehook is not _unraisable:
         _UNRAISABLE[:] = [sys.unraisablehook]
         sys.unraisablehook = _unraisable
+
+
+def _hold_as_extensions_start() -> None:
+    """From now on every C extension module starts (its init and exec, the ones
+    ExtensionFileLoader runs) with Ctrl-C and SIGTERM held; they act as it returns. Some
+    run Python as they start: triton 3.9's (nanobind's) makes enums. stop_once's
+    KeyboardInterrupt raised there was swallowed (the import went on, the signal lost) or
+    became a C++ exception that nothing caught: the process aborted (SIGABRT, "terminate
+    called after throwing an instance of 'nanobind::python_error'"). The loader's class,
+    not a finder on sys.meta_path: torch.utils.cpp_extension loads its builds from a spec
+    it makes itself, which no finder sees."""
+    from importlib.machinery import ExtensionFileLoader
+    for name in ("create_module", "exec_module"):
+        start = getattr(ExtensionFileLoader, name)
+        if not getattr(start, "held", False):
+            setattr(ExtensionFileLoader, name, _held(start))
+
+
+def _held(start):
+    def held(loader, arg):
+        with stop_signals_held():
+            return start(loader, arg)
+    held.held = True
+    return held
 
 
 _UNRAISABLE: list = []  # the unraisable hook stop_once found, for everything but its own
@@ -162,22 +188,6 @@ def stop_signals_held(act: bool = True, say=None, what: str | None = "the run's 
                 handler(held[0], None)  # Ctrl-C's KeyboardInterrupt, train.py's SIGTERM
             elif handler == signal.SIG_DFL:
                 os.kill(os.getpid(), held[0])
-
-
-def import_held(name: str):
-    """The module `name` imported with Ctrl-C and SIGTERM held until it is (they act right
-    after), or None where it is not installed. For triton, whose C++ module (nanobind's,
-    triton 3.9) runs Python as it starts (it makes enums): a KeyboardInterrupt raised
-    there was swallowed (the import went on, the signal lost) or became a C++ exception
-    that nothing caught (the process aborted: SIGABRT, "terminate called after throwing an
-    instance of 'nanobind::python_error'"). Import it this way before anything else does
-    (train.run, make sweep): later imports find it done."""
-    import importlib
-    with stop_signals_held():
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            return None
 
 
 def _block_for_children():

@@ -32,7 +32,6 @@ from core.errors import StudyInterrupted, UserError, one_line
 from core.files import write_whole
 from core.names import describe, parse_variants, variants
 from core.run_folder import display
-from core.signals import import_held
 from core.tables import csv_text
 from kernels.giou.cuda_extension import unavailable_reason
 from profiling.environment import environment
@@ -225,7 +224,6 @@ def _main(argv) -> int:
     args = parse(argv)
     if args.redraw:
         return _redraw(args.redraw)
-    import_held("triton")  # before a kernel imports it: core/signals.py says why
     out = fresh_out(args.out, "sweep", "sweep")
     started = time.time()
     rows = []

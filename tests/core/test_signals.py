@@ -160,34 +160,42 @@ def test_a_signal_that_python_wrapped_is_still_an_interruption(capsys):
     assert capsys.readouterr().err.strip().splitlines() == ["error: interrupted (SIGTERM)"]
 
 
-def test_triton_is_imported_whole_before_a_stop_signal_acts():
-    """A SIGTERM as triton imports acts once the import is done (signals.import_held): one
-    that landed inside the start of triton 3.9's C++ module (nanobind's) was swallowed, or
-    aborted the process. The signal comes here as the import looks that module up, in a
-    fresh interpreter (triton not yet imported); without the hold it cuts the import."""
+def test_a_stop_signal_as_a_c_extension_starts_acts_once_it_has():
+    """A SIGTERM while a C extension module starts acts once it has started
+    (signals._hold_as_extensions_start): triton 3.9's (nanobind's) runs Python as it starts,
+    and a KeyboardInterrupt raised there was swallowed or aborted the process. Here the
+    signal comes inside triton's C++ module's start, with Python run after it as nanobind
+    runs it, in a fresh interpreter; without the hold the interrupt cuts that Python short."""
     import subprocess
     import sys
     import textwrap
     from pathlib import Path
     pytest.importorskip("triton")
     code = textwrap.dedent("""
-        import importlib.abc, os, signal, sys
+        import os, signal
+        from importlib.machinery import ExtensionFileLoader
         from core import signals
+        started = []
+        real_start = ExtensionFileLoader.create_module
+
+        def start(loader, spec):  # the module's start, as the import machinery calls it
+            if spec.name == "triton._C.libtriton":
+                os.kill(os.getpid(), signal.SIGTERM)
+                started.append(sum(range(1000)))  # Python run as the module starts
+                module = real_start(loader, spec)
+                started.append(module.__name__)
+                return module
+            return real_start(loader, spec)
+
+        ExtensionFileLoader.create_module = start
         signals.stop_once()
-
-        class SignalAsItStarts(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path, target=None):
-                if name == "triton._C.libtriton":
-                    os.kill(os.getpid(), signal.SIGTERM)
-                return None
-
-        sys.meta_path.insert(0, SignalAsItStarts())
         try:
-            signals.import_held("triton")
+            import triton
             print("not interrupted")
-        except KeyboardInterrupt:
-            print("interrupted; triton whole:", hasattr(sys.modules.get("triton"), "jit"))
+        except KeyboardInterrupt as exc:
+            print("interrupted", repr(exc), "after its start:", started)
     """)
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[2],
                           capture_output=True, text=True, timeout=120)
-    assert done.stdout.strip() == "interrupted; triton whole: True", done.stderr[-2000:]
+    assert done.stdout.strip() == ("interrupted KeyboardInterrupt('SIGTERM') after its "
+                                   "start: [499500, 'triton._C.libtriton']"), done.stderr[-2000:]
