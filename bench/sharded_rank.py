@@ -78,14 +78,16 @@ def time_steps(step, batch, warmup: int, steps: int) -> list[float]:
 
 def built_step(name, args, mesh):
     """(the train step, one batch, the moment its build began) of design `name` as a rank
-    runs it, train.py's step (train.make_step); `name` is a design, or a design with
-    '-inline': lin1's update not beside the trunk."""
+    runs it, train.py's step (train.make_step); `name` is a design, and '-inline' after it
+    puts lin1's update not beside the trunk, '-graphed' tp's head in CUDA graphs (which a
+    world of one would otherwise refuse: its design reads as one GPU's)."""
     import losses
-    design, inline = name.removesuffix("-inline"), name.endswith("-inline")
+    design, *suffixes = name.split("-")
+    inline, graphed = "inline" in suffixes, "graphed" in suffixes
     cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend] +
                              (["--lin1-update-beside-trunk", "off"] if inline else []))
     device = torch.device("cuda", 0)
-    used = speedups.resolve(train.asked_of(cfg), True)["on"]
+    used = {**speedups.resolve(train.asked_of(cfg), True)["on"], "graphed_head": graphed}
     speedups.set_process_flags(used, True, many_runs=True)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     torch._dynamo.reset()  # the last design's compiled graphs held its model
@@ -106,7 +108,7 @@ def design_step(name, args, mesh) -> dict:
     step, batch, started = built_step(name, args, mesh)
     ms = time_steps(step, batch, args.warmup, args.steps)
     if args.top:
-        print(top_kernels(name.removesuffix("-inline"), step, batch, args.top), flush=True)
+        print(top_kernels(name.split("-")[0], step, batch, args.top), flush=True)
     row = {"design": name, "step ms median": statistics.median(ms),
            "step ms min": min(ms), "step ms max": max(ms),
            "peak GB": torch.cuda.max_memory_allocated() / 1e9,

@@ -94,3 +94,12 @@ def test_the_readme_lists_every_strategy_the_registry_holds():
     section = text.split(f"## The {count} ways", 1)[1].split("\n## ", 1)[0]
     listed = re.findall(r"^\| `(\w+)` \|", section, re.M)
     assert listed == list(STRATEGIES)
+
+
+def test_the_speedups_page_lists_every_speedup_in_the_ladders_order():
+    """docs/speedups.md's table follows training/speedups' ORDER: a speed-up added there
+    and not here fails this, not a reader."""
+    from training.speedups import SPEEDUPS
+    text = (REPO / "docs" / "speedups.md").read_text()
+    listed = re.findall(r"^\| `(--[\w-]+)[ `]", text, re.M)
+    assert listed == [s.flag for s in SPEEDUPS]
