@@ -224,15 +224,18 @@ def shadow_steps(names, seed: int, device="cpu", steps: int = 3):
 def with_what_it_needs(name: str, usable) -> list[str]:
     """[name], or where that speed-up would be idle alone (one that builds on another: the
     third block's backward reads its forward's code), it and every speed-up before it in
-    the ladder that usable(spec) accepts."""
+    the ladder that usable(spec) accepts and that a run on one GPU does not refuse (tp's
+    graphed head)."""
     import train
     from training import speedups
     spec = speedups.BY_NAME[name]
     alone = train.Config(**{**speedups.baseline_values(), name: "on" if spec.choice else True})
-    if speedups.resolve(train.asked_of(alone), cuda=True)["on"][name]:
+    asked = train.asked_of(alone)
+    if speedups.resolve(asked, cuda=True)["on"][name]:
         return [name]
     before = speedups.ORDER[:speedups.ORDER.index(name) + 1]
-    return [n for n in before if usable(speedups.BY_NAME[n])]
+    return [n for n in before if usable(speedups.BY_NAME[n])
+            and not (speedups.BY_NAME[n].refusal and speedups.BY_NAME[n].refusal(asked, True))]
 
 
 def compiled_trunks_agree(switch: str, *fixed: str) -> None:
