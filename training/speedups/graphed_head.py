@@ -4,7 +4,7 @@ eager head is Python on every step.
 
 Why: one GPU's head is compiled with the model; a tp rank's is not (its autograd functions
 and collectives), so each step its host runs three autograd functions, four collectives and
-a dozen ATen calls, and tp ranks were host-bound (issue 62, results/several-gpus.md).
+a dozen ATen calls, and tp ranks were host-bound (results/several-gpus.md).
 Replayed, the head is two launches and two copies a step: the features into the captured
 input (B x F bf16: 128 MB at the GPU preset, ~0.05 ms of HBM) and the incoming gradient.
 
@@ -47,7 +47,8 @@ class GraphedHead:
         # read every in-place update), each with a gradient accumulator of its own. A
         # parameter's own accumulator can be older than the capture and on the step's
         # stream (DDP keeps lin2's bias's): fed from the capture's stream, it made torch
-        # warn at every step, and on the default stream it would break the capture.
+        # warn of the streams' mismatch, and on the default stream it can break the
+        # capture (torch's warning says so).
         stand_ins = tuple(torch.nn.Parameter(w.detach(), w.requires_grad)
                           for w in self.weights)
         self.x = x.detach().clone().requires_grad_(x.requires_grad)
