@@ -9,12 +9,15 @@ this says why, from the reasons NVML gives for the clock the card holds.
     clocks = Sampler.start(run_dir / "gpu_clocks.csv", gpu_id(torch.cuda.current_device()))
     ...                     # the steps that compile and tune
     clocks.mark()           # the sustained steps begin
-    ...                     # each step: clocks.step_ended()
+    ...                     # each step: clocks.step_ended(last=...)
     summary["gpu_clocks"] = clocks.stop()   # the samples from the mark to the last step
 
-Beside the samples, NVML's energy counter (profiling/energy.py) read at the mark and at
-each step's end gives the sustained steps' joules a step: at a power cap the step's time
-follows them (results/step.md). One ctypes call a step; none where NVML is not there.
+Beside the samples, NVML's energy counter (profiling/energy.py) read at the mark, at a
+step's end at most once every ENERGY_EVERY_S, and at the last planned step's end gives the
+sustained steps' joules a step: at a power cap the step's time follows them
+(results/step.md). Not every step: a read is a driver call that held the run's main
+thread for milliseconds on an H200 (results/several-gpus.md), and the counter itself
+moves only every 20-100 ms. None where NVML is not there.
 
 nvidia-smi samples NVML from its own process every SAMPLE_MS: no kernel, no sync, no
 host time in the training process. Where it cannot run (no nvidia-smi, a driver without
@@ -25,12 +28,14 @@ training process is gone, however it ended: a sampler left looping would outlive
 import csv
 import statistics
 import subprocess
+import time
 from datetime import datetime
 from pathlib import Path
 
 from profiling import energy
 
 SAMPLE_MS = 200
+ENERGY_EVERY_S = 1.0  # the energy counter's reads, at most this often between the ends
 FIELDS = ("timestamp", "clocks.sm", "clocks.mem", "power.draw", "power.limit",
           "temperature.gpu")
 # The reasons' field was renamed in drivers of 2023 (nvidia-smi keeps the old name as an
@@ -93,8 +98,11 @@ class Sampler:
         self.until: datetime | None = None
         self.meter = meter  # () -> millijoules, or None
         self.energy_at_mark: int | None = None  # the counter, millijoules
-        self.energy_last: int | None = None     # at the last step's end after the mark
-        self.energy_steps = 0
+        self.energy_last: int | None = None     # at the last step's end read after the mark
+        self.energy_steps = 0                   # the steps up to that read
+        self.steps_since_mark = 0
+        self.clock = time.monotonic
+        self.energy_read_at = 0.0               # self.clock() at the last read
 
     @classmethod
     def start(cls, path: Path, gpu: str, open_meter=energy.open_meter) -> "Sampler":
@@ -114,13 +122,20 @@ class Sampler:
         """The samples from now on are the summary's (the sustained steps')."""
         self.since = datetime.now()
         self.energy_at_mark, self.energy_steps = self._read_energy(), 0
+        self.steps_since_mark, self.energy_read_at = 0, self.clock()
 
-    def step_ended(self) -> None:
-        """A step is over: the samples after the last one (the trace's writing, the GPU
-        idle) are not the steps'."""
+    def step_ended(self, last: bool = False) -> None:
+        """A step is over (last: the run's last planned one): the samples after the last
+        one (the trace's writing, the GPU idle) are not the steps'. The energy counter is
+        read here once ENERGY_EVERY_S has gone by since its last read, and at the last
+        step: the joules a step are those up to the latest read."""
         self.until = datetime.now()
-        if self.energy_at_mark is not None:
-            self.energy_last, self.energy_steps = self._read_energy(), self.energy_steps + 1
+        if self.energy_at_mark is None:
+            return
+        self.steps_since_mark += 1
+        if last or self.clock() - self.energy_read_at >= ENERGY_EVERY_S:
+            self.energy_last, self.energy_steps = self._read_energy(), self.steps_since_mark
+            self.energy_read_at = self.clock()
 
     def _read_energy(self) -> int | None:
         # The host reads the counter as it queues the work: at the mark a step or two

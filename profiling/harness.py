@@ -190,7 +190,7 @@ class ProfiledRun(RunRecord, EarlyEnd):
             self.say("writing the allocator's snapshot...")
             self.memory.stop()
         if self.clocks:
-            self.clocks.step_ended()
+            self.clocks.step_ended(last=step + 1 == self.total)
         self.done = step + 1
         if self.done == max(self.plan.settle, 1):  # compiled and tuned: a long wait is a hang
             set_hang_timeout(self.plan.hang_timeout)

@@ -102,16 +102,16 @@ def _counter(*readings, fail_at=None):
 
 
 def test_the_joules_a_step_from_the_mark_to_the_last_step(fake_smi, tmp_path):
-    """The counter read at the mark and at each step's end after it (a step ended before
-    the mark is not read): 7.5 J over the three sustained steps, 2.5 J a step."""
+    """The counter read at the mark and at the last step's end (a step ended before the
+    mark is not read): 7.5 J over the three sustained steps, 2.5 J a step."""
     sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0",
-                            open_meter=_counter(1000, 3500, 6000, 8500))
+                            open_meter=_counter(1000, 8500))
     sampler.step_ended()  # a warm-up step: before the mark
     time.sleep(0.2)
     sampler.mark()
-    for _ in range(3):
+    for step in range(3):
         time.sleep(0.1)
-        sampler.step_ended()
+        sampler.step_ended(last=step == 2)
     clocks = sampler.stop()
     assert clocks["joules_per_step"] == pytest.approx(2.5) and clocks["energy_steps"] == 3
     assert "; 2.50 J a step over 3 steps (NVML's energy counter)" in describe(clocks)
@@ -119,20 +119,46 @@ def test_the_joules_a_step_from_the_mark_to_the_last_step(fake_smi, tmp_path):
 
 def test_a_counter_that_stops_answering_gives_no_figure(fake_smi, tmp_path, monkeypatch):
     sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0",
-                            open_meter=_counter(1000, 2000, 0, fail_at=2))
+                            open_meter=_counter(1000, 0, fail_at=1))
     sampler.mark()
-    for _ in range(3):
-        sampler.step_ended()
+    for step in range(3):
+        sampler.step_ended(last=step == 2)
     time.sleep(0.2)
     assert "joules_per_step" not in sampler.stop()
     # Without nvidia-smi the counter still gives its figure.
     monkeypatch.setenv("PATH", str(tmp_path))
     sampler = Sampler.start(tmp_path / "none.csv", "GPU-0", open_meter=_counter(0, 4000))
     sampler.mark()
-    sampler.step_ended()
+    sampler.step_ended(last=True)
     clocks = sampler.stop()
     assert clocks["joules_per_step"] == 4.0 and "not sampled" in describe(clocks)
     assert describe(clocks).endswith("; 4.00 J a step over 1 steps (NVML's energy counter)")
+
+
+def test_the_counter_is_read_once_a_second_and_at_the_last_step(fake_smi, tmp_path):
+    """Not at every step's end (a driver call that held the main thread for milliseconds):
+    at the mark, once ENERGY_EVERY_S has gone by, and at the last step; the joules a step
+    are those up to the latest read, over the steps up to it."""
+    calls = []
+    readings = iter((0, 1200, 1600))
+
+    def meter():
+        calls.append(now[0])
+        return next(readings)
+    now = [100.0]
+    sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0",
+                            open_meter=lambda gpu: (meter, None))
+    sampler.clock = lambda: now[0]
+    sampler.mark()
+    for t in (100.1, 100.3, 100.5, 100.9, 101.2, 101.3):  # 101.2: a second after the mark
+        now[0] = t
+        sampler.step_ended()
+    assert calls == [100.0, 101.2] and sampler.energy_steps == 5
+    now[0] = 101.4
+    sampler.step_ended(last=True)
+    clocks = sampler.stop()
+    assert calls == [100.0, 101.2, 101.4]
+    assert clocks["energy_steps"] == 7 and clocks["joules_per_step"] == pytest.approx(1.6 / 7)
 
 
 def test_an_older_driver_s_field_name(fake_smi, tmp_path, monkeypatch):
