@@ -16,7 +16,7 @@ Beside the samples, NVML's energy counter (profiling/energy.py) read at the mark
 step's end at most once every ENERGY_EVERY_S, and at the last planned step's end gives the
 sustained steps' joules a step: at a power cap the step's time follows them
 (results/step.md). Not every step: a read is a driver call that held the run's main
-thread for milliseconds on an H200 (results/several-gpus.md), and the counter itself
+thread for milliseconds on an H200 (results/host.md), and the counter itself
 moves only every 20-100 ms. None where NVML is not there.
 
 nvidia-smi samples NVML from its own process every SAMPLE_MS: no kernel, no sync, no
