@@ -235,7 +235,7 @@ def with_what_it_needs(name: str, usable) -> list[str]:
         return [name]
     before = speedups.ORDER[:speedups.ORDER.index(name) + 1]
     return [n for n in before if usable(speedups.BY_NAME[n])
-            and not (speedups.BY_NAME[n].refusal and speedups.BY_NAME[n].refusal(asked, True))]
+            and speedups.BY_NAME[n].why_not(asked, cuda=True) is None]
 
 
 def compiled_trunks_agree(switch: str, *fixed: str) -> None:
