@@ -21,6 +21,7 @@ from core.files import read_json_object
 from core.names import PHASES
 from profiling import alike, flops
 from profiling.trace_summary import step_device_ms
+from training.speedups import maths_changed
 
 
 def load_summary(path: Path, what: str = "a run's summary") -> dict:
@@ -50,7 +51,7 @@ COLUMNS = (["strategy", "mode", *alike.FIELDS, "profiled steps"]
            + [f"{p} {unit} ms" for p in PHASES for unit in ("CPU", "GPU")]
            + ["loss launches", "loss bwd launches", "H2D copies", "syncs", "peak GPU GB",
               "step CPU ms", "step GPU ms", *flops.COLUMNS, "loss speed-up vs loop", "CUDA graph",
-              "run folder"])
+              "maths", "run folder"])
 
 
 def compare_rows(summaries: list[dict]) -> list[dict]:
@@ -88,6 +89,7 @@ def compare_rows(summaries: list[dict]) -> list[dict]:
             else "no",
             "loss speed-up vs loop": (_loss_time(loop, "cpu_ms") / own_loss
                                       if loop and own_loss else None),
+            "maths": maths_changed((s.get("speedups") or {}).get("on", {})),
         })
         rows.append(row)
     return rows

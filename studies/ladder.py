@@ -5,7 +5,8 @@
 Rung 0 is --baseline (the step as the original ran it); rung k adds the k-th speed-up of
 training.speedups.ORDER to rung k-1. Every run has the same seed, so the same batches and
 initial weights. Written under profiles/ladder-<UTC time>/: a run folder per strategy and
-rung, ladder.md and ladder.csv (step GPU ms, the GPU's busy time a step: the union of its
+rung, ladder.md and ladder.csv (the maths: "same", or what a rung's speed-ups change in it
+(--float8-lin1, the last rung); step GPU ms, the GPU's busy time a step: the union of its
 work over every stream, so that work beside the compute is not counted twice; step CPU
 ms; each phase's GPU ms, summed over its streams; launches per
 step, peak memory, the first three losses, the run folder), ladder-kernels.md (per rung,
@@ -49,14 +50,15 @@ from studies.common import (
     write_page,
 )
 from studies.compare_rows import load_summary, ran_on_gpu
-from training.speedups import BY_NAME
+from training.speedups import BY_NAME, maths_changed
 from training.speedups import ORDER as SPEEDUPS
 
 GOAL_MS = 30.0  # the step's goal on the H100, drawn on the chart
 # Set per rung: given in ARGS they would make the rungs the same.
 PER_RUN = ("loss", "backend", "mode", "run_name", "out_dir", "baseline", *SPEEDUPS)
 REFUSAL = "is set per rung by make ladder; choose strategies with --strategies"
-COLUMNS = (["strategy", "rung", "step GPU ms", "step CPU ms", "saved GPU ms", *flops.COLUMNS]
+COLUMNS = (["strategy", "rung", "maths", "step GPU ms", "step CPU ms", "saved GPU ms",
+            *flops.COLUMNS]
            + [f"{p} GPU ms" for p in PHASES]
            + ["launches", "peak GPU GB", "first losses", "run folder"])
 
@@ -209,7 +211,9 @@ def ladder_rows(runs: dict, skipped: list[dict], summaries: dict) -> list[dict]:
     for (strategy, rung), s in summaries.items():
         on_gpu = ran_on_gpu(s)
         step_gpu = step_device_ms(s["step"]) if on_gpu else None
-        row = {"strategy": strategy, "rung": rung, "step GPU ms": step_gpu,
+        row = {"strategy": strategy, "rung": rung,
+               "maths": maths_changed((s.get("speedups") or {}).get("on", {})),
+               "step GPU ms": step_gpu,
                "step CPU ms": s["step"]["cpu_ms"],
                "saved GPU ms": (previous[strategy] - step_gpu
                                 if on_gpu and strategy in previous else None),

@@ -194,7 +194,7 @@ def model_with(names, image_size: int, capacity: int, hidden: int, seed: int,
     return model, speedups.make_optimizer(model, used, build)
 
 
-def shadow_steps(names, seed: int, device="cpu", steps: int = 3):
+def shadow_steps(names, seed: int, device="cpu", steps: int = 3, batch: int = 6):
     """(losses, model, optimizer) after `steps` train steps of an uncompiled model with the
     named speed-ups (lin1's shadow and what builds on it), bf16 autocast, padded's loss, a
     new batch each step; lin1's update beside the trunk joined at the end (what reads lin1
@@ -208,7 +208,8 @@ def shadow_steps(names, seed: int, device="cpu", steps: int = 3):
     dataset = SyntheticFaces(100, 32, seed)
     values = []
     for k in range(steps):
-        images, targets = strategy.collate([dataset[i] for i in range(6 * k, 6 * k + 6)])
+        images, targets = strategy.collate(
+            [dataset[i] for i in range(batch * k, batch * k + batch)])
         with torch.autocast(device, dtype=torch.bfloat16):
             pred = model(images.to(device))
         loss = strategy.loss(pred, strategy.to_device(targets, device))

@@ -38,8 +38,35 @@ def main() -> int:
                                 lambda p, c, f=packed: f(p, targets_for("packed", c)))
                         for case in _cases())
     failures += (first_block_cases() + second_block_cases() + pool_cases()
-                 + conv_pool_cases() + shadow_sgd_cases())
+                 + conv_pool_cases() + shadow_sgd_cases() + float8_cast_cases())
     return 1 if failures else 0
+
+
+def float8_cast_cases() -> int:
+    """--float8-lin1's weight cast over sizes that end mid-block: both layouts against
+    torch's cast with the kernel's scale, bit for bit."""
+    from kernels.lin1.float8_cast import (
+        BLOCK_COLS,
+        BLOCK_ROWS,
+        E4M3_MAX,
+        SCALE,
+        cast_weight,
+        new_state,
+    )
+    failures = 0
+    for rows, cols in ((1, 1), (BLOCK_ROWS + 1, 3), (17, BLOCK_COLS * 2 + 5)):
+        w = torch.randn(rows, cols, device="cuda").bfloat16()
+        w8 = torch.empty(rows, cols, dtype=torch.float8_e4m3fn, device="cuda")
+        w8t = torch.empty(cols, rows, dtype=torch.float8_e4m3fn, device="cuda")
+        state, inverse = new_state(w)
+        cast_weight(w, w8, w8t, state, inverse)
+        ref = (w.float() * state[SCALE]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+        # host-device sync: the check reads the results
+        ok = torch.equal(w8.view(torch.uint8), ref.view(torch.uint8)) and torch.equal(
+            w8t.view(torch.uint8), ref.t().contiguous().view(torch.uint8))
+        print(f"float8_cast {rows}x{cols}: {'the same bits' if ok else 'WRONG'}")
+        failures += not ok
+    return failures
 
 
 def shadow_sgd_cases() -> int:

@@ -40,6 +40,9 @@ class SGDWithShadow(torch.optim.Optimizer):
         self.updated_elsewhere = None
         # --skip-unchanged-weight: the split kernel stores the weight only where it changed.
         self.skip_unchanged_weight = False
+        # What reads a shadowed weight once its update is launched, on the update's stream
+        # (--float8-lin1's cast): after_update[k](param).
+        self.after_update = []
         shadows = {id(p) for p, _ in self.shadows}
         self.inner = make([p for p in params if id(p) not in shadows])
         super().__init__([p for p, _ in self.shadows], {"lr": lr})
@@ -75,6 +78,8 @@ class SGDWithShadow(torch.optim.Optimizer):
         shadow_sgd_step(master, local(param.grad), state["momentum_buffer"],
                         local(param.data), lr, MOMENTUM, first, state.get("master_ties"),
                         skip_unchanged=self.skip_unchanged_weight)
+        for then in self.after_update:
+            then(param)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.updated_elsewhere is not None and not set_to_none:

@@ -28,7 +28,7 @@ ORDER = ("cudnn_benchmark", "fused_sgd", "channels_last", "triton_first_block",
          "triton_second_block", "triton_pool", "triton_conv_pool", "triton_conv_pool_bwd",
          "bf16_shadow", "triton_first_block_code", "graphed_head",
          "lin1_update_beside_trunk", "split_master", "skip_unchanged_weight", "cuda_graph",
-         "graphed_loss")
+         "graphed_loss", "float8_lin1")
 SPEEDUPS: tuple[SpeedUp, ...] = tuple(
     importlib.import_module(f"{__name__}.{name}").SPEEDUP for name in ORDER)
 BY_NAME = {s.name: s for s in SPEEDUPS}
@@ -99,10 +99,20 @@ def resolve(asked: Asked, cuda: bool) -> dict:
     return {"on": on, **reasons}
 
 
+def maths_changed(on: dict) -> str:
+    """What the speed-ups that are on ({name: on}, a summary's) change in the step's maths,
+    or "same" (the baseline's maths): make ladder's and make compare's column."""
+    changes = [BY_NAME[n].changes_maths for n, value in on.items()
+               if value and n in BY_NAME and BY_NAME[n].changes_maths]
+    return "; ".join(changes) or "same"
+
+
 def describe_used(speed: dict) -> str:
-    """One line for the run's start: which speed-ups are on, and why a choice asked for
-    (auto) is off."""
-    on = [name for name, value in speed["on"].items() if value]
+    """One line for the run's start: which speed-ups are on (those that change the maths
+    say so), and why a choice asked for (auto) is off."""
+    on = [name + (f" (CHANGES THE MATHS: {BY_NAME[name].changes_maths})"
+                  if BY_NAME[name].changes_maths else "")
+          for name, value in speed["on"].items() if value]
     text = ", ".join(on) if on else "none (baseline)"
     for s in SPEEDUPS:
         reason = speed.get(f"{s.name}_off_because")

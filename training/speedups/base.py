@@ -22,7 +22,10 @@ forward mode's optimizer, a backward whose forward is off; recorded off, no erro
 holds the speed-ups before it in the ladder, resolved); auto_off(asked) (why "auto" leaves
 a choice off in a run where it could apply, measured not to pay there; "on" still turns
 it on); interpreter_slow (Triton kernels that the interpreter runs at ~100 s a step on 2
-cores: off in the CPU preset, make ladder skips it on a CPU). A switch (default True or
+cores: off in the CPU preset, make ladder skips it on a CPU); changes_maths (what it
+changes in the step's maths, or None for the baseline's maths: such a one is off by
+default, the tests that hold every speed-up to the baseline's losses leave it out, and
+the run's start line, make ladder's rung and make compare's row say so). A switch (default True or
 False) is a flag --name / --no-name; a choice (default "auto", "on" or "off") takes one
 of those, auto meaning "where the run allows it" (and, with auto_off, where it pays).
 What they read of the run is an Asked record, which train.py fills (asked_of).
@@ -44,6 +47,7 @@ class SpeedUp:
     default: bool | str = True
     gpu_only: bool = False
     interpreter_slow: bool = False
+    changes_maths: str | None = None
     refusal: Callable | None = None
     idle: Callable | None = None
     auto_off: Callable | None = None

@@ -17,7 +17,7 @@ def unchanged(model, build):
 
 SPEEDUP = SpeedUp("probe_noop", "changes nothing (a test's probe)", model=unchanged)
 '''
-LAST = '"graphed_loss")'  # ORDER's end, in training/speedups/__init__.py
+LAST = '"float8_lin1")'  # ORDER's end, in training/speedups/__init__.py
 
 
 def test_a_speedup_is_one_file_and_one_line_in_order(tmp_path):
@@ -26,7 +26,7 @@ def test_a_speedup_is_one_file_and_one_line_in_order(tmp_path):
     init = tree / "training" / "speedups" / "__init__.py"
     text = init.read_text()
     assert text.count(LAST) == 1, "ORDER's last entry moved: update LAST"
-    init.write_text(text.replace(LAST, '"graphed_loss", "probe_noop")'))
+    init.write_text(text.replace(LAST, '"float8_lin1", "probe_noop")'))
     shown = python_in(tree, tmp_path, "train.py", "--help", timeout=120)
     assert shown.returncode == 0 and "--probe-noop" in shown.stdout, shown.stderr[-2000:]
     done = python_in(tree, tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",

@@ -59,6 +59,15 @@ def test_every_module_of_the_package_is_in_the_ladders_order_and_a_flag():
             assert train.given_options([f"--no-{spec.flag[2:]}"])[spec.name] is False
 
 
+def test_a_speedup_that_changes_the_maths_is_off_by_default_and_after_every_other():
+    """The default step and the ladder's rungs before it keep the baseline's maths."""
+    changing = [s for s in speedups.SPEEDUPS if s.changes_maths]
+    assert all(s.default in (False, "off") for s in changing)
+    assert list(speedups.ORDER[len(speedups.ORDER) - len(changing):]) == \
+        [s.name for s in changing]
+    assert speedups.maths_changed(resolved(train.Config(), cuda=True)["on"]) == "same"
+
+
 def test_baseline_turns_every_speedup_off_and_a_given_one_stays_on():
     cfg = train.parse_config(CPU + ["--baseline", "--channels-last"])
     assert cfg.channels_last

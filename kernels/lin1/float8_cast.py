@@ -1,0 +1,123 @@
+"""lin1's bf16 weight cast to float8 (e4m3) for `--float8-lin1`'s GEMMs, in both layouts
+the Hopper float8 GEMM takes, by one Triton kernel after each update.
+
+Why a kernel of its own: torch._scaled_mm wants both operands K-major. The forward
+(x @ W.T, K = in) reads W as it lies, [out, in]; the input gradient (dY @ W, K = out)
+needs W.T laid out [in, out]. An eager cast (amax, scale, cast) of the 1.07 B-element weight
+took 10.7 ms on an H100, 18.5 with its transposed copy (issue 65's probe). This kernel reads
+the bf16 weight once (2.15 GB) and writes both copies (1.07 GB each): 4.3 GB, ~1.3 ms at
+3.35 TB/s. It runs where the update runs (beside the trunk, under
+--lin1-update-beside-trunk). Its tiles are 128 x 128, so that a row of either copy is
+written 128 bytes at a time, and each tile's amax goes to one of 64 slots by an atomic
+max (the roll takes their max): one slot for the 262 k tiles of 64 x 64 that the first
+version had made them queue on one address (2.09 ms a cast on an H200).
+
+The scale is per tensor and delayed, as torchao's delayed scaling: the cast of the weight
+after step t uses the amax of the weight the cast before it read (the step before's), and
+measures its own for the next. A weight moves by lr * momentum a step (1e-4 here), so the
+last amax is a close bound; a weight past it saturates at +-448 (clamped), never NaN.
+
+    state    fp32 [2 + 64]: the scale the cast multiplies by (448 / amax), the amax of
+             the last cast, and the amax of this one (accumulated in 64 slots)
+    inverse  fp32 0-dim, an allocation of its own: the scale's inverse, what the GEMMs
+             multiply by. As an element of the state it broke both GEMM paths of torch
+             2.11 on an H200: cuBLASLt refused the GEMM (CUBLAS_STATUS_NOT_SUPPORTED) for
+             a scale 4 or 12 bytes into its allocation (0 bytes in, or a copy, ran), and
+             Inductor's lowering of _scaled_mm failed on a 0-dim view (an assertion in
+             its unsqueeze of the scale).
+
+The rounding to e4m3 is done by hand (to nearest, ties to even, in fp32): Triton's
+interpreter (the CPU tests) rounds a cast to float8 wrongly (124.2 became 64 under triton
+3.9), where the GPU rounds as torch does; the cast of an exact e4m3 value is right in both.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from core.errors import InputError
+
+E4M3_MAX = 448.0
+BLOCK_ROWS = 128
+BLOCK_COLS = 128
+NUM_WARPS = 8
+SLOTS = 64  # where the tiles' amaxes meet: tile k's in slot k % SLOTS
+
+
+@triton.jit
+def e4m3_rtne(v):
+    """fp32 v in [-448, 448] rounded to the nearest e4m3 value, ties to even, held in
+    fp32. Normal values (2^-6 and up) keep 3 of fp32's 23 mantissa bits (rounded at bit
+    20); below 2^-6 the values are multiples of 2^-9, rounded by adding and taking away
+    2^14, whose fp32 ulp is 2^-9 (the add rounds to nearest even)."""
+    a = tl.abs(v)
+    bits = a.to(tl.uint32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32,
+                                                                       bitcast=True)
+    small = (a + 16384.0) - 16384.0
+    r = tl.where(a < 0.015625, small, normal).to(tl.uint32, bitcast=True)
+    sign = v.to(tl.uint32, bitcast=True) & 0x80000000  # -0.0 stays -0.0
+    return (r | sign).to(tl.float32, bitcast=True)
+
+
+SCALE, AMAX_LAST, AMAX_NOW = range(3)  # the state's elements (AMAX_NOW: the first slot)
+
+
+@triton.jit
+def _roll_kernel(state_ptr, inverse_ptr, E4M3_MAX_: tl.constexpr, SLOTS_: tl.constexpr):
+    """The last cast's amax becomes the one this cast scales by; this cast's starts at 0."""
+    slots = state_ptr + 2 + tl.arange(0, SLOTS_)
+    amax = tl.max(tl.load(slots), axis=0)
+    scale = tl.where(amax > 0, E4M3_MAX_ / amax, 1.0)
+    tl.store(state_ptr, scale)
+    tl.store(state_ptr + 1, amax)
+    tl.store(slots, tl.zeros([SLOTS_], dtype=tl.float32))
+    tl.store(inverse_ptr, 1.0 / scale)
+
+
+@triton.jit
+def _cast_kernel(w_ptr, w8_ptr, w8t_ptr, state_ptr, rows, cols, E4M3_MAX_: tl.constexpr,
+                 SLOTS_: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)[:, None]
+    c = tl.program_id(1).to(tl.int64) * BC + tl.arange(0, BC)[None, :]
+    mask = (r < rows) & (c < cols)
+    w = tl.load(w_ptr + r * cols + c, mask=mask, other=0).to(tl.float32)
+    scaled = tl.minimum(tl.maximum(w * tl.load(state_ptr), -E4M3_MAX_), E4M3_MAX_)
+    q = e4m3_rtne(scaled).to(tl.float8e4nv)
+    tl.store(w8_ptr + r * cols + c, q, mask=mask)
+    tl.store(w8t_ptr + c * rows + r, q, mask=mask)
+    slot = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) % SLOTS_
+    tl.atomic_max(state_ptr + 2 + slot, tl.max(tl.abs(w)))  # |w| >= 0: a max is exact
+
+
+def new_state(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(state, inverse) before the first cast: its amax to scale by is the weight's own
+    (read on the device, no sync)."""
+    state = torch.zeros(2 + SLOTS, dtype=torch.float32, device=weight.device)
+    state[AMAX_NOW] = weight.detach().abs().amax().float()
+    return state, torch.ones((), dtype=torch.float32, device=weight.device)
+
+
+def cast_weight(weight: torch.Tensor, w8: torch.Tensor, w8t: torch.Tensor,
+                state: torch.Tensor, inverse: torch.Tensor) -> None:
+    """weight [out, in] (bf16) -> w8 [out, in] and w8t [in, out] (float8_e4m3fn), in place,
+    scaled by the state's delayed scale, whose inverse goes to `inverse`; two launches on
+    the current stream, no sync."""
+    rows, cols = weight.shape
+    if weight.dtype != torch.bfloat16 or not weight.is_contiguous():
+        raise InputError("the float8 cast takes lin1's contiguous bf16 weight")
+    if (w8.shape, w8t.shape) != ((rows, cols), (cols, rows)) or {
+            w8.dtype, w8t.dtype} != {torch.float8_e4m3fn} or not (
+            w8.is_contiguous() and w8t.is_contiguous()):
+        raise InputError("the float8 copies are contiguous float8_e4m3fn [out, in] and "
+                         "[in, out]")
+    if (state.shape, inverse.shape) != ((2 + SLOTS,), ()) or {
+            state.dtype, inverse.dtype} != {torch.float32}:
+        raise InputError(f"the float8 cast's state is fp32 [{2 + SLOTS}] and its inverse "
+                         "fp32 0-dim")
+    if len({t.device for t in (weight, w8, w8t, state, inverse)}) != 1:
+        raise InputError("the float8 cast's tensors must be on one device")
+    _roll_kernel[(1,)](state, inverse, E4M3_MAX_=E4M3_MAX, SLOTS_=SLOTS)
+    grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
+    _cast_kernel[grid](weight, w8, w8t, state, rows, cols, E4M3_MAX_=E4M3_MAX, SLOTS_=SLOTS,
+                       BR=BLOCK_ROWS, BC=BLOCK_COLS, num_warps=NUM_WARPS)

@@ -1,0 +1,80 @@
+"""lin1's three GEMMs in float8 (kernels/lin1/float8_linear.py): the ladder's first rung that
+changes the maths, off by default. The tensor cores run float8 at twice bf16's rate, and
+lin1's GEMMs are half the step (3 x 2.2 TFLOP, 9.1 ms of 19.2 on the H100).
+
+    model.lin1.forward      -> Float8Linear over the copies below (the bf16 weight stays
+                               the parameter: the update and master are unchanged)
+    model.lin1.weight_e4m3  float8 buffer [out, in]  } cast from the weight after each
+    model.lin1.weight_e4m3_t float8 buffer [in, out] } update (kernels/lin1/float8_cast.py),
+    model.lin1.float8_state fp32 [66]: scale, amaxes } on the update's stream
+    model.lin1.float8_inverse  fp32: 1 / the scale  }
+
+Held by lin1, so that its forward and the cast reach them without a reference to the
+model (a cycle that only the garbage collector frees, and model/build.py's reuse counts).
+
+It builds on --bf16-shadow (a bf16 weight, an update of its own to cast after), one GPU.
+"""
+
+from training.speedups.base import SpeedUp
+
+
+def recast(lin1) -> None:
+    """lin1's float8 copies cast from its weight: at the build, then after each update."""
+    from kernels.lin1.float8_cast import cast_weight
+    cast_weight(lin1.weight.detach(), lin1.weight_e4m3, lin1.weight_e4m3_t, lin1.float8_state,
+                lin1.float8_inverse)
+
+
+def float8_forward(model, build) -> None:
+    import torch
+
+    from kernels.lin1.float8_cast import new_state
+    from kernels.lin1.float8_linear import float8_linear
+    from training.speedups.base import rebind
+    lin1 = model.lin1
+    if lin1.weight.dtype != torch.bfloat16:
+        return  # --bf16-shadow off: idle says so
+    out, features = lin1.weight.shape
+    like = dict(dtype=torch.float8_e4m3fn, device=lin1.weight.device)
+    lin1.register_buffer("weight_e4m3", torch.empty(out, features, **like))
+    lin1.register_buffer("weight_e4m3_t", torch.empty(features, out, **like))
+    state, inverse = new_state(lin1.weight)
+    lin1.register_buffer("float8_state", state)
+    lin1.register_buffer("float8_inverse", inverse)
+    recast(lin1)
+
+    def forward(lin1, x):
+        return float8_linear(x, lin1.weight, lin1.bias, lin1.weight_e4m3, lin1.weight_e4m3_t,
+                             lin1.float8_inverse)
+    rebind(lin1, forward)
+
+
+def recast_after_update(model, make, build):
+    lin1 = model.lin1
+
+    def make_recasting(params):
+        optimizer = make(params)
+        if hasattr(lin1, "weight_e4m3"):
+            optimizer.after_update.append(lambda param: recast(lin1))
+        return optimizer
+    return make_recasting
+
+
+def refusal(asked, cuda: bool) -> str | None:
+    from training.ranks import from_env
+    if not (cuda and asked.amp):
+        return "needs bf16 autocast on a CUDA GPU (--amp)"
+    if from_env().world > 1:
+        return "runs on one GPU: no several-rank design of it is built"
+    return None
+
+
+SPEEDUP = SpeedUp(
+    "float8_lin1",
+    "CHANGES THE MATHS: lin1's three GEMMs in float8 (e4m3, e5m2 for the gradient), one "
+    "scale a tensor; its weight cast after each update (one GPU, with --bf16-shadow)",
+    default=False, gpu_only=True, refusal=refusal,
+    changes_maths="lin1's GEMMs in float8",
+    model=float8_forward, optimizer=recast_after_update,
+    idle=lambda asked, on: None if on["bf16_shadow"] else
+    "it casts --bf16-shadow's bf16 weight, which is off")
