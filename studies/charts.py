@@ -7,6 +7,7 @@ nothing about a GPU).
     sweep_chart(rows, path, where, preset)  make sweep: log-log panels per axis
     throughput_chart(rows, path, where)  make throughput: sustained samples/s against the GPU's
     step_times_chart(runs, path, where)  make throughput: each run's step times, step by step
+    loss_curves_chart(runs, path, where) bench/loss_curves.py: runs' losses, and their gaps
 
 Every chart's top line says where its figures were measured (`where`: where_of's device and
 commit), so that a picture copied into a doc still says what it shows.
@@ -271,3 +272,36 @@ def _step_ms(times: list[dict]) -> list[tuple[int, float]]:
     on_device = any(t["device_ms"] is not None for t in times)
     key = "device_ms" if on_device else "host_ms"
     return [(i + 1, t[key]) for i, t in enumerate(times) if t[key] is not None]
+
+
+def loss_curves_chart(runs: list[tuple[str, list[float]]], path: Path, where: str,
+                      window: int = 25) -> None:
+    """Runs' losses step by step (summary.json's losses) in one panel, and below it each
+    run's relative difference from the first run, step by step and as a mean over
+    `window` steps: a change of maths (--float8-lin1) against the step it replaces, the
+    same seed and batches."""
+    plt = _pyplot()
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 2]})
+    if not runs:
+        _no_runs(top, "losses")
+    for name, losses in runs:
+        top.plot(range(1, len(losses) + 1), losses, lw=0.6, label=name)
+    base_name, base = runs[0] if runs else ("", [])
+    for name, losses in runs[1:]:
+        rel = [(y - x) / abs(x) * 100 for x, y in zip(base, losses) if x]
+        mean = [sum(rel[i:i + window]) / len(rel[i:i + window]) for i in range(len(rel))]
+        line, = bottom.plot(range(1, len(rel) + 1), rel, lw=0.4, alpha=0.5)
+        bottom.plot(range(1, len(mean) + 1), mean, lw=1.2, color=line.get_color(),
+                    label=f"{name} − {base_name} (mean of {window} steps)")
+    bottom.axhline(0, color="grey", lw=0.6)
+    top.set_ylabel("loss")
+    top.set_title("the loss at every step")
+    if runs:
+        top.legend(fontsize=8)
+    if runs[1:]:
+        bottom.legend(fontsize=8)
+    bottom.set_ylabel("% of the first run's loss")
+    bottom.set_xlabel("step")
+    _headline(fig, where)
+    _save(plt, fig, path, dpi=110)
