@@ -3,14 +3,14 @@ the Hopper float8 GEMM takes, by one Triton kernel after each update.
 
 Why a kernel of its own: torch._scaled_mm wants both operands K-major. The forward
 (x @ W.T, K = in) reads W as it lies, [out, in]; the input gradient (dY @ W, K = out)
-needs W.T laid out [in, out]. An eager cast (amax, scale, cast) of the 1.07 B-element weight
-took 10.7 ms on an H100, 18.5 with its transposed copy (issue 65's probe). This kernel reads
-the bf16 weight once (2.15 GB) and writes both copies (1.07 GB each): 4.3 GB, ~1.3 ms at
-3.35 TB/s. It runs where the update runs (beside the trunk, under
---lin1-update-beside-trunk). Its tiles are 128 x 128, so that a row of either copy is
-written 128 bytes at a time, and each tile's amax goes to one of 64 slots by an atomic
-max (the roll takes their max): one slot for the 262 k tiles of 64 x 64 that the first
-version had made them queue on one address (2.09 ms a cast on an H200).
+needs W.T laid out [in, out]. An eager cast (amax, scale, cast) makes a pass for each,
+and one more for the transposed copy. This kernel reads the bf16 weight once (2.15 GB)
+and writes both copies (1.07 GB each): 4.3 GB, ~1.3 ms at 3.35 TB/s. It runs where the
+update runs (beside the trunk, under --lin1-update-beside-trunk). Its tiles are
+128 x 128, so that a row of either copy is written 128 bytes at a time, and each tile's
+amax goes to one of 64 slots by an atomic max (the roll takes their max), not all to one
+address, where tens of thousands of tiles would queue. What each form measured:
+results/float8.md.
 
 The scale is per tensor and delayed, as torchao's delayed scaling: the cast of the weight
 after step t uses the amax of the weight the cast before it read (the step before's), and

@@ -1,6 +1,7 @@
 """lin1's three GEMMs in float8 (kernels/lin1/float8_linear.py): the ladder's first rung that
 changes the maths, off by default. The tensor cores run float8 at twice bf16's rate, and
-lin1's GEMMs are half the step (3 x 2.2 TFLOP, 9.1 ms of 19.2 on the H100).
+lin1's GEMMs are most of the step's FLOPs (3 x 2.2 of ~7.9 TFLOP). What it saves, and
+what it does to the loss: results/float8.md.
 
     model.lin1.forward      -> Float8Linear over the copies below (the bf16 weight stays
                                the parameter: the update and master are unchanged)
