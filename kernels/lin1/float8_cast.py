@@ -14,8 +14,9 @@ results/float8.md.
 
 The scale is per tensor and delayed, as torchao's delayed scaling: the cast of the weight
 after step t uses the amax of the weight the cast before it read (the step before's), and
-measures its own for the next. A weight moves by lr * momentum a step (1e-4 here), so the
-last amax is a close bound; a weight past it saturates at +-448 (clamped), never NaN.
+measures its own for the next. A weight moves by lr (1e-4 by default) times its momentum
+buffer a step, so the last amax is a close bound; a weight past it saturates at +-448
+(clamped), never NaN.
 
     state    fp32 [2 + 64]: the scale the cast multiplies by (448 / amax), the amax of
              the last cast, and the amax of this one (accumulated in 64 slots)
