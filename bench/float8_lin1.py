@@ -55,6 +55,8 @@ def layer(x, w, dy, w8, w8t, inverse, compiled: bool):
 
 
 def main() -> None:
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU with float8 GEMMs (an H100 or H200)")
     bf = dict(device="cuda", dtype=torch.bfloat16)
     x = torch.randn(B, FEATURES, **bf).relu()
     w = torch.randn(HIDDEN, FEATURES, **bf) / FEATURES ** 0.5
