@@ -460,6 +460,7 @@ def _steps(prof, feed, graphed, train_step, reader) -> None:
         for read in reader.ready():  # waits for step k-run_ahead's end, if need be
             prof.record_step(read)
         prof.end_step(step)
+        reader.loop_ended(step, t0)  # the loop's whole time for the step, its waits left out
     for read in reader.drain():
         prof.record_step(read)
     raise_if_stopped()

@@ -155,7 +155,9 @@ class ProfiledRun(RunRecord, EarlyEnd):
         self.step_times.append({"host_ms": round(read.host_ms, 4),
                                 "device_ms": None if read.device_ms is None
                                 else round(read.device_ms, 4),
-                                "data_ms": round(read.data_ms, 4)})
+                                "data_ms": round(read.data_ms, 4),
+                                "loop_ms": None if read.loop_ms is None
+                                else round(read.loop_ms, 4)})
         self.writer.add_scalar("loss", loss, step)
         self.writer.add_scalar("step_time_ms", read.host_ms, step)
         device = ""

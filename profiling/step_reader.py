@@ -34,6 +34,10 @@ class StepRead:
     host_ms: float             # the host's time from the step's start to its end
     device_ms: float | None    # the stream's time from the previous step's end to this one's
     data_ms: float = 0.0       # the host's time waiting for the loader within the step
+    # The whole loop's time for the step, less its waits for the GPU: host_ms plus what
+    # follows the step's hand-over (this reader's bookkeeping, the profiler's step, the
+    # clocks' read). None where the step was read before its loop ended (lag 0).
+    loop_ms: float | None = None
 
 
 class StepReader:
@@ -45,11 +49,15 @@ class StepReader:
         self._pending: deque = deque()
         self._last_event: torch.cuda.Event | None = None
         self._slots: list[torch.Tensor] = []
+        self._waited_s = 0.0           # the host's time blocked on step-end events, in all
+        self._waited_at_put = 0.0      # ... when the last step was put
+        self._loop_ms: dict[int, float] = {}  # loop_ended's figures, until their step is read
 
     def put(self, step: int, loss: torch.Tensor, started: float, data_ms: float = 0.0) -> None:
         """The step's loss, enqueued for reading; started: its time.perf_counter() start;
         data_ms: how long it waited for the loader."""
         host_ms = (time.perf_counter() - started) * 1e3
+        self._waited_at_put = self._waited_s
         if not self.cuda:
             self._pending.append((step, loss.detach(), None, None, host_ms, data_ms))
             return
@@ -63,6 +71,15 @@ class StepReader:
         event.record()
         self._pending.append((step, slot, event, self._last_event, host_ms, data_ms))
         self._last_event = event
+
+    def loop_ended(self, step: int, started: float) -> None:
+        """The loop that put `step` has done its work (started: the same start as put's):
+        its time since then, less what it waited for the GPU in ready(), is the step's
+        loop_ms, handed over with the step's read."""
+        if not any(pending[0] == step for pending in self._pending):
+            return  # read already (lag 0): its read went out without it
+        waited = self._waited_s - self._waited_at_put
+        self._loop_ms[step] = ((time.perf_counter() - started) - waited) * 1e3
 
     def ready(self) -> list[StepRead]:
         """The steps at least `lag` steps old, read (waiting for their events if the GPU
@@ -82,10 +99,13 @@ class StepReader:
         step, value, event, previous, host_ms, data_ms = pending
         device_ms = None
         if event is not None:
+            started = time.perf_counter()
             wait_for(event)  # this step's end on the stream, not the device; a signal ends it
+            self._waited_s += time.perf_counter() - started
             if previous is not None:
                 device_ms = previous.elapsed_time(event)
-        return StepRead(step, float(value), host_ms, device_ms, data_ms)
+        return StepRead(step, float(value), host_ms, device_ms, data_ms,
+                        self._loop_ms.pop(step, None))
 
 
 def sustained(step_times: list[dict], first: int, samples_per_step: int) -> dict | None:
@@ -180,9 +200,13 @@ def pace(step_times: list[dict], first: int) -> dict | None:
     late = [t[key] for t in steps[len(steps) // 10:]]
     slow = sum(ms > SLOW * median for ms in late)
     host_median = _at(host, 0.5)
+    loop = sorted(t["loop_ms"] for t in steps if t.get("loop_ms") is not None)
+    loop_median = _at(loop, 0.5) if loop else None
     return {"steps": len(steps), "host_ms_median": host_median,
             "host_ms_p90": _at(host, 0.9), "host_ms_p99": _at(host, 0.99),
             "step_ms_median": median, "host_share": host_median / median if median else None,
+            "loop_ms_median": loop_median, "loop_ms_p90": _at(loop, 0.9) if loop else None,
+            "loop_share": loop_median / median if loop and median else None,
             "after_first_tenth": len(late), "slow_steps": slow,
             "slow_share": slow / len(late) if late else 0.0}
 
@@ -262,8 +286,13 @@ def describe_pace(paced: dict) -> str:
     """pace()'s line: the host's time a step against the step's, and the slow steps."""
     share = paced["host_share"]
     of = f", {share * 100:.0f} % of the median step" if share is not None else ""
+    loop = paced.get("loop_ms_median")
+    whole = "" if loop is None else (
+        f"; the whole loop {loop:.1f} ms a step (median; p90 {paced['loop_ms_p90']:.1f}: the "
+        "bookkeeping after the step added, the waits for the GPU left out)"
+        + (f", {paced['loop_share'] * 100:.0f} %" if paced.get("loop_share") else ""))
     return (f"the host: {paced['host_ms_median']:.1f} ms a step (median; p90 "
-            f"{paced['host_ms_p90']:.1f}, p99 {paced['host_ms_p99']:.1f}){of}; "
+            f"{paced['host_ms_p90']:.1f}, p99 {paced['host_ms_p99']:.1f}){of}{whole}; "
             f"{paced['slow_steps']} of the {paced['after_first_tenth']} steps after the "
             f"first tenth over {SLOW:g}x the median step "
             f"({paced['slow_share'] * 100:.1f} %)")

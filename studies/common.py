@@ -171,18 +171,23 @@ def outcome(skipped: list[dict], column: str, ran: int, what: str) -> int:
 
 # The host's pace a run (profiling/step_reader.pace): its columns in make throughput's and
 # make scaling's tables.
-PACE_COLUMNS = ["host ms a step (median / p90 / p99)", "host / step", "slow steps"]
+PACE_COLUMNS = ["host ms a step (median / p90 / p99)", "host / step",
+                "whole loop ms (median / p90)", "slow steps"]
 
 
 def pace_cells(summary: dict) -> dict:
-    """A run's host time a step (median, p90, p99), its median over the median step, and
+    """A run's host time a step (median, p90, p99), its median over the median step, the
+    whole loop's time a step (the bookkeeping after the step added, the waits for the GPU
+    left out; none where the run read each step at once, or before it was recorded), and
     the steps after the first tenth that took over 1.3x the median; {} where the run
     recorded none (a summary from before they were)."""
     paced = summary.get("pace")
     if not paced:
         return {}
-    share = paced["host_share"]
+    share, loop = paced["host_share"], paced.get("loop_ms_median")
     return {PACE_COLUMNS[0]: f"{paced['host_ms_median']:.1f} / {paced['host_ms_p90']:.1f} / "
                              f"{paced['host_ms_p99']:.1f}",
             PACE_COLUMNS[1]: None if share is None else f"{share * 100:.0f} %",
-            PACE_COLUMNS[2]: f"{paced['slow_steps']} of {paced['after_first_tenth']}"}
+            PACE_COLUMNS[2]: None if loop is None else
+            f"{loop:.1f} / {paced['loop_ms_p90']:.1f}",
+            PACE_COLUMNS[3]: f"{paced['slow_steps']} of {paced['after_first_tenth']}"}

@@ -32,6 +32,66 @@ def test_a_lagged_read_gives_each_loss_once_in_order():
         assert all(r.device_ms is None for r in seen)  # no device on a CPU
 
 
+class _Clock:
+    """time.perf_counter for the step reader, moved by hand (seconds)."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+class _Event:
+    def elapsed_time(self, other):
+        return 20.0
+
+
+def test_the_loops_time_adds_what_follows_the_step_and_leaves_out_the_gpu_waits(monkeypatch):
+    """A step of 6 ms handed over, then 4 ms of waiting for the GPU two steps back inside
+    ready(), then 1 ms of bookkeeping: its loop took 7 ms of the host's work. A read made
+    before its loop ended (lag 0) goes out without the figure, and nothing is kept."""
+    clock = _Clock()
+    monkeypatch.setattr(step_reader.time, "perf_counter", clock)
+    monkeypatch.setattr(step_reader, "wait_for", lambda event: setattr(
+        clock, "now", clock.now + 0.004))
+    reader = StepReader(cuda=False, lag=1)
+    reads = []
+    for step in range(3):
+        started = clock.now
+        clock.now += 0.006
+        reader.put(step, torch.tensor(1.0), started)
+        # As on a GPU: each step's read waits on its event (a stand-in here).
+        reader._pending[-1] = (*reader._pending[-1][:2], _Event(), _Event(),
+                               *reader._pending[-1][4:])
+        reads += reader.ready()
+        clock.now += 0.001
+        reader.loop_ended(step, started)
+    reads += reader.drain()
+    assert [r.step for r in reads] == [0, 1, 2]
+    assert [r.host_ms for r in reads] == pytest.approx([6.0, 6.0, 6.0])
+    # Step 0's loop waited for nothing (no step was two back); steps 1 and 2 waited 4 ms.
+    assert [r.loop_ms for r in reads] == pytest.approx([7.0, 7.0, 7.0])
+    now = StepReader(cuda=False, lag=0)
+    now.put(0, torch.tensor(1.0), clock.now)
+    (read,) = now.ready()
+    now.loop_ended(0, clock.now)
+    assert read.loop_ms is None and not now._loop_ms
+
+
+def test_the_pace_gives_the_loops_time_beside_the_steps():
+    times = [{"host_ms": 8.0, "device_ms": 20.0, "loop_ms": 9.0 + (i % 3)} for i in range(30)]
+    paced = step_reader.pace(times, first=0)
+    assert (paced["loop_ms_median"], paced["loop_ms_p90"]) == (10.0, 11.0)
+    assert paced["loop_share"] == pytest.approx(0.5)
+    assert ("; the whole loop 10.0 ms a step (median; p90 11.0: the bookkeeping after the "
+            "step added, the waits for the GPU left out), 50 %; ") in \
+        step_reader.describe_pace(paced)
+    without = step_reader.pace([{"host_ms": 8.0, "device_ms": 20.0}] * 3, first=0)
+    assert without["loop_ms_median"] is None and "whole loop" not in \
+        step_reader.describe_pace(without)
+
+
 def _force_lag(monkeypatch, forced: int):
     """train.run's step reader with this lag (on a CPU it reads at once otherwise)."""
     real = StepReader.__init__
@@ -48,6 +108,19 @@ def test_a_run_reading_its_losses_steps_late_gets_the_same_losses(tmp_path, monk
     _force_lag(monkeypatch, lag)
     late = train.run(train.parse_config(args))["losses"]
     assert late == now and len(now) == 5
+
+
+def test_a_run_a_step_ahead_records_each_loops_time(tmp_path, monkeypatch):
+    """Read a step late, every step has its loop's time, at least the step's own (no GPU
+    to wait for here), and the run's lines give it; read at once (a CPU's default), none."""
+    args = TINY + ["--out-dir", str(tmp_path), "--active", "4"]
+    now = train.run(train.parse_config(args))
+    assert all(t["loop_ms"] is None for t in now["step_times"])
+    assert "whole loop" not in now["table"]
+    _force_lag(monkeypatch, 1)
+    late = train.run(train.parse_config(args))
+    assert all(t["loop_ms"] >= t["host_ms"] for t in late["step_times"])
+    assert late["pace"]["loop_ms_median"] > 0 and "the whole loop " in late["table"]
 
 
 def test_the_host_runs_at_least_a_step_ahead():
