@@ -290,7 +290,8 @@ def describe_pace(paced: dict) -> str:
     whole = "" if loop is None else (
         f"; the whole loop {loop:.1f} ms a step (median; p90 {paced['loop_ms_p90']:.1f}: the "
         "bookkeeping after the step added, the waits for the GPU left out)"
-        + (f", {paced['loop_share'] * 100:.0f} %" if paced.get("loop_share") else ""))
+        + (f", {paced['loop_share'] * 100:.0f} % of the median step"
+           if paced.get("loop_share") else ""))
     return (f"the host: {paced['host_ms_median']:.1f} ms a step (median; p90 "
             f"{paced['host_ms_p90']:.1f}, p99 {paced['host_ms_p99']:.1f}){of}{whole}; "
             f"{paced['slow_steps']} of the {paced['after_first_tenth']} steps after the "

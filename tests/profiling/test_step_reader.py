@@ -85,7 +85,7 @@ def test_the_pace_gives_the_loops_time_beside_the_steps():
     assert (paced["loop_ms_median"], paced["loop_ms_p90"]) == (10.0, 11.0)
     assert paced["loop_share"] == pytest.approx(0.5)
     assert ("; the whole loop 10.0 ms a step (median; p90 11.0: the bookkeeping after the "
-            "step added, the waits for the GPU left out), 50 %; ") in \
+            "step added, the waits for the GPU left out), 50 % of the median step; ") in \
         step_reader.describe_pace(paced)
     without = step_reader.pace([{"host_ms": 8.0, "device_ms": 20.0}] * 3, first=0)
     assert without["loop_ms_median"] is None and "whole loop" not in \
