@@ -63,8 +63,10 @@ def recast_after_update(model, make, build):
 
 def refusal(asked, cuda: bool) -> str | None:
     from training.ranks import from_env
-    if not (cuda and asked.amp):
-        return "needs bf16 autocast on a CUDA GPU (--amp)"
+    from training.speedups.bf16_shadow import SPEEDUP as SHADOW
+    reason = SHADOW.refusal(asked, cuda)  # the bf16 weight it casts needs what the shadow does
+    if reason:
+        return reason
     if from_env().world > 1:
         return "runs on one GPU: no several-rank design of it is built"
     return None
