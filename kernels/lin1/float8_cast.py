@@ -7,7 +7,8 @@ needs W.T laid out [in, out]. An eager cast (amax, scale, cast) makes a pass for
 and one more for the transposed copy. This kernel reads the bf16 weight once (2.15 GB)
 and writes both copies (1.07 GB each): 4.3 GB, ~1.3 ms at 3.35 TB/s. It runs where the
 update runs (beside the trunk, under --lin1-update-beside-trunk). Its tiles are
-128 x 128, so that a row of either copy is written 128 bytes at a time, and each tile's
+64 x 128 with 4 warps, the fastest shape bench/float8_cast_tiles.py probed: a row of the
+copy as it lies is written 128 bytes at a time, one of the transposed copy 64. Each tile's
 amax goes to one of 64 slots by an atomic max (the roll takes their max), not all to one
 address, where tens of thousands of tiles would queue. What each form measured:
 results/float8.md.
@@ -39,9 +40,9 @@ import triton.language as tl
 from core.errors import InputError
 
 E4M3_MAX = 448.0
-BLOCK_ROWS = 128
+BLOCK_ROWS = 64
 BLOCK_COLS = 128
-NUM_WARPS = 8
+NUM_WARPS = 4
 SLOTS = 64  # where the tiles' amaxes meet: tile k's in slot k % SLOTS
 
 
