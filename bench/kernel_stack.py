@@ -1,5 +1,5 @@
-"""Each trunk kernel's registers and per-thread stack frame on sm_90a, from ptxas itself,
-on any machine: no GPU needed.
+"""Each trunk kernel's registers and per-thread stack frame on sm_90a, from the binary
+Triton builds, on any machine: no GPU needed.
 
 Why it matters: a kernel that spills keeps a stack frame in local memory, and the CUDA
 driver sizes a context's local memory for the largest frame it has launched times every
@@ -9,8 +9,11 @@ off). A 55,728-byte frame is 15 GB of the H100's 80 for the process's life: what
 make test-gpu's workers run out of memory.
 
 How: the trunk's launchers (kernels/triton_op.launch) are swapped for one that builds the
-kernel's signature from the very arguments a call passes, compiles it with Triton for
-sm_90a and runs Triton's own ptxas -v on the PTX; nothing is launched. Each op is called
+kernel's signature from the very arguments a call passes and compiles it with Triton for
+sm_90a; nothing is launched. The registers and frame are read from the cubin Triton's own
+ptxas made (cuobjdump -res-usage, shipped beside it): the very binary a GPU would load,
+read in milliseconds, where a second ptxas -v over the PTX took a second a kernel and,
+with options other than Triton's, reported frames up to 80 bytes off. Each op is called
 on small CPU tensors in fp32, bf16 and fp16, NCHW and NHWC.
 
     python3 bench/kernel_stack.py [--only 'conv_pool fp32'] [--max-frame BYTES]
@@ -36,19 +39,9 @@ sys.path.insert(0, ".")
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def _ptxas() -> str:
-    """The ptxas that Triton itself runs for the target: the one that reads the PTX it
-    emits. Triton 3.9 emits PTX 9.4 for sm_90a, which its `ptxas` (CUDA 12.9) refuses; it
-    runs `ptxas-blackwell` (CUDA 13.4) from sm_90 on. Triton 3.6 runs `ptxas`."""
-    try:
-        from triton.backends.nvidia.compiler import get_ptxas
-        return get_ptxas(TARGET.arch).path
-    except (ImportError, AttributeError):  # a Triton without that function
-        return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                            "ptxas")
-
-
-PTXAS = _ptxas()
+# cuobjdump ships beside Triton's ptxas (Triton 3.6 and 3.9 alike).
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                         "cuobjdump")
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
          torch.int8: "i8", torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64",
          torch.bool: "i1"}
@@ -75,22 +68,22 @@ def signature(kernel, args, meta) -> tuple[dict, dict]:
     return sig, const
 
 
-def ptxas_report(kernel, args, meta) -> dict:
-    """registers and stack frame bytes of one call's kernel, from ptxas -v."""
+def resource_usage(kernel, args, meta) -> dict:
+    """registers and stack frame bytes of one call's kernel, from the cubin Triton built."""
     sig, const = signature(kernel, args, meta)
     options = {k: v for k, v in meta.items() if k in ("num_warps", "num_stages")}
     compiled = triton.compile(ASTSource(kernel, signature=sig, constexprs=const),
                               target=TARGET, options=options)
     with tempfile.TemporaryDirectory() as folder:
-        ptx = os.path.join(folder, "k.ptx")
-        with open(ptx, "w") as f:
-            f.write(compiled.asm["ptx"])
-        out = subprocess.run([PTXAS, "-v", "-arch=sm_90a", ptx, "-o", ptx + ".o"],
-                             capture_output=True, text=True, check=True).stderr
-    frame = re.search(r"(\d+) bytes stack frame", out)
-    regs = re.search(r"Used (\d+) registers", out)
-    return {"frame": int(frame.group(1)) if frame else 0,
-            "registers": int(regs.group(1)) if regs else 0}
+        cubin = os.path.join(folder, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        out = subprocess.run([CUOBJDUMP, "-res-usage", cubin], capture_output=True,
+                             text=True, check=True).stdout
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    if usage is None:
+        raise RuntimeError(f"cuobjdump -res-usage printed no REG/STACK line: {out[-500:]}")
+    return {"registers": int(usage.group(1)), "frame": int(usage.group(2))}
 
 
 def _conv(c_in, c_out, size, dtype, fmt, weight_dtype=None):
@@ -137,7 +130,7 @@ def main(argv=None) -> int:
     seen = []
 
     def record(kernel, grid, *call_args, **meta):
-        seen.append((kernel.fn.__name__, ptxas_report(kernel, call_args, meta)))
+        seen.append((kernel.fn.__name__, resource_usage(kernel, call_args, meta)))
     rows, over = [], []
     for what, thunk in calls():
         if args.only not in what:

@@ -1,5 +1,5 @@
-"""No trunk kernel keeps a large stack frame on the H100 (sm_90a), checked with Triton's
-own ptxas on a machine without a GPU (bench/kernel_stack.py).
+"""No trunk kernel keeps a large stack frame on the H100 (sm_90a), read from the cubin
+Triton builds, on a machine without a GPU (bench/kernel_stack.py).
 
 Why a CPU test: the CUDA driver reserves a context's local memory for the largest frame
 it has launched, for every thread the GPU can hold, and keeps it while the process lives.
@@ -36,8 +36,8 @@ def test_every_trunk_kernel_keeps_its_stack_frame_small_on_the_h100():
 
 
 def test_the_frame_check_fails_over_its_limit():
-    """--max-frame below the bf16 input gradient's frame (2,296 bytes under Triton 3.6's
-    ptxas, 3,520 under 3.9's) fails, in one line."""
+    """--max-frame below the bf16 input gradient's frame (2,296 bytes in Triton 3.6's
+    cubin, 3,488 in 3.9's) fails, in one line."""
     done = subprocess.run([sys.executable, "bench/kernel_stack.py", "--only",
                            "conv_pool bf16 NCHW", "--max-frame", "1024"], cwd=REPO,
                           capture_output=True, text=True, timeout=900)
