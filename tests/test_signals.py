@@ -100,6 +100,10 @@ def _start_command(module: str, *args, size=None):
 
 COMMAND_TRIALS = 3
 FIRST_RUN_S = 300
+# Each run's steps: the first run finishes them all, the second is signalled by step 12,
+# so 40 leave it 28 to be interrupted in (a line every step: the harness prints every
+# step of a run up to 500).
+COMMAND_STEPS = 40
 # Per command: its --strategies, the progress line of its second run, that run's folder,
 # its table, and what it counts.
 COMMANDS = {"compare": ("padded,concat", "[2/2] concat", "concat-train", "comparison.md",
@@ -122,15 +126,16 @@ def test_a_signal_to_a_commands_group_keeps_what_finished(tmp_path_factory, modu
         at = rng.randint(2, 12)
         args = ["--strategies", strategies, "--out", str(tmp / "out")]
         proc = _start_command(module, *args, *(["--modes", "train"] if module == "compare"
-                                               else []), size=TINY + ["--steps", "400"])
-        # Two bounds, each for what its message names: the first run (its 400 steps and
-        # the process's start, slow on 2 loaded cores), then step `at` of the second.
+                                               else []),
+                              size=TINY + ["--steps", str(COMMAND_STEPS)])
+        # Two bounds, each for what its message names: the first run (its steps and the
+        # process's start, slow on 2 loaded cores), then step `at` of the second.
         in_second, deadline = False, time.time() + FIRST_RUN_S
         try:
             for line in proc.stdout:
                 if not in_second and second in line:
                     in_second, deadline = True, time.time() + 120
-                if in_second and f"step {at}/400 " in line:
+                if in_second and f"step {at}/{COMMAND_STEPS} " in line:
                     os.killpg(proc.pid, signum)
                     break
                 assert time.time() < deadline, (
