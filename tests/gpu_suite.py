@@ -200,6 +200,18 @@ def what_is_missing(args) -> str | None:
     return None
 
 
+def machine_pace() -> str:
+    """How long a fresh process takes to import torch. Half the CPU suite's time is in
+    tests that start such processes (launchers, ranks, studies), so its time moves with
+    this figure from one day or machine to the next (results/correctness.md). Printed to
+    compare runs by."""
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True)
+    seconds = time.monotonic() - started
+    return (f"this machine imports torch in a fresh process in {seconds:.2f} s" if
+            done.returncode == 0 else "this machine's python cannot import torch")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m tests.gpu_suite",
                                      description=__doc__.split("\n\n")[0])
@@ -229,6 +241,7 @@ def main(argv=None) -> int:
     started = time.monotonic()
     stop_once()  # Ctrl-C and SIGTERM as one KeyboardInterrupt
     try:
+        print(f"{machine_pace()} (the suite's time follows it)", flush=True)
         codes = run_side_by_side(parts(args, pytest_args, logs), logs, claims)
         codes.update(run_side_by_side(alone(args, pytest_args, logs), logs, claims))
     except KeyboardInterrupt:
