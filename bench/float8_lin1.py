@@ -1,8 +1,9 @@
 """What --float8-lin1 costs and saves at the GPU preset's shapes, each piece alone: lin1's
 three GEMMs in bf16 (torch.mm) and in float8 (torch._scaled_mm, tensorwise scales), every
 cast the float8 step adds (the weight's two layouts by kernels/lin1/float8_cast.py, the
-input's and the output gradient's, eager and compiled), and the whole layer's forward and
-backward both ways, eager and compiled.
+input's and the output gradient's, eager and compiled), lin1's update with and without
+the e4m3 copy its kernel writes (the split master, as the step runs it), and the whole
+layer's forward and backward both ways, eager and compiled.
 
     forward  Y  = X @ W.T     M 1024,   N 16384, K 65536
     dX       dX = dY @ W      M 1024,   N 65536, K 16384
@@ -19,8 +20,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 from bench.sharded_rank import cuda_ms  # noqa: E402
-from kernels.lin1.float8_cast import cast_weight, new_state  # noqa: E402
+from kernels.lin1.float8_cast import cast_weight, new_state, roll, transpose  # noqa: E402
 from kernels.lin1.float8_linear import E4M3, E5M2, float8_linear, quantized  # noqa: E402
+from kernels.lin1.master_halves import split  # noqa: E402
+from kernels.lin1.shadow_sgd import shadow_sgd_step  # noqa: E402
 
 B, FEATURES, HIDDEN = 1024, 65536, 16384
 
@@ -37,6 +40,27 @@ def gemms(x, w, dy, x8, xs, w8, w8t, ws, dy8, dys) -> dict:
         "dW": (lambda: dy.t() @ x, lambda: mm(dy8t, x8t.t(), scale_a=dys, scale_b=xs,
                                               out_dtype=torch.bfloat16)),
     }
+
+
+def updates(w, w8, w8t, state, inverse) -> dict:
+    """{name: call} of lin1's update at the step's settings (split master, the weight
+    stored where it changed, lr 1e-4), alone and writing the e4m3 copy, and the copy's
+    transpose alone. Each call updates the weight again: the figures are of one step."""
+    weight, low, ties = split(w.float())
+    grad = (torch.randn_like(w, dtype=torch.float32) * 1e-3).bfloat16()
+    buf = torch.zeros(w.shape, device="cuda")
+
+    def step(float8):
+        shadow_sgd_step(low, grad, buf, weight, 1e-4, 0.9, False, ties, skip_unchanged=True,
+                        float8=float8)
+
+    def with_copy():
+        roll(state, inverse)
+        step((w8, state))
+        transpose(w8, w8t)
+    return {"the update alone": lambda: step(None),
+            "the update writing the e4m3 copy, with the roll and the transpose": with_copy,
+            "the transpose alone": lambda: transpose(w8, w8t)}
 
 
 def layer(x, w, dy, w8, w8t, inverse, compiled: bool):
@@ -91,6 +115,9 @@ def main() -> None:
     }
     print("| cast | GPU ms |\n|---|---:|")
     for name, call in casts.items():
+        print(f"| {name} | {cuda_ms(call):.3f} |")
+    print("\n| lin1's update (split master) | GPU ms |\n|---|---:|")
+    for name, call in updates(w, w8, w8t, state, inverse).items():
         print(f"| {name} | {cuda_ms(call):.3f} |")
     print("\n| the layer, forward and backward | bf16 | float8 | saved |\n|---|---:|---:|---:|")
     for compiled in (False, True):

@@ -38,7 +38,8 @@ def main() -> int:
                                 lambda p, c, f=packed: f(p, targets_for("packed", c)))
                         for case in _cases())
     failures += (first_block_cases() + second_block_cases() + pool_cases()
-                 + conv_pool_cases() + shadow_sgd_cases() + float8_cast_cases())
+                 + conv_pool_cases() + shadow_sgd_cases() + float8_cast_cases()
+                 + float8_update_cases())
     return 1 if failures else 0
 
 
@@ -65,6 +66,40 @@ def float8_cast_cases() -> int:
         ok = torch.equal(w8.view(torch.uint8), ref.view(torch.uint8)) and torch.equal(
             w8t.view(torch.uint8), ref.t().contiguous().view(torch.uint8))
         print(f"float8_cast {rows}x{cols}: {'the same bits' if ok else 'WRONG'}")
+        failures += not ok
+    return failures
+
+
+def float8_update_cases() -> int:
+    """--float8-lin1's copy written by the shadow SGD (both forms; rows that end mid-block)
+    and transposed after it, against the separate cast of the weight it made, bit for
+    bit."""
+    from kernels.lin1.float8_cast import cast_weight, new_state, roll, transpose
+    from kernels.lin1.master_halves import split
+    from kernels.lin1.shadow_sgd import shadow_sgd_step
+    failures = 0
+    for rows, cols, form in ((37, 160, "fp32"), (37, 160, "split"), (3, 4128, "split")):
+        master = torch.randn(rows, cols, device="cuda")
+        weight, low, ties = split(master) if form == "split" else (master.bfloat16(), master,
+                                                                   None)
+        grad = torch.randn(rows, cols, device="cuda").bfloat16()
+        buf = torch.empty(rows, cols, device="cuda")
+        w8 = torch.empty(rows, cols, dtype=torch.float8_e4m3fn, device="cuda")
+        w8t = torch.empty(cols, rows, dtype=torch.float8_e4m3fn, device="cuda")
+        ref8, ref8t = torch.empty_like(w8), torch.empty_like(w8t)
+        state, inverse = new_state(weight)
+        roll(state, inverse)
+        shadow_sgd_step(low, grad, buf, weight, 0.5, 0.9, True, ties, float8=(w8, state))
+        transpose(w8, w8t)
+        ref_state = state.clone()
+        ref_state[2:] = 0
+        ref_state[2] = ref_state[1]  # the amax the roll read, so that it rolls to the same
+        cast_weight(weight, ref8, ref8t, ref_state, torch.empty_like(inverse))
+        # host-device sync: the check reads the results
+        ok = torch.equal(w8.view(torch.uint8), ref8.view(torch.uint8)) and torch.equal(
+            w8t.view(torch.uint8), ref8t.view(torch.uint8)) and torch.equal(
+            state[2:].max(), weight.float().abs().max())
+        print(f"float8 update {form} {rows}x{cols}: {'the same bits' if ok else 'WRONG'}")
         failures += not ok
     return failures
 

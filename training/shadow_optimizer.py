@@ -11,6 +11,7 @@ and the bf16 weight as an input.
 
 import torch
 
+from kernels.lin1.float8_cast import roll, transpose
 from kernels.lin1.shadow_sgd import shadow_sgd_step
 from training.optimizer import MOMENTUM
 from training.parallel import MASTER, MASTER_LOW, MASTER_TIES, local
@@ -40,9 +41,10 @@ class SGDWithShadow(torch.optim.Optimizer):
         self.updated_elsewhere = None
         # --skip-unchanged-weight: the split kernel stores the weight only where it changed.
         self.skip_unchanged_weight = False
-        # What reads a shadowed weight once its update is launched, on the update's stream
-        # (--float8-lin1's cast): after_update[k](param).
-        self.after_update = []
+        # --float8-lin1: a shadowed weight's float8 copies, {id(param): (w8, w8t, state,
+        # inverse)}: its update's kernel writes w8 as it writes the weight, after the
+        # scale's roll; the transposed w8t follows, all on the update's stream.
+        self.float8_copies = {}
         shadows = {id(p) for p, _ in self.shadows}
         self.inner = make([p for p in params if id(p) not in shadows])
         super().__init__([p for p, _ in self.shadows], {"lr": lr})
@@ -75,11 +77,16 @@ class SGDWithShadow(torch.optim.Optimizer):
                                                    device=master.device)
         # Sharded (--parallel zero or tp): the local rows of the weight and its gradient,
         # beside the master's and momentum's rows (training/parallel.py).
+        copies = self.float8_copies.get(id(param))
+        if copies is not None:
+            w8, w8t, scale_state, inverse = copies
+            roll(scale_state, inverse)
         shadow_sgd_step(master, local(param.grad), state["momentum_buffer"],
                         local(param.data), lr, MOMENTUM, first, state.get("master_ties"),
-                        skip_unchanged=self.skip_unchanged_weight)
-        for then in self.after_update:
-            then(param)
+                        skip_unchanged=self.skip_unchanged_weight,
+                        float8=None if copies is None else (w8, scale_state))
+        if copies is not None:
+            transpose(w8, w8t)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.updated_elsewhere is not None and not set_to_none:

@@ -92,12 +92,29 @@ def _cast_kernel(w_ptr, w8_ptr, w8t_ptr, state_ptr, rows, cols, E4M3_MAX_: tl.co
     tl.atomic_max(state_ptr + 2 + slot, tl.max(tl.abs(w)))  # |w| >= 0: a max is exact
 
 
+@triton.jit
+def _transpose_kernel(w8_ptr, w8t_ptr, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
+    """The e4m3 copy [rows, cols] -> its transpose, as bytes (uint8 views)."""
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)[:, None]
+    c = tl.program_id(1).to(tl.int64) * BC + tl.arange(0, BC)[None, :]
+    mask = (r < rows) & (c < cols)
+    tl.store(w8t_ptr + c * rows + r, tl.load(w8_ptr + r * cols + c, mask=mask), mask=mask)
+
+
 def new_state(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(state, inverse) before the first cast: its amax to scale by is the weight's own
     (read on the device, no sync)."""
     state = torch.zeros(2 + SLOTS, dtype=torch.float32, device=weight.device)
     state[AMAX_NOW] = weight.detach().abs().amax().float()
     return state, torch.ones((), dtype=torch.float32, device=weight.device)
+
+
+def check_copies(w8: torch.Tensor, w8t: torch.Tensor, rows: int, cols: int) -> None:
+    if (w8.shape, w8t.shape) != ((rows, cols), (cols, rows)) or {
+            w8.dtype, w8t.dtype} != {torch.float8_e4m3fn} or not (
+            w8.is_contiguous() and w8t.is_contiguous()):
+        raise InputError("the float8 copies are contiguous float8_e4m3fn [out, in] and "
+                         "[in, out]")
 
 
 def cast_weight(weight: torch.Tensor, w8: torch.Tensor, w8t: torch.Tensor,
@@ -108,18 +125,31 @@ def cast_weight(weight: torch.Tensor, w8: torch.Tensor, w8t: torch.Tensor,
     rows, cols = weight.shape
     if weight.dtype != torch.bfloat16 or not weight.is_contiguous():
         raise InputError("the float8 cast takes lin1's contiguous bf16 weight")
-    if (w8.shape, w8t.shape) != ((rows, cols), (cols, rows)) or {
-            w8.dtype, w8t.dtype} != {torch.float8_e4m3fn} or not (
-            w8.is_contiguous() and w8t.is_contiguous()):
-        raise InputError("the float8 copies are contiguous float8_e4m3fn [out, in] and "
-                         "[in, out]")
+    check_copies(w8, w8t, rows, cols)
     if (state.shape, inverse.shape) != ((2 + SLOTS,), ()) or {
             state.dtype, inverse.dtype} != {torch.float32}:
         raise InputError(f"the float8 cast's state is fp32 [{2 + SLOTS}] and its inverse "
                          "fp32 0-dim")
     if len({t.device for t in (weight, w8, w8t, state, inverse)}) != 1:
         raise InputError("the float8 cast's tensors must be on one device")
-    _roll_kernel[(1,)](state, inverse, E4M3_MAX_=E4M3_MAX, SLOTS_=SLOTS)
+    roll(state, inverse)
     grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
     _cast_kernel[grid](weight, w8, w8t, state, rows, cols, E4M3_MAX_=E4M3_MAX, SLOTS_=SLOTS,
                        BR=BLOCK_ROWS, BC=BLOCK_COLS, num_warps=NUM_WARPS)
+
+
+def roll(state: torch.Tensor, inverse: torch.Tensor) -> None:
+    """Before a cast: the last cast's amax becomes the scale's, this cast's slots start at
+    0 (one launch, no sync). The cast is cast_weight's, or the shadow SGD's own, which
+    writes the [out, in] copy and the amax as it writes the weight (--float8-lin1)."""
+    _roll_kernel[(1,)](state, inverse, E4M3_MAX_=E4M3_MAX, SLOTS_=SLOTS)
+
+
+def transpose(w8: torch.Tensor, w8t: torch.Tensor) -> None:
+    """After the shadow SGD wrote w8 [out, in]: w8t [in, out], its transpose. It reads the
+    1-byte copy (1.07 GB for lin1), where cast_weight reads the 2-byte weight (2.15 GB)."""
+    rows, cols = w8.shape
+    check_copies(w8, w8t, rows, cols)
+    grid = (triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(cols, BLOCK_COLS))
+    _transpose_kernel[grid](w8.view(torch.uint8), w8t.view(torch.uint8), rows, cols,
+                            BR=BLOCK_ROWS, BC=BLOCK_COLS, num_warps=NUM_WARPS)

@@ -28,6 +28,12 @@ and written by the block that owns it (no atomics), and only where a bit changed
 changed: a 32-byte sector of 16 weights none of which moved past a bf16 rounding is never
 written back (at lr 1e-4, 97-98 % of them: about 16 bytes an element instead of 18).
 
+With --float8-lin1 (FLOAT8) the kernel also writes the weight's e4m3 copy as it lies
+[out, in], scaled by the delayed scale kernels/lin1/float8_cast.py rolled before it, and
+the weight's amax for the next roll: 1 byte more an element written and none read, where
+the cast after the update read the whole bf16 weight again (2 bytes an element). The
+transposed copy follows from the e4m3 one (float8_cast.transpose).
+
 A plain launcher, not a custom op: an optimizer step runs outside autograd and outside
 torch.compile, where an op's autograd and fake would never be used.
 """
@@ -37,6 +43,7 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
+from kernels.lin1.float8_cast import E4M3_MAX, SLOTS, e4m3_rtne
 from kernels.lin1.master_halves import join_bits, split_bits, tie_words
 from kernels.rounding import bf16_rtne
 
@@ -62,20 +69,46 @@ def _momentum(grad_ptr, buf_ptr, offs, mask, momentum, FIRST: tl.constexpr):
 
 
 @triton.jit
-def _shadow_sgd_kernel(master_ptr, grad_ptr, buf_ptr, shadow_ptr, n, lr, momentum,
-                       FIRST: tl.constexpr, BLOCK_: tl.constexpr):
+def _widened(bf16_bits):
+    """A bf16 value, or its bits as int16, as fp32: exact, by its bits (the interpreter's
+    casts are not to be trusted, kernels/rounding.py)."""
+    bits = bf16_bits.to(tl.uint16, bitcast=True).to(tl.uint32)
+    return (bits << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _float8_copy(w8_ptr, state_ptr, offs, mask, weight, E4M3_MAX_: tl.constexpr,
+                 SLOTS_: tl.constexpr):
+    """The new bf16 weight (held in fp32) -> its e4m3 copy at offs, by the state's scale,
+    as float8_cast's cast kernel rounds it; its amax into slot program % SLOTS_ of the
+    state (element 2 on: float8_cast.AMAX_NOW)."""
+    scaled = tl.minimum(tl.maximum(weight * tl.load(state_ptr), -E4M3_MAX_), E4M3_MAX_)
+    tl.store(w8_ptr + offs, e4m3_rtne(scaled).to(tl.float8e4nv), mask=mask)
+    amax = tl.max(tl.where(mask, tl.abs(weight), 0.0))
+    tl.atomic_max(state_ptr + 2 + tl.program_id(0) % SLOTS_, amax)  # |w| >= 0: exact
+
+
+@triton.jit
+def _shadow_sgd_kernel(master_ptr, grad_ptr, buf_ptr, shadow_ptr, w8_ptr, state_ptr, n, lr,
+                       momentum, FIRST: tl.constexpr, BLOCK_: tl.constexpr,
+                       FLOAT8: tl.constexpr, E4M3_MAX_: tl.constexpr, SLOTS_: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK_ + tl.arange(0, BLOCK_)
     mask = offs < n
     buf = _momentum(grad_ptr, buf_ptr, offs, mask, momentum, FIRST)
     master = tl.load(master_ptr + offs, mask=mask, other=0) - lr * buf
     tl.store(buf_ptr + offs, buf, mask=mask)
     tl.store(master_ptr + offs, master, mask=mask)
-    tl.store(shadow_ptr + offs, bf16_rtne(master), mask=mask)
+    shadow = bf16_rtne(master)
+    tl.store(shadow_ptr + offs, shadow, mask=mask)
+    if FLOAT8:
+        _float8_copy(w8_ptr, state_ptr, offs, mask, _widened(shadow), E4M3_MAX_, SLOTS_)
 
 
 @triton.jit
-def _split_sgd_kernel(low_ptr, grad_ptr, buf_ptr, hi_ptr, ties_ptr, n, lr, momentum,
-                      FIRST: tl.constexpr, WORDS: tl.constexpr, SKIP_UNCHANGED: tl.constexpr):
+def _split_sgd_kernel(low_ptr, grad_ptr, buf_ptr, hi_ptr, ties_ptr, w8_ptr, state_ptr, n, lr,
+                      momentum, FIRST: tl.constexpr, WORDS: tl.constexpr,
+                      SKIP_UNCHANGED: tl.constexpr, FLOAT8: tl.constexpr,
+                      E4M3_MAX_: tl.constexpr, SLOTS_: tl.constexpr):
     # hi_ptr: the bf16 weight's bits as int16; ties_ptr: a word of tie bits for 32 elements.
     words = tl.program_id(0).to(tl.int64) * WORDS + tl.arange(0, WORDS)
     bit = tl.arange(0, 32)[None, :]
@@ -98,15 +131,20 @@ def _split_sgd_kernel(low_ptr, grad_ptr, buf_ptr, hi_ptr, ties_ptr, n, lr, momen
         tl.store(hi_ptr + offs, hi, mask=mask)
     now = tl.sum(tie << bit, axis=1, keep_dims=True)  # distinct bits: their sum is their or
     tl.store(ties_ptr + word, now, mask=(word * 32 < n) & (now != was))
+    if FLOAT8:
+        _float8_copy(w8_ptr, state_ptr, offs, mask, _widened(hi), E4M3_MAX_, SLOTS_)
 
 
 def shadow_sgd_step(master: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor,
                     shadow: torch.Tensor, lr: float, momentum: float, first: bool,
-                    ties: torch.Tensor | None = None, skip_unchanged: bool = False) -> None:
+                    ties: torch.Tensor | None = None, skip_unchanged: bool = False,
+                    float8: tuple | None = None) -> None:
     """One step, in place on master, buf and shadow (and ties): one launch, no sync.
     master is the fp32 master, or under --split-master its int16 low half with its tie
     bits (shadow its high half). skip_unchanged (split form only): shadow's elements are
-    stored only where the update changed them (training/speedups/skip_unchanged_weight.py)."""
+    stored only where the update changed them (training/speedups/skip_unchanged_weight.py).
+    float8 (--float8-lin1): (w8, state), the e4m3 copy [out, in] written from the new
+    weight and the float8 cast's state, rolled beforehand (float8_cast.roll)."""
     tensors = (master, grad, buf, shadow)
     split = master.dtype == torch.int16
     if master.dtype not in (torch.float32, torch.int16) or buf.dtype != torch.float32:
@@ -121,12 +159,21 @@ def shadow_sgd_step(master: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor,
                          "int16 low half, and only with it")
     if len({t.device for t in (*tensors, *([ties] if split else []))}) != 1:
         raise InputError("shadow SGD's tensors must be on one device")
+    w8, state = float8 or (None, None)
+    if float8 is not None and (
+            w8.shape != master.shape or w8.dtype != torch.float8_e4m3fn
+            or not w8.is_contiguous() or state.shape != (2 + SLOTS,)
+            or state.dtype != torch.float32 or {w8.device, state.device} != {master.device}):
+        raise InputError(f"shadow SGD's float8 copy is a contiguous float8_e4m3fn tensor "
+                         f"of the weight's shape, its state fp32 [{2 + SLOTS}], on its device")
     n = master.numel()
+    float8_args = dict(FLOAT8=float8 is not None, E4M3_MAX_=E4M3_MAX, SLOTS_=SLOTS)
     if split:
         _split_sgd_kernel[(triton.cdiv(n, SPLIT_BLOCK),)](
-            master, grad, buf, shadow.view(torch.int16), ties, n, lr, momentum, FIRST=first,
-            WORDS=SPLIT_BLOCK // 32, SKIP_UNCHANGED=skip_unchanged, num_warps=SPLIT_WARPS)
+            master, grad, buf, shadow.view(torch.int16), ties, w8, state, n, lr, momentum,
+            FIRST=first, WORDS=SPLIT_BLOCK // 32, SKIP_UNCHANGED=skip_unchanged,
+            **float8_args, num_warps=SPLIT_WARPS)
     else:
         _shadow_sgd_kernel[(triton.cdiv(n, BLOCK),)](
-            master, grad, buf, shadow, n, lr, momentum, FIRST=first, BLOCK_=BLOCK,
-            num_warps=NUM_WARPS)
+            master, grad, buf, shadow, w8, state, n, lr, momentum, FIRST=first,
+            BLOCK_=BLOCK, **float8_args, num_warps=NUM_WARPS)

@@ -5,31 +5,24 @@ what it does to the loss: results/float8.md.
 
     model.lin1.forward      -> Float8Linear over the copies below (the bf16 weight stays
                                the parameter: the update and master are unchanged)
-    model.lin1.weight_e4m3  float8 buffer [out, in]  } cast from the weight after each
-    model.lin1.weight_e4m3_t float8 buffer [in, out] } update (kernels/lin1/float8_cast.py),
-    model.lin1.float8_state fp32 [66]: scale, amaxes } on the update's stream
-    model.lin1.float8_inverse  fp32: 1 / the scale  }
+    model.lin1.weight_e4m3  float8 buffer [out, in]  } cast from the weight at the build
+    model.lin1.weight_e4m3_t float8 buffer [in, out] } (kernels/lin1/float8_cast.py); then
+    model.lin1.float8_state fp32 [66]: scale, amaxes } written by each update's kernel
+    model.lin1.float8_inverse  fp32: 1 / the scale  } (kernels/lin1/shadow_sgd.py, FLOAT8)
 
 Held by lin1, so that its forward and the cast reach them without a reference to the
 model (a cycle that only the garbage collector frees, and model/build.py's reuse counts).
 
-It builds on --bf16-shadow (a bf16 weight, an update of its own to cast after), one GPU.
+It builds on --bf16-shadow (a bf16 weight, an update kernel of its own to cast in), one GPU.
 """
 
 from training.speedups.base import SpeedUp
 
 
-def recast(lin1) -> None:
-    """lin1's float8 copies cast from its weight: at the build, then after each update."""
-    from kernels.lin1.float8_cast import cast_weight
-    cast_weight(lin1.weight.detach(), lin1.weight_e4m3, lin1.weight_e4m3_t, lin1.float8_state,
-                lin1.float8_inverse)
-
-
 def float8_forward(model, build) -> None:
     import torch
 
-    from kernels.lin1.float8_cast import new_state
+    from kernels.lin1.float8_cast import cast_weight, new_state
     from kernels.lin1.float8_linear import float8_linear
     from training.speedups.base import rebind
     lin1 = model.lin1
@@ -42,7 +35,7 @@ def float8_forward(model, build) -> None:
     state, inverse = new_state(lin1.weight)
     lin1.register_buffer("float8_state", state)
     lin1.register_buffer("float8_inverse", inverse)
-    recast(lin1)
+    cast_weight(lin1.weight.detach(), *copies(lin1))
 
     def forward(lin1, x):
         return float8_linear(x, lin1.weight, lin1.bias, lin1.weight_e4m3, lin1.weight_e4m3_t,
@@ -50,15 +43,20 @@ def float8_forward(model, build) -> None:
     rebind(lin1, forward)
 
 
-def recast_after_update(model, make, build):
+def copies(lin1) -> tuple:
+    return lin1.weight_e4m3, lin1.weight_e4m3_t, lin1.float8_state, lin1.float8_inverse
+
+
+def cast_in_the_update(model, make, build):
+    """The shadow optimizer's update of lin1 writes its copies (SGDWithShadow.float8_copies)."""
     lin1 = model.lin1
 
-    def make_recasting(params):
+    def make_casting(params):
         optimizer = make(params)
         if hasattr(lin1, "weight_e4m3"):
-            optimizer.after_update.append(lambda param: recast(lin1))
+            optimizer.float8_copies[id(lin1.weight)] = copies(lin1)
         return optimizer
-    return make_recasting
+    return make_casting
 
 
 def refusal(asked, cuda: bool) -> str | None:
@@ -75,9 +73,9 @@ def refusal(asked, cuda: bool) -> str | None:
 SPEEDUP = SpeedUp(
     "float8_lin1",
     "CHANGES THE MATHS: lin1's three GEMMs in float8 (e4m3, e5m2 for the gradient), one "
-    "scale a tensor; its weight cast after each update (one GPU, with --bf16-shadow)",
+    "scale a tensor; its weight cast by each update's kernel (one GPU, with --bf16-shadow)",
     default=False, gpu_only=True, refusal=refusal,
     changes_maths="lin1's GEMMs in float8",
-    model=float8_forward, optimizer=recast_after_update,
+    model=float8_forward, optimizer=cast_in_the_update,
     idle=lambda asked, on: None if on["bf16_shadow"] else
     "it casts --bf16-shadow's bf16 weight, which is off")

@@ -9,8 +9,18 @@ import torch
 
 import train
 from core.errors import InputError
-from kernels.lin1.float8_cast import AMAX_NOW, E4M3_MAX, SCALE, cast_weight, new_state
+from kernels.lin1.float8_cast import (
+    AMAX_NOW,
+    E4M3_MAX,
+    SCALE,
+    cast_weight,
+    new_state,
+    roll,
+    transpose,
+)
 from kernels.lin1.float8_linear import E4M3, E5M2, float8_linear, quantized
+from kernels.lin1.master_halves import split
+from kernels.lin1.shadow_sgd import shadow_sgd_step
 from studies.compare_rows import compare_rows, load_summary
 from tests.helpers import SMALL, resolved, shadow_steps
 from tests.reference import rel_err
@@ -73,6 +83,70 @@ def test_the_weight_cast_refuses_what_it_cannot_cast():
         cast_weight(w, w8, w8, state, inverse)
     with pytest.raises(InputError, match="its inverse\\s+fp32 0-dim"):
         cast_weight(w, w8, w8t, state, state[:1])
+
+
+def _update_state(form: str, device):
+    """A [37, 160] weight's shadow state (5,920 elements: both kernels' last block ends
+    part-way; rows of whole tie words): {"master" (the low half under a split), "ties",
+    "weight", "buf", "grad"} in the form's tensors."""
+    master = torch.randn(37, 160, device=device)
+    grad = torch.randn(37, 160, device=device).bfloat16()
+    buf = torch.empty(37, 160, device=device)
+    if form == "fp32 master":
+        return dict(master=master, weight=master.bfloat16(), buf=buf, grad=grad)
+    weight, low, ties = split(master)
+    return dict(master=low, ties=ties, weight=weight, buf=buf, grad=grad)
+
+
+def _copies(weight):
+    w8 = torch.empty(weight.shape, dtype=E4M3, device=weight.device)
+    w8t = torch.empty(weight.shape[::-1], dtype=E4M3, device=weight.device)
+    state, inverse = new_state(weight)
+    cast_weight(weight, w8, w8t, state, inverse)  # as the build casts
+    return w8, w8t, state, inverse
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["fp32 master", "split master", "split, skipping"])
+def test_the_updates_kernel_writes_the_copies_the_cast_would(device, form):
+    """Two updates (the first and a later one): the shadow SGD writing the float8 copy as
+    it updates (the roll before, the transpose after) leaves the weight, master and
+    momentum as the SGD alone does, and the copies, scale state and inverse that the
+    separate cast of the updated weight gives, bit for bit."""
+    fused = _update_state(form, device)
+    alone = {k: v.clone() for k, v in fused.items()}
+    fused_copies, alone_copies = _copies(fused["weight"]), _copies(alone["weight"])
+    for first in (True, False):
+        for run, (w8, w8t, state, inverse) in ((fused, fused_copies), (alone, alone_copies)):
+            if run is fused:
+                roll(state, inverse)
+            shadow_sgd_step(run["master"], run["grad"], run["buf"], run["weight"], 0.5, 0.9,
+                            first, run.get("ties"), skip_unchanged=form == "split, skipping",
+                            float8=(w8, state) if run is fused else None)
+            if run is fused:
+                transpose(w8, w8t)
+            else:
+                cast_weight(run["weight"], w8, w8t, state, inverse)
+        for name in fused:
+            assert torch.equal(fused[name], alone[name]), (name, first)
+        (w8, w8t, state, inverse), ref = fused_copies, alone_copies
+        assert torch.equal(_bits(w8), _bits(ref[0])) and torch.equal(_bits(w8t), _bits(ref[1]))
+        # The amaxes land in other slots (blocks, not tiles): their max is what rolls.
+        assert torch.equal(state[:AMAX_NOW], ref[2][:AMAX_NOW]), first
+        assert torch.equal(state[AMAX_NOW:].max(), ref[2][AMAX_NOW:].max()), first
+        assert torch.equal(inverse, ref[3]), first
+    assert not torch.equal(fused["weight"], _update_state(form, device)["weight"])
+
+
+def test_the_updates_float8_copy_is_refused_where_it_does_not_fit():
+    run = _update_state("fp32 master", "cpu")
+    w8, _, state, _ = _copies(run["weight"])
+    for bad, match in (((w8.t(), state), "weight's shape"),
+                       ((w8.view(torch.uint8), state), "float8_e4m3fn"),
+                       ((w8, state[:3]), r"fp32 \[66\]")):
+        with pytest.raises(InputError, match=match):
+            shadow_sgd_step(run["master"], run["grad"], run["buf"], run["weight"], 0.5, 0.9,
+                            True, float8=bad)
 
 
 def _float64(t):
@@ -155,12 +229,16 @@ def test_it_is_off_by_default_says_it_changes_the_maths_and_is_idle_without_the_
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("beside", [False, True])
-def test_the_models_float8_copies_follow_its_weight_after_every_update(device, beside):
+@pytest.mark.parametrize("beside,master", [(False, "split"), (True, "split"),
+                                           (False, "fp32")])
+def test_the_models_float8_copies_follow_its_weight_after_every_update(device, beside,
+                                                                       master):
     """Three steps with lin1's update in the optimizer's step or beside the trunk (on a
-    CPU, in place): the copies are the last cast of the weight the update left (lr 0.5:
-    every step moves it), scaled by the amax of the weight before it."""
-    names = {"bf16_shadow", "split_master", "float8_lin1"} | (
+    CPU, in place), its master split or fp32: the copies are the last cast of the weight
+    the update left (lr 0.5: every step moves it), scaled by the amax of the weight
+    before it."""
+    names = {"bf16_shadow", "float8_lin1"} | ({"split_master"} if master == "split" else
+                                             set()) | (
         {"lin1_update_beside_trunk"} if beside else set())
     values, model, _ = shadow_steps(names, torch.randint(0, 2**31, ()).item(), device,
                                     batch=16)  # float8 GEMMs: multiples of 16
