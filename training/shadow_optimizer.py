@@ -75,12 +75,12 @@ class SGDWithShadow(torch.optim.Optimizer):
         if first:
             state["momentum_buffer"] = torch.empty(master.shape, dtype=torch.float32,
                                                    device=master.device)
-        # Sharded (--parallel zero or tp): the local rows of the weight and its gradient,
-        # beside the master's and momentum's rows (training/parallel.py).
         copies = self.float8_copies.get(id(param))
         if copies is not None:
             w8, w8t, scale_state, inverse = copies
             roll(scale_state, inverse)
+        # Sharded (--parallel zero or tp): the local rows of the weight and its gradient,
+        # beside the master's and momentum's rows (training/parallel.py).
         shadow_sgd_step(master, local(param.grad), state["momentum_buffer"],
                         local(param.data), lr, MOMENTUM, first, state.get("master_ties"),
                         skip_unchanged=self.skip_unchanged_weight,

@@ -1,12 +1,14 @@
 """lin1's bf16 weight cast to float8 (e4m3) for `--float8-lin1`'s GEMMs, in both layouts
-the Hopper float8 GEMM takes, by one Triton kernel after each update.
+the Hopper float8 GEMM takes, by one Triton kernel: at the build. After each update the
+shadow SGD's own kernel writes the [out, in] copy (kernels/lin1/shadow_sgd.py, FLOAT8)
+and `transpose` here makes [in, out] from it; `roll` moves the delayed scale before either.
 
 Why a kernel of its own: torch._scaled_mm wants both operands K-major. The forward
 (x @ W.T, K = in) reads W as it lies, [out, in]; the input gradient (dY @ W, K = out)
 needs W.T laid out [in, out]. An eager cast (amax, scale, cast) makes a pass for each,
 and one more for the transposed copy. This kernel reads the bf16 weight once (2.15 GB)
-and writes both copies (1.07 GB each): 4.3 GB, ~1.3 ms at 3.35 TB/s. It runs where the
-update runs (beside the trunk, under --lin1-update-beside-trunk). Its tiles are
+and writes both copies (1.07 GB each): 4.3 GB, ~1.3 ms at 3.35 TB/s; the update's copy
+and the transpose move 3.2 GB. Its tiles are
 64 x 128 with 4 warps, the fastest shape bench/float8_cast_tiles.py probed: a row of the
 copy as it lies is written 128 bytes at a time, one of the transposed copy 64. Each tile's
 amax goes to one of 64 slots by an atomic max (the roll takes their max), not all to one
