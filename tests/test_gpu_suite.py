@@ -3,6 +3,7 @@ suite of its own: several workers share it, each test runs once, and the verdict
 totals and the failures are the whole suite's."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -69,6 +70,10 @@ def test_a_suite_that_passes_exits_0_and_says_so(tmp_path):
     done = _suite(tmp_path / "test_c.py", tmp_path / "logs")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "make test: 1 passed," in done.stdout.splitlines()[-1]
+    # The machine's pace, measured before the workers start: a fresh import of torch.
+    (pace,) = re.findall(r"this machine imports torch in a fresh process in (\d+\.\d\d) s",
+                         done.stdout)
+    assert float(pace) > 0.0
 
 
 def test_without_a_gpu_or_the_sanitizer_it_says_so_in_one_line(tmp_path):
