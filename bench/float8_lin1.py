@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 from bench.sharded_rank import cuda_ms  # noqa: E402
-from kernels.lin1.float8_cast import cast_weight, new_state, roll, transpose  # noqa: E402
+from kernels.lin1.float8_cast import cast_weight, new_state, transpose  # noqa: E402
 from kernels.lin1.float8_linear import E4M3, E5M2, float8_linear, quantized  # noqa: E402
 from kernels.lin1.master_halves import split  # noqa: E402
 from kernels.lin1.shadow_sgd import shadow_sgd_step  # noqa: E402
@@ -54,12 +54,9 @@ def updates(w, w8, w8t, state, inverse) -> dict:
         shadow_sgd_step(low, grad, buf, weight, 1e-4, 0.9, False, ties, skip_unchanged=True,
                         float8=float8)
 
-    def with_copy():
-        roll(state, inverse)
-        step((w8, state))
-        transpose(w8, w8t)
     return {"the update alone": lambda: step(None),
-            "the update writing the e4m3 copy, with the roll and the transpose": with_copy,
+            "the update writing the e4m3 copy, with the roll and the transpose":
+                lambda: step((w8, w8t, state, inverse)),
             "the transpose alone": lambda: transpose(w8, w8t)}
 
 

@@ -74,7 +74,7 @@ def float8_update_cases() -> int:
     """--float8-lin1's copy written by the shadow SGD (both forms; rows that end mid-block)
     and transposed after it, against the separate cast of the weight it made, bit for
     bit."""
-    from kernels.lin1.float8_cast import cast_weight, new_state, roll, transpose
+    from kernels.lin1.float8_cast import cast_weight, new_state
     from kernels.lin1.master_halves import split
     from kernels.lin1.shadow_sgd import shadow_sgd_step
     failures = 0
@@ -88,9 +88,8 @@ def float8_update_cases() -> int:
         w8t = torch.empty(cols, rows, dtype=torch.float8_e4m3fn, device="cuda")
         ref8, ref8t = torch.empty_like(w8), torch.empty_like(w8t)
         state, inverse = new_state(weight)
-        roll(state, inverse)
-        shadow_sgd_step(low, grad, buf, weight, 0.5, 0.9, True, ties, float8=(w8, state))
-        transpose(w8, w8t)
+        shadow_sgd_step(low, grad, buf, weight, 0.5, 0.9, True, ties,
+                        float8=(w8, w8t, state, inverse))
         ref_state = state.clone()
         ref_state[2:] = 0
         ref_state[2] = ref_state[1]  # the amax the roll read, so that it rolls to the same

@@ -11,7 +11,6 @@ and the bf16 weight as an input.
 
 import torch
 
-from kernels.lin1.float8_cast import roll, transpose
 from kernels.lin1.shadow_sgd import shadow_sgd_step
 from training.optimizer import MOMENTUM
 from training.parallel import MASTER, MASTER_LOW, MASTER_TIES, local
@@ -75,18 +74,12 @@ class SGDWithShadow(torch.optim.Optimizer):
         if first:
             state["momentum_buffer"] = torch.empty(master.shape, dtype=torch.float32,
                                                    device=master.device)
-        copies = self.float8_copies.get(id(param))
-        if copies is not None:
-            w8, w8t, scale_state, inverse = copies
-            roll(scale_state, inverse)
         # Sharded (--parallel zero or tp): the local rows of the weight and its gradient,
         # beside the master's and momentum's rows (training/parallel.py).
         shadow_sgd_step(master, local(param.grad), state["momentum_buffer"],
                         local(param.data), lr, MOMENTUM, first, state.get("master_ties"),
                         skip_unchanged=self.skip_unchanged_weight,
-                        float8=None if copies is None else (w8, scale_state))
-        if copies is not None:
-            transpose(w8, w8t)
+                        float8=self.float8_copies.get(id(param)))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.updated_elsewhere is not None and not set_to_none:

@@ -119,6 +119,13 @@ def check_copies(w8: torch.Tensor, w8t: torch.Tensor, rows: int, cols: int) -> N
                          "[in, out]")
 
 
+def check_state(state: torch.Tensor, inverse: torch.Tensor) -> None:
+    if (state.shape, inverse.shape) != ((2 + SLOTS,), ()) or {
+            state.dtype, inverse.dtype} != {torch.float32}:
+        raise InputError(f"the float8 cast's state is fp32 [{2 + SLOTS}] and its inverse "
+                         "fp32 0-dim")
+
+
 def cast_weight(weight: torch.Tensor, w8: torch.Tensor, w8t: torch.Tensor,
                 state: torch.Tensor, inverse: torch.Tensor) -> None:
     """weight [out, in] (bf16) -> w8 [out, in] and w8t [in, out] (float8_e4m3fn), in place,
@@ -128,10 +135,7 @@ def cast_weight(weight: torch.Tensor, w8: torch.Tensor, w8t: torch.Tensor,
     if weight.dtype != torch.bfloat16 or not weight.is_contiguous():
         raise InputError("the float8 cast takes lin1's contiguous bf16 weight")
     check_copies(w8, w8t, rows, cols)
-    if (state.shape, inverse.shape) != ((2 + SLOTS,), ()) or {
-            state.dtype, inverse.dtype} != {torch.float32}:
-        raise InputError(f"the float8 cast's state is fp32 [{2 + SLOTS}] and its inverse "
-                         "fp32 0-dim")
+    check_state(state, inverse)
     if len({t.device for t in (weight, w8, w8t, state, inverse)}) != 1:
         raise InputError("the float8 cast's tensors must be on one device")
     roll(state, inverse)

@@ -32,7 +32,8 @@ With --float8-lin1 (FLOAT8) the kernel also writes the weight's e4m3 copy as it 
 [out, in], scaled by the delayed scale kernels/lin1/float8_cast.py rolled before it, and
 the weight's amax for the next roll: 1 byte more an element written and none read, where
 the cast after the update read the whole bf16 weight again (2 bytes an element). The
-transposed copy follows from the e4m3 one (float8_cast.transpose).
+step launches the roll before the kernel and the transpose (float8_cast.transpose) after
+it, so that every caller gets the three in their order.
 
 A plain launcher, not a custom op: an optimizer step runs outside autograd and outside
 torch.compile, where an op's autograd and fake would never be used.
@@ -43,7 +44,15 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
-from kernels.lin1.float8_cast import E4M3_MAX, SLOTS, e4m3_rtne
+from kernels.lin1.float8_cast import (
+    E4M3_MAX,
+    SLOTS,
+    check_copies,
+    check_state,
+    e4m3_rtne,
+    roll,
+    transpose,
+)
 from kernels.lin1.master_halves import join_bits, split_bits, tie_words
 from kernels.rounding import bf16_rtne
 
@@ -143,8 +152,10 @@ def shadow_sgd_step(master: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor,
     master is the fp32 master, or under --split-master its int16 low half with its tie
     bits (shadow its high half). skip_unchanged (split form only): shadow's elements are
     stored only where the update changed them (training/speedups/skip_unchanged_weight.py).
-    float8 (--float8-lin1): (w8, state), the e4m3 copy [out, in] written from the new
-    weight and the float8 cast's state, rolled beforehand (float8_cast.roll)."""
+    float8 (--float8-lin1): (w8, w8t, state, inverse), the weight's e4m3 copies and
+    their scale's state (kernels/lin1/float8_cast.py): the scale rolled first, w8
+    [out, in] written from the new weight by this launch, w8t [in, out] transposed from
+    it after; three launches in all."""
     tensors = (master, grad, buf, shadow)
     split = master.dtype == torch.int16
     if master.dtype not in (torch.float32, torch.int16) or buf.dtype != torch.float32:
@@ -159,13 +170,15 @@ def shadow_sgd_step(master: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor,
                          "int16 low half, and only with it")
     if len({t.device for t in (*tensors, *([ties] if split else []))}) != 1:
         raise InputError("shadow SGD's tensors must be on one device")
-    w8, state = float8 or (None, None)
-    if float8 is not None and (
-            w8.shape != master.shape or w8.dtype != torch.float8_e4m3fn
-            or not w8.is_contiguous() or state.shape != (2 + SLOTS,)
-            or state.dtype != torch.float32 or {w8.device, state.device} != {master.device}):
-        raise InputError(f"shadow SGD's float8 copy is a contiguous float8_e4m3fn tensor "
-                         f"of the weight's shape, its state fp32 [{2 + SLOTS}], on its device")
+    w8, w8t, state, inverse = float8 or (None,) * 4
+    if float8 is not None:
+        if master.dim() != 2:
+            raise InputError("shadow SGD writes float8 copies of a 2-D weight only")
+        check_copies(w8, w8t, *master.shape)
+        check_state(state, inverse)
+        if {t.device for t in float8} != {master.device}:
+            raise InputError("shadow SGD's float8 copies must be on the weight's device")
+        roll(state, inverse)
     n = master.numel()
     float8_args = dict(FLOAT8=float8 is not None, E4M3_MAX_=E4M3_MAX, SLOTS_=SLOTS)
     if split:
@@ -177,3 +190,5 @@ def shadow_sgd_step(master: torch.Tensor, grad: torch.Tensor, buf: torch.Tensor,
         _shadow_sgd_kernel[(triton.cdiv(n, BLOCK),)](
             master, grad, buf, shadow, w8, state, n, lr, momentum, FIRST=first,
             BLOCK_=BLOCK, **float8_args, num_warps=NUM_WARPS)
+    if float8 is not None:
+        transpose(w8, w8t)

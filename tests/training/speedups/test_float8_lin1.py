@@ -15,8 +15,6 @@ from kernels.lin1.float8_cast import (
     SCALE,
     cast_weight,
     new_state,
-    roll,
-    transpose,
 )
 from kernels.lin1.float8_linear import E4M3, E5M2, float8_linear, quantized
 from kernels.lin1.master_halves import split
@@ -109,8 +107,8 @@ def _copies(weight):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("form", ["fp32 master", "split master", "split, skipping"])
 def test_the_updates_kernel_writes_the_copies_the_cast_would(device, form):
-    """Two updates (the first and a later one): the shadow SGD writing the float8 copy as
-    it updates (the roll before, the transpose after) leaves the weight, master and
+    """Two updates (the first and a later one): the shadow SGD writing the float8 copies as
+    it updates (its roll before, its transpose after) leaves the weight, master and
     momentum as the SGD alone does, and the copies, scale state and inverse that the
     separate cast of the updated weight gives, bit for bit."""
     fused = _update_state(form, device)
@@ -118,16 +116,12 @@ def test_the_updates_kernel_writes_the_copies_the_cast_would(device, form):
     alone = {k: v.clone() for k, v in fused.items()}
     fused_copies, alone_copies = _copies(fused["weight"]), _copies(alone["weight"])
     for first in (True, False):
-        for run, (w8, w8t, state, inverse) in ((fused, fused_copies), (alone, alone_copies)):
-            if run is fused:
-                roll(state, inverse)
+        for run, copies in ((fused, fused_copies), (alone, alone_copies)):
             shadow_sgd_step(run["master"], run["grad"], run["buf"], run["weight"], 0.5, 0.9,
                             first, run.get("ties"), skip_unchanged=form == "split, skipping",
-                            float8=(w8, state) if run is fused else None)
-            if run is fused:
-                transpose(w8, w8t)
-            else:
-                cast_weight(run["weight"], w8, w8t, state, inverse)
+                            float8=copies if run is fused else None)
+            if run is alone:
+                cast_weight(run["weight"], *copies)
         for name in fused:
             assert torch.equal(fused[name], alone[name]), (name, first)
         (w8, w8t, state, inverse), ref = fused_copies, alone_copies
@@ -141,13 +135,20 @@ def test_the_updates_kernel_writes_the_copies_the_cast_would(device, form):
 
 def test_the_updates_float8_copy_is_refused_where_it_does_not_fit():
     run = _update_state("fp32 master", "cpu")
-    w8, _, state, _ = _copies(run["weight"])
-    for bad, match in (((w8.t(), state), "weight's shape"),
-                       ((w8.view(torch.uint8), state), "float8_e4m3fn"),
-                       ((w8, state[:3]), r"fp32 \[66\]")):
+    w8, w8t, state, inverse = _copies(run["weight"])
+    for bad, match in (((w8t, w8, state, inverse), r"\[out, in\]"),
+                       ((w8.view(torch.uint8), w8t, state, inverse), "float8_e4m3fn"),
+                       ((w8, w8t, state[:3], inverse), r"fp32 \[66\]"),
+                       ((w8, w8t, state, state[:1]), "inverse"),
+                       ((w8, w8t, state, inverse.to("meta")), "weight's device")):
         with pytest.raises(InputError, match=match):
             shadow_sgd_step(run["master"], run["grad"], run["buf"], run["weight"], 0.5, 0.9,
                             True, float8=bad)
+    flat = {k: v.view(-1) for k, v in run.items()}
+    with pytest.raises(InputError, match="2-D weight"):
+        shadow_sgd_step(flat["master"], flat["grad"], flat["buf"], flat["weight"], 0.5, 0.9,
+                        True, float8=(w8, w8t, state, inverse))
+    assert torch.equal(state, _copies(run["weight"])[2])  # no refusal rolled the scale
 
 
 def _float64(t):
