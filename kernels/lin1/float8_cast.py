@@ -12,8 +12,9 @@ and the transpose move 3.2 GB. Its tiles are
 64 x 128 with 4 warps, the fastest shape bench/float8_cast_tiles.py probed: a row of the
 copy as it lies is written 128 bytes at a time, one of the transposed copy 64. Each tile's
 amax goes to one of 64 slots by an atomic max (the roll takes their max), not all to one
-address, where tens of thousands of tiles would queue. What each form measured:
-results/float8.md.
+address, where tens of thousands of tiles would queue; and with relaxed order, not Triton's
+acq_rel, whose fence in every block cost the update's kernel more than its e4m3 copy's
+bytes. What each form measured: results/float8.md.
 
 The scale is per tensor and delayed, as torchao's delayed scaling: the cast of the weight
 after step t uses the amax of the weight the cast before it read (the step before's), and
@@ -91,7 +92,8 @@ def _cast_kernel(w_ptr, w8_ptr, w8t_ptr, state_ptr, rows, cols, E4M3_MAX_: tl.co
     tl.store(w8_ptr + r * cols + c, q, mask=mask)
     tl.store(w8t_ptr + c * rows + r, q, mask=mask)
     slot = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) % SLOTS_
-    tl.atomic_max(state_ptr + 2 + slot, tl.max(tl.abs(w)))  # |w| >= 0: a max is exact
+    # |w| >= 0: a max is exact; relaxed, as the update's (kernels/lin1/shadow_sgd.py).
+    tl.atomic_max(state_ptr + 2 + slot, tl.max(tl.abs(w)), sem="relaxed")
 
 
 @triton.jit

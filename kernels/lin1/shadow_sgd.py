@@ -94,7 +94,9 @@ def _float8_copy(w8_ptr, state_ptr, offs, mask, weight, E4M3_MAX_: tl.constexpr,
     scaled = tl.minimum(tl.maximum(weight * tl.load(state_ptr), -E4M3_MAX_), E4M3_MAX_)
     tl.store(w8_ptr + offs, e4m3_rtne(scaled).to(tl.float8e4nv), mask=mask)
     amax = tl.max(tl.where(mask, tl.abs(weight), 0.0))
-    tl.atomic_max(state_ptr + 2 + tl.program_id(0) % SLOTS_, amax)  # |w| >= 0: exact
+    # |w| >= 0: a max is exact. Relaxed: only the next launch (the roll) reads the slots,
+    # and a launch's end orders them; acq_rel (Triton's default) fenced every block.
+    tl.atomic_max(state_ptr + 2 + tl.program_id(0) % SLOTS_, amax, sem="relaxed")
 
 
 @triton.jit
