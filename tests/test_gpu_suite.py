@@ -166,19 +166,23 @@ def test_a_test_marked_alone_runs_after_the_others_in_one_worker(tmp_path):
 def test_each_worker_gets_its_share_of_the_cores_for_torchs_threads(tmp_path):
     """Two workers of as many OpenMP threads as cores each, on 2 cores, spun against each
     other: a test of make compare took 330 s instead of 26. Each worker (and what it
-    starts) gets cores / workers threads, unless OMP_NUM_THREADS is set."""
+    starts) gets cores / workers threads, unless OMP_NUM_THREADS is set; and compiles in
+    its own process (Inductor's pools, one a worker, hung a GPU suite), unless
+    TORCHINDUCTOR_COMPILE_THREADS is set."""
     log = tmp_path / "threads.txt"
     (tmp_path / "test_f.py").write_text(
         "import os\n\ndef test_threads():\n"
-        f"    open({str(log)!r}, 'a').write(os.environ['OMP_NUM_THREADS'] + '\\n')\n")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    for workers, given, expected in ((2, None, max(1, os.cpu_count() // 2)),
-                                     (1, "3", 3)):
+        f"    open({str(log)!r}, 'a').write(os.environ['OMP_NUM_THREADS'] + ' ' + "
+        "os.environ['TORCHINDUCTOR_COMPILE_THREADS'] + '\\n')\n")
+    ours = ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
+    env = {k: v for k, v in os.environ.items() if k not in ours}
+    for workers, given, expected in ((2, None, [str(max(1, os.cpu_count() // 2)), "1"]),
+                                     (1, ("3", "4"), ["3", "4"])):
         log.unlink(missing_ok=True)
         done = _suite(tmp_path / "test_f.py", tmp_path / f"logs{workers}", workers,
-                      env={**env, **({"OMP_NUM_THREADS": given} if given else {})})
+                      env={**env, **(dict(zip(ours, given)) if given else {})})
         assert done.returncode == 0, done.stdout + done.stderr
-        assert log.read_text().split() == [str(expected)]
+        assert log.read_text().split() == expected
 
 
 def test_every_test_that_runs_ncu_holds_the_counters_alone():
