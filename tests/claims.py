@@ -17,12 +17,17 @@ CLAIMED_ELSEWHERE = "run by another worker of the suite"
 
 
 def claim(folder: Path, nodeid: str) -> bool:
-    """Whether this process is the first to claim the test."""
+    """Whether this process is the first to claim the test. The claim holds the test's id:
+    the runner names the tests still running when it is stopped (gpu_suite.in_flight)."""
     name = hashlib.sha1(nodeid.encode()).hexdigest()
     try:
-        os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        fd = os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
+    try:
+        os.write(fd, nodeid.encode())
+    finally:
+        os.close(fd)
     return True
 
 

@@ -134,9 +134,11 @@ def outcomes(junit_files: list[Path]) -> dict[str, tuple[str, float]]:
     it went; a test every worker skipped as claimed elsewhere does not count."""
     found = {}
     for path in junit_files:
-        if not path.exists():  # a worker that crashed
-            continue
-        for case in ET.parse(path).iter("testcase"):
+        try:
+            cases = list(ET.parse(path).iter("testcase"))
+        except (FileNotFoundError, ET.ParseError):  # a worker that crashed, or was killed
+            continue  # as it wrote the file: its exit code says so
+        for case in cases:
             outcome = "passed"
             for kind in ("failure", "error", "skipped"):
                 element = case.find(kind)
@@ -152,6 +154,21 @@ def outcomes(junit_files: list[Path]) -> dict[str, tuple[str, float]]:
                 found[f"{case.get('classname')}::{case.get('name')}"] = (
                     outcome, float(case.get("time", 0)))
     return found
+
+
+def junit_name(nodeid: str) -> str:
+    """A pytest node id as the JUnit files name it (outcomes' keys):
+    path/to/test_x.py::Class::test[id] -> path.to.test_x.Class::test[id]."""
+    path, *rest = nodeid.split("::")
+    return ".".join([path.removesuffix(".py").replace("/", "."), *rest[:-1]]) + "::" + rest[-1]
+
+
+def in_flight(claims: Path, logs: Path) -> list[str]:
+    """The tests a worker had started and not ended when the suite was stopped: claimed
+    (tests/claims.py writes the id into its claim), with no outcome in any JUnit file."""
+    ended = outcomes(sorted(logs.glob("worker*.xml")))
+    claimed = (p.read_text() for p in claims.iterdir())
+    return sorted(name for name in map(junit_name, filter(None, claimed)) if name not in ended)
 
 
 def last_line(log: Path) -> str:
@@ -253,7 +270,12 @@ def main(argv=None) -> int:
         codes = run_side_by_side(parts(args, pytest_args, logs), logs, claims)
         codes.update(run_side_by_side(alone(args, pytest_args, logs), logs, claims))
     except KeyboardInterrupt:
-        print(f"error: interrupted: every part was stopped; logs in {logs}", file=sys.stderr)
+        running = in_flight(claims, logs)
+        what = (f" with {len(running)} test{'s' * (len(running) > 1)} running "
+                f"({', '.join(running[:5])}{', ...' if len(running) > 5 else ''})"
+                if running else "")
+        print(f"error: interrupted{what}: every part was stopped; logs in {logs}",
+              file=sys.stderr)
         return 130
     finally:
         shutil.rmtree(claims, ignore_errors=True)

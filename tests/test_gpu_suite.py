@@ -4,8 +4,10 @@ totals and the failures are the whole suite's."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 from tests.gpu_suite import outcomes
 from tests.helpers import REPO
@@ -183,6 +185,35 @@ def test_each_worker_gets_its_share_of_the_cores_for_torchs_threads(tmp_path):
                       env={**env, **(dict(zip(ours, given)) if given else {})})
         assert done.returncode == 0, done.stdout + done.stderr
         assert log.read_text().split() == expected
+
+
+def test_a_stopped_suite_names_the_tests_still_running(tmp_path):
+    """A suite stopped while a test hangs (a worker's compile on the device waited for 6
+    minutes) names that test in its one line, not the tests that ended."""
+    started = tmp_path / "started"
+    (tmp_path / "test_h.py").write_text(
+        "import pathlib\nimport time\n\ndef test_quick():\n    pass\n\n"
+        f"def test_waits():\n    pathlib.Path({str(started)!r}).write_text('x')\n"
+        "    time.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.gpu_suite", "--workers", "2",
+                             "--marker", "", "--no-sanitizer", "--logs", str(tmp_path / "logs"),
+                             f"--rootdir={tmp_path}", str(tmp_path / "test_h.py")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert started.exists(), "the waiting test never started"
+        time.sleep(1)  # test_quick, in the other worker where it went there, has ended
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out + err
+    assert err.strip().splitlines() == [
+        f"error: interrupted with 1 test running (test_h::test_waits): every part was "
+        f"stopped; logs in {tmp_path / 'logs'}"]
 
 
 def test_every_test_that_runs_ncu_holds_the_counters_alone():
