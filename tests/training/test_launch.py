@@ -733,8 +733,11 @@ def test_sigterm_to_the_launcher_as_the_loaders_start_is_an_interruption(tmp_pat
         time.sleep(0.01 * trial)
         proc.send_signal(signal.SIGTERM)
         code, _, err = _finish(proc, timeout=100)
-        assert code == 130 and len(err) == 1, (trial, err)
-        assert err[0].startswith("error: interrupted (SIGTERM)"), (trial, err)
+        # A str, not a tuple: pytest cut the tuple's repr mid-traceback (one failure in
+        # a CI at 4dda26e, its finalizer unnamed).
+        said = f"trial {trial}, exit {code}:\n" + "\n".join(err)
+        assert code == 130 and len(err) == 1, said
+        assert err[0].startswith("error: interrupted (SIGTERM)"), said
         assert [p.name for p in tmp.iterdir()] in ([], ["job-interrupted"]), trial
 
 
