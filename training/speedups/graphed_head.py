@@ -13,7 +13,8 @@ same), parameters that stay where they are (every update is in place), collectiv
 can hold (NCCL's: torch's watchdog queries their events outside the capture), and the
 capture at the first call: two warm-up calls and a device sync, once (--wait 1 or more
 keeps them out of the profiled steps). The graphs replay the eager head's kernels: the
-same losses.
+same losses. So auto, the default, takes it wherever it applies: on two GPUs it took host
+time off every tp step and the rate rose a little (results/several-gpus.md).
 """
 
 import contextlib
@@ -157,6 +158,6 @@ def refusal(asked, cuda: bool) -> str | None:
 SPEEDUP = SpeedUp(
     "graphed_head",
     "replay --parallel tp's head (lin1, ReLU, lin2 and their collectives) and its backward "
-    "as two CUDA graphs: auto (tp in train mode), on, off (the default until it is "
-    "measured on several GPUs)",
-    default="off", gpu_only=True, refusal=refusal, model=graph_the_head)
+    "as two CUDA graphs: auto (the default: tp in train mode on a GPU, with --wait 1 or "
+    "more), on, off",
+    default="auto", gpu_only=True, refusal=refusal, model=graph_the_head)
