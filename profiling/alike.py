@@ -10,6 +10,7 @@ the table's "CUDA graph" column says so.
 """
 
 from core.names import describe as strategy_name
+from training.speedups import BY_NAME
 from training.speedups import ORDER as SPEEDUPS
 
 
@@ -24,11 +25,13 @@ def _config(key: str, default=None):
     return lambda s: s["config"].get(key, default)
 
 
-def _speedups_asked(summary: dict) -> str:
+def _speedups_asked(summary: dict, one_rank: bool = False) -> str:
+    """The speed-ups the run asked for; one_rank: those a one-GPU run can ask for too."""
     config = summary["config"]
     if not any(name in config for name in SPEEDUPS):
         return "none"  # summaries from before the speed-ups: the original's step
-    on = [name for name in SPEEDUPS if config.get(name) not in (False, "off", None)]
+    on = [name for name in SPEEDUPS if config.get(name) not in (False, "off", None)
+          and not (one_rank and BY_NAME[name].several_ranks)]
     return ",".join(on) or "none"
 
 
@@ -50,6 +53,21 @@ FIELDS = {
     if s.get("distributed") else "-",
     "device": lambda s: (s.get("environment") or {}).get("device"),
 }
+
+
+# What a one-GPU baseline must share with a job of several ranks (make scaling's
+# --scaling-baseline, make throughput's --against): every field but the ranks, the design
+# and the device (known once the job has run), and of the speed-ups those one GPU can ask
+# for: tp's graphed head is the design's, as "parallel" is.
+BASELINE_FIELDS = {**{name: read for name, read in FIELDS.items()
+                      if name not in ("ranks", "parallel", "device")},
+                   "speed-ups asked": lambda s: _speedups_asked(s, one_rank=True)}
+
+
+def baseline_differences(baseline: dict, job: dict) -> dict:
+    """{field: (the baseline's value, the job's)} for the BASELINE_FIELDS where they differ."""
+    return {name: (read(baseline), read(job)) for name, read in BASELINE_FIELDS.items()
+            if read(baseline) != read(job)}
 
 
 def fields_of(summary: dict) -> dict:

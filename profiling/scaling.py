@@ -17,11 +17,6 @@ from core.errors import UserError
 from core.files import read_json_object
 from profiling import alike
 
-# What a baseline must share with the job besides strategy and mode: all of
-# profiling/alike.py's fields but the ranks (one against several) and the device (known
-# only once the job runs).
-SETTINGS = [name for name in alike.FIELDS if name not in ("ranks", "parallel", "device")]
-
 
 def samples_per_s(summary: dict) -> float:
     """Samples a second of a run's summary.json (one process or several)."""
@@ -47,7 +42,7 @@ def check_baseline(folder: str, config: dict | None = None) -> dict:
             diffs["strategy"] = (alike.strategy(summary), alike.strategy(job))
         if summary["config"]["mode"] != config["mode"]:
             diffs["mode"] = (summary["config"]["mode"], config["mode"])
-        diffs.update(alike.differences(summary, job, SETTINGS))
+        diffs.update(alike.baseline_differences(summary, job))
         if diffs:
             raise UserError(f"--scaling-baseline {folder} is not this job's run on one GPU "
                             f"({alike.describe(diffs)}): give a one-GPU run of the same "

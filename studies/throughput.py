@@ -285,13 +285,12 @@ def check_against(folder: Path, against: dict, base) -> None:
     image size, say): the settings --scaling-baseline checks, read from the first of its
     run folders that still holds a summary.json (none: nothing to check against)."""
     from profiling import alike
-    from profiling.scaling import SETTINGS
     here = {"config": dataclasses.asdict(base)}
     for name in against["folders"]:
         summary = Path(name) / "summary.json"
         if summary.is_file():
-            diffs = alike.differences(read_json_object(summary, "--against"), here,
-                                      SETTINGS)
+            diffs = alike.baseline_differences(read_json_object(summary, "--against"),
+                                               here)
             if diffs:
                 raise UserError(f"--against {display(folder)} ran another workload "
                                 f"({alike.describe(diffs)}): give one GPU's make throughput "

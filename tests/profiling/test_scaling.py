@@ -41,3 +41,26 @@ def test_a_run_without_a_sustained_rate_makes_both_use_their_profiled_steps(tmp_
     got = scaling(job, _baseline(tmp_path, profiled_ms=25.0, sustained=base_rate))
     assert got["basis"] == "profiled steps"
     assert got["factor"] == pytest.approx((2048 / 0.040) / (1024 / 0.025))
+
+
+def test_a_baseline_is_compared_without_the_speedups_only_several_ranks_take(tmp_path):
+    """A one-GPU run cannot ask for a several-rank speed-up (tp's graphed head): the job
+    that turns it on or off still has that run as its baseline (make throughput's B runs
+    had to leave --against out, results/several-gpus.md); a speed-up one GPU can take, set
+    apart, is still refused."""
+    import dataclasses
+
+    import train
+    from core.errors import UserError
+    from profiling.scaling import check_baseline
+    from training import speedups
+    several = [s.name for s in speedups.SPEEDUPS if s.several_ranks]
+    assert several  # else this test says nothing
+    one = dataclasses.asdict(train.Config())
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {**_summary(1024, 1, profiled_ms=25.0, sustained=None), "config": one}))
+    for value in ("on", "off"):
+        check_baseline(str(tmp_path), {**one, **{name: value for name in several}})
+    other = next(s for s in speedups.SPEEDUPS if not s.several_ranks and not s.choice)
+    with pytest.raises(UserError, match="speed-ups asked"):
+        check_baseline(str(tmp_path), {**one, other.name: not one[other.name]})

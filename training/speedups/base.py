@@ -25,7 +25,9 @@ it on); interpreter_slow (Triton kernels that the interpreter runs at ~100 s a s
 cores: off in the CPU preset, make ladder skips it on a CPU); changes_maths (what it
 changes in the step's maths, or None for the baseline's maths: such a one is off by
 default, the tests that hold every speed-up to the baseline's losses leave it out, and
-the run's start line, make ladder's rung and make compare's row say so). A switch (default True or
+the run's start line, make ladder's rung and make compare's row say so); several_ranks (it
+applies to a job of several ranks only, as part of its design: a one-GPU run cannot ask for
+it, so a one-GPU baseline is compared without it). A switch (default True or
 False) is a flag --name / --no-name; a choice (default "auto", "on" or "off") takes one
 of those, auto meaning "where the run allows it" (and, with auto_off, where it pays).
 What they read of the run is an Asked record, which train.py fills (asked_of).
@@ -48,6 +50,7 @@ class SpeedUp:
     gpu_only: bool = False
     interpreter_slow: bool = False
     changes_maths: str | None = None
+    several_ranks: bool = False
     refusal: Callable | None = None
     idle: Callable | None = None
     auto_off: Callable | None = None

@@ -160,4 +160,5 @@ SPEEDUP = SpeedUp(
     "replay --parallel tp's head (lin1, ReLU, lin2 and their collectives) and its backward "
     "as two CUDA graphs: auto (the default: tp in train mode on a GPU, with --wait 1 or "
     "more), on, off",
-    default="auto", gpu_only=True, refusal=refusal, model=graph_the_head)
+    default="auto", gpu_only=True, several_ranks=True, refusal=refusal,
+    model=graph_the_head)
