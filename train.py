@@ -389,7 +389,7 @@ def run(cfg: Config, reuse: bool = False) -> dict:
                  f"steps ({cfg.wait} wait, {cfg.warmup} warmup, {cfg.active} profiled) "
                  f"on {where} -> {display(prof.dir)}; model of {params / 1e6:.1f} M "
                  f"parameters built in {t_model:.1f} s")
-        prof.say(f"speed-ups: {speedups.describe_used(speed)}")
+        prof.say(f"speed-ups: {speedups.describe_used(speed, ranks.world)}")
         if ranks.distributed:
             prof.say(f"design: --parallel {design} ({why})")
         prof.say(f"batches: {cfg.loader} loader, copied to the device {batches['copy']}")

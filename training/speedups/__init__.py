@@ -107,16 +107,17 @@ def maths_changed(on: dict) -> str:
     return "; ".join(changes) or "same"
 
 
-def describe_used(speed: dict) -> str:
+def describe_used(speed: dict, world: int = 1) -> str:
     """One line for the run's start: which speed-ups are on (those that change the maths
-    say so), and why a choice asked for (auto) is off."""
+    say so), and why a choice asked for (auto) is off; on one rank, not why a several-rank
+    one is (tp's graphed head: every one-GPU run would say it, to no purpose)."""
     on = [name + (f" (CHANGES THE MATHS: {BY_NAME[name].changes_maths})"
                   if BY_NAME[name].changes_maths else "")
           for name, value in speed["on"].items() if value]
     text = ", ".join(on) if on else "none (baseline)"
     for s in SPEEDUPS:
         reason = speed.get(f"{s.name}_off_because")
-        if reason and reason != "turned off":
+        if reason and reason != "turned off" and (world > 1 or not s.several_ranks):
             text += f"; no {s.name}: {reason}"
     return text
 

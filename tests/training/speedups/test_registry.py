@@ -181,6 +181,16 @@ def test_a_cuda_graph_where_none_can_be_made_is_one_line(tmp_path, args, message
     one_line_and_nothing_written(cli("--out-dir", str(tmp_path), *args), tmp_path, message)
 
 
+def test_one_rank_is_not_told_why_a_several_rank_speedup_is_off():
+    """tp's graphed head is off on every one-GPU run: its reason would be noise there."""
+    used = resolved(train.parse_config(CPU), cuda=True)
+    several = [s.name for s in speedups.SPEEDUPS if s.several_ranks]
+    assert several and all(used[f"{name}_off_because"] for name in several)
+    for name in several:
+        assert f"no {name}:" not in speedups.describe_used(used, world=1)
+        assert f"no {name}:" in speedups.describe_used(used, world=2)
+
+
 def test_auto_says_why_there_is_no_graph():
     cfg = train.parse_config(CPU + ["--loss", "loop", "--cuda-graph", "auto"])
     used = resolved(cfg, cuda=True)
