@@ -13,8 +13,8 @@ same), parameters that stay where they are (every update is in place), collectiv
 can hold (NCCL's: torch's watchdog queries their events outside the capture), and the
 capture at the first call: two warm-up calls and a device sync, once (--wait 1 or more
 keeps them out of the profiled steps). The graphs replay the eager head's kernels: the
-same losses. So auto, the default, takes it wherever it applies: on two GPUs it took host
-time off every tp step and the rate rose a little (results/several-gpus.md).
+same losses. So auto, the default, takes it wherever it applies: on two GPUs it shortened
+the host's median tp step and the rate rose a little (results/several-gpus.md).
 """
 
 import contextlib
