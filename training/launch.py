@@ -13,6 +13,7 @@ code: 2 for a user error, 130 for Ctrl-C, 1 otherwise. The ranks and the launche
 through its folder (training/job_notes.py).
 """
 
+import gc
 import logging
 import os
 import re
@@ -213,6 +214,7 @@ def launch(nproc: int, meeting: Meeting | None, script: list[str]) -> int:
                    f"{meeting.wait_s} s{said} (the other hosts did not all join; "
                    "RDZV_WAIT=seconds to wait longer)", 1)
     except (KeyboardInterrupt, SignalException):
+        no_collections_after_a_stop()
         if meeting is not None and not rendezvous.STARTED.is_set():
             return say(f"stopped while waiting for the rendezvous at {meeting.endpoint}; "
                        "no rank had started", 130)
@@ -221,6 +223,17 @@ def launch(nproc: int, meeting: Meeting | None, script: list[str]) -> int:
         return say(f"{where}{EVERY}" + (f"; {settled}" if settled else ""), 130)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def no_collections_after_a_stop() -> None:
+    """No automatic garbage collection from here to the launcher's exit. An agent that a
+    signal ended leaves torchrun's rendezvous handler running (torch.distributed.launcher
+    does not shut it down then), and the handler's keep-alive thread is stopped only by its
+    finalizer, which joins that thread. Freed by a collection that the keep-alive thread
+    itself set off, the join raised "cannot join current thread": an "Exception ignored"
+    traceback under the launcher's line (one CI at 4dda26e). The launcher is leaving: its
+    garbage can wait, and its exit (os._exit) runs no such finalizer."""
+    gc.disable()
 
 
 def say(line: str, code: int) -> int:
