@@ -105,3 +105,26 @@ def test_a_rank_without_boxes_adds_nothing_but_its_count():
         assert local_boxes("nested", packed, "cpu").item() == 7
     finally:
         dist.destroy_process_group()
+
+
+def test_ddp_wrapped_here_samples_no_runtime_stats():
+    """Each runtime sample of DDP's logger syncs the host with a GPU (CUDA events read
+    back): training/ddp.py takes the sampling out. On gloo the sampling is a CPU timer,
+    so the samples' presence in the logging data shows whether it ran."""
+    from training.ddp import without_runtime_stats
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        sampled = {}
+        for quiet in (False, True):
+            ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+            if quiet:
+                without_runtime_stats(ddp)
+            for _ in range(3):  # a sample is taken at the forward after a backward
+                ddp(torch.rand(2, 4)).sum().backward()
+            data = ddp._get_ddp_logging_data()  # the logger's other calls still answer
+            assert data["module_name"] == "Linear"
+            sampled[quiet] = "avg_forward_compute_time" in data
+        assert sampled == {False: True, True: False}
+    finally:
+        dist.destroy_process_group()
