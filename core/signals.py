@@ -3,6 +3,7 @@ KeyboardInterrupt, raised again where some code swallowed it, held while a piece
 must not be cut, and ignored once nothing should cut the process's work short."""
 
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -60,10 +61,24 @@ def stop_once() -> None:
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, first)
+    stacks_on_sigusr2()
     _hold_as_extensions_start()
     if sys.unraisablehook is not _unraisable:
         _UNRAISABLE[:] = [sys.unraisablehook]
         sys.unraisablehook = _unraisable
+
+
+def stacks_on_sigusr2() -> None:
+    """kill -USR2 <pid>: every thread's Python stack on stderr, and the process goes on.
+    faulthandler writes them from C, so this answers where a stop signal's handler never
+    runs: a main thread inside a call that does not come back to Python (a CUDA call whose
+    kernel waits, a hung compile), the case a user needs to see."""
+    if not hasattr(signal, "SIGUSR2"):  # not POSIX
+        return
+    try:
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
+    except (OSError, ValueError):  # a stderr with no file descriptor (captured): none
+        pass
 
 
 def _hold_as_extensions_start() -> None:

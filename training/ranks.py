@@ -7,7 +7,6 @@ here touches torch.distributed then, and the run is exactly the single-process o
 """
 
 import atexit
-import faulthandler
 import os
 import re
 import shutil
@@ -115,8 +114,6 @@ class Ranks:
             _watch_the_launcher()
             if cuda:
                 _unstick_on_ending_signals()
-            # kill -USR2 <rank's pid>: its Python stacks on stderr, where it is stuck.
-            faulthandler.register(signal.SIGUSR2, all_threads=True)
             atexit.register(_leave_after_an_early_end)
         return device
 

@@ -1,6 +1,7 @@
 """core/signals.py in this process: a stop signal whose KeyboardInterrupt was swallowed is
 raised again; a held one comes through at the end."""
 
+import faulthandler
 import os
 import signal
 
@@ -20,6 +21,7 @@ def stop_once_here(monkeypatch):
     yield
     for signum, handler in kept.items():
         signal.signal(signum, handler)
+    faulthandler.unregister(signal.SIGUSR2)
 
 
 def _swallowing(signum):
@@ -199,3 +201,27 @@ def test_a_stop_signal_as_a_c_extension_starts_acts_once_it_has():
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == ("interrupted KeyboardInterrupt('SIGTERM') after its "
                                    "start: [499500, 'triton._C.libtriton']"), done.stderr[-2000:]
+
+
+def test_sigusr2_prints_every_threads_stack_and_the_process_goes_on():
+    """After stop_once, kill -USR2 <pid> shows where each thread is (before, SIGUSR2's
+    default action ended a single run; only several ranks answered it)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+    script = """
+import os, signal, threading, time
+from core.signals import stop_once
+stop_once()
+def beside():
+    time.sleep(30)
+threading.Thread(target=beside, daemon=True).start()
+time.sleep(0.1)
+os.kill(os.getpid(), signal.SIGUSR2)
+print("went on", flush=True)
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "went on\n"), done.stderr
+    assert "Current thread" in done.stderr and " in beside" in done.stderr, done.stderr

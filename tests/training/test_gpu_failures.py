@@ -50,7 +50,7 @@ def _steady(proc) -> dict[int, int]:
 
 def _stacks_if_stuck(pids) -> threading.Timer:
     """Half the bound after the event, every rank still running prints its Python stacks
-    (training/ranks.py registers SIGUSR2 with faulthandler): a hang's place lands in the
+    (core/signals.stop_once registers SIGUSR2 with faulthandler): a hang's place lands in the
     failure's message."""
     def dump():
         for pid in pids:

@@ -635,7 +635,7 @@ def test_a_stopped_rank_is_named_within_the_hang_timeout(tmp_path, stopped):
     os.kill(ranks[stopped], signal.SIGSTOP)
     sent = time.time()
     # Once in ~30 loop rounds under load the job took 31.7 s: past 15 s each rank still
-    # there prints its stacks (faulthandler, training/ranks.py) into the lines asserted on.
+    # there prints its stacks (faulthandler, core/signals.stop_once) into the lines asserted on.
     dump = threading.Timer(15, _stacks_of, args=(list(ranks.values()),))
     dump.start()
     try:
