@@ -97,6 +97,8 @@ class _NoRuntimeStats:
         pass
 
     def __getattr__(self, name):
+        if name == "_logger":  # a copy made without __init__: no recursion
+            raise AttributeError(name)
         return getattr(self._logger, name)
 
 

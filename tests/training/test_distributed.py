@@ -3,6 +3,7 @@ a global batch, give the loss and every parameter's gradient of one process over
 whole batch (padded, concat, the Triton kernel in its interpreter, and the packed
 layouts: the packed kernel and nested)."""
 
+import copy
 import os
 import socket
 
@@ -124,6 +125,9 @@ def test_ddp_wrapped_here_samples_no_runtime_stats():
                 ddp(torch.rand(2, 4)).sum().backward()
             data = ddp._get_ddp_logging_data()  # the logger's other calls still answer
             assert data["module_name"] == "Linear"
+            if quiet:  # a copy (made without __init__) answers too, without recursion
+                copied = copy.copy(ddp.logger)._get_ddp_logging_data()
+                assert copied.strs_map["module_name"] == "Linear"
             sampled[quiet] = "avg_forward_compute_time" in data
         assert sampled == {False: True, True: False}
     finally:
