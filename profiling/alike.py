@@ -66,8 +66,7 @@ BASELINE_FIELDS = {**{name: read for name, read in FIELDS.items()
 
 def baseline_differences(baseline: dict, job: dict) -> dict:
     """{field: (the baseline's value, the job's)} for the BASELINE_FIELDS where they differ."""
-    return {name: (read(baseline), read(job)) for name, read in BASELINE_FIELDS.items()
-            if read(baseline) != read(job)}
+    return differences(baseline, job, fields=BASELINE_FIELDS)
 
 
 def fields_of(summary: dict) -> dict:
@@ -80,10 +79,12 @@ def differing(summaries: list[dict]) -> list[str]:
     return [name for name in FIELDS if len({repr(v[name]) for v in values}) > 1]
 
 
-def differences(a: dict, b: dict, names=None) -> dict:
-    """{field: (a's value, b's value)} for the fields (default: all) where a and b differ."""
-    fa, fb = fields_of(a), fields_of(b)
-    return {n: (fa[n], fb[n]) for n in (FIELDS if names is None else names)
+def differences(a: dict, b: dict, names=None, fields: dict = FIELDS) -> dict:
+    """{field: (a's value, b's value)} for the fields (default: all of `fields`, each read
+    once) where a and b differ."""
+    fa = {name: read(a) for name, read in fields.items()}
+    fb = {name: read(b) for name, read in fields.items()}
+    return {n: (fa[n], fb[n]) for n in (fields if names is None else names)
             if fa[n] != fb[n]}
 
 
