@@ -28,13 +28,17 @@ What the communication hides behind:
                                which needs dy and x, not dx; the wait comes after it
 lin2's two collectives move N·B·O·2 bytes (2 MB a rank at the full size): left inline.
 On NCCL every wait is a stream dependency (the current stream waits for NCCL's), never a
-host-device sync.
+host-device sync. Those two GEMMs are BESIDE's, so that a speed-up can run them otherwise
+(training/speedups/sms_for_collectives.py: on Hopper cuBLAS's GEMMs hold every SM and the
+collective beside them waits for their end).
 
 Under bf16 autocast the GEMMs run in bf16, as autocast would run F.linear: the inputs
 are cast outside the autograd functions, so autograd casts their gradients back.
 """
 
 import types
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -50,6 +54,27 @@ def gemm_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype autocast would give a GEMM on x's device, or x's own without autocast."""
     kind = x.device.type
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+
+
+def own_rows_gemm(bias, x, weight, out) -> None:
+    """out = x @ weight^T + bias: this rank's own rows of lin1's forward."""
+    torch.addmm(bias, x, weight.t(), out=out)
+
+
+def weight_gradient_gemm(dy, full) -> torch.Tensor:
+    """dW = dy^T @ full: lin1's weight gradient."""
+    return dy.t().mm(full)
+
+
+@dataclass
+class Beside:
+    """The two GEMMs that run while a collective is in flight (the module's docstring says
+    which), read at every call: a speed-up's process flag swaps them for a run."""
+    own_rows: Callable = own_rows_gemm
+    weight_gradient: Callable = weight_gradient_gemm
+
+
+BESIDE = Beside()
 
 
 def _rows_of(index: int, batch: int) -> slice:
@@ -68,7 +93,7 @@ class _GatherLinear(torch.autograd.Function):
         out = x.new_empty((parts * batch, weight.shape[0]))
         own = _rows_of(index, batch)
         with torch.autocast(x.device.type, enabled=False):
-            torch.addmm(bias, x, weight.t(), out=out[own])  # beside the gather
+            BESIDE.own_rows(bias, x, weight, out[own])  # beside the gather
             gathering.wait()  # NCCL: the current stream waits for the gather; no host sync
             for rows in (slice(0, own.start), slice(own.stop, parts * batch)):
                 if rows.stop > rows.start:
@@ -84,7 +109,7 @@ class _GatherLinear(torch.autograd.Function):
         dx_full = dy.mm(weight)
         dx = dx_full.new_empty((ctx.batch, dx_full.shape[1]))
         scattering = _reduce_scatter(dx, dx_full, group=ctx.group, async_op=True)
-        dw = dy.t().mm(full)  # beside the reduce-scatter
+        dw = BESIDE.weight_gradient(dy, full)  # beside the reduce-scatter
         db = dy.sum(0)
         scattering.wait()  # NCCL: a stream dependency, no host sync
         return dx, dw, db, None, None

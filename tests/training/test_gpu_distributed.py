@@ -59,20 +59,23 @@ def test_every_design_on_the_gpus_trains_as_one(tmp_path, parallel, loss, backen
     assert job["distributed"]["parallel"] == parallel
 
 
-def test_tp_with_its_head_graphed_gives_the_eager_heads_losses(tmp_path):
-    """--graphed-head on under tp: the eager head's kernels and collectives replayed, so
-    its losses (training/speedups/graphed_head.py; bit for bit in test_graphed_head.py)."""
+@pytest.mark.parametrize("speedup", ["graphed_head", "sms_for_collectives"])
+def test_tp_speedups_give_the_plain_heads_losses(tmp_path, speedup):
+    """A tp speed-up on against off: --graphed-head replays the eager head's kernels and
+    collectives (bit for bit in test_graphed_head.py); --sms-for-collectives runs the same
+    GEMMs with SMs left to NCCL (training/speedups/*.py say why)."""
     common = ["--loss", "kernel", "--backend", "cuda", "--parallel", "tp",
               "--out-dir", str(tmp_path)]
     runs = {}
-    for head in ("off", "on"):
-        done = subprocess.run([*LAUNCH, *SMALL, *PER_RANK, *common, "--graphed-head", head,
-                               "--run-name", head], cwd=REPO, capture_output=True, text=True,
-                              timeout=600)
+    for choice in ("off", "on"):
+        done = subprocess.run([*LAUNCH, *SMALL, *PER_RANK, *common,
+                               "--" + speedup.replace("_", "-"), choice,
+                               "--run-name", choice], cwd=REPO, capture_output=True,
+                              text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-        runs[head] = json.loads((tmp_path / head / "summary.json").read_text())
-    assert runs["on"]["speedups"]["on"]["graphed_head"]
-    assert not runs["off"]["speedups"]["on"]["graphed_head"]
+        runs[choice] = json.loads((tmp_path / choice / "summary.json").read_text())
+    assert runs["on"]["speedups"]["on"][speedup]
+    assert not runs["off"]["speedups"]["on"][speedup]
     # cuDNN may tune the trunk's convolutions apart in the two jobs: bf16's places.
     assert runs["on"]["losses"] == pytest.approx(runs["off"]["losses"], rel=1e-3)
 
