@@ -1,11 +1,16 @@
 """--sms-for-collectives: the carved GEMMs give the plain ones' products (against float64,
 fresh inputs, row counts that cut dW unevenly or not at all, fp32 and bf16), the carveout
-is set only inside and restored after an error, and each run gets its own GEMMs. On NCCL
-ranks its losses are the plain GEMMs' (tests/training/test_gpu_distributed.py)."""
+is set only inside and restored after an error, each run gets its own GEMMs, and torch's
+note at the first carveout stays off a run's stderr. On NCCL ranks its losses are the
+plain GEMMs' (tests/training/test_gpu_distributed.py)."""
+
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from tests.helpers import REPO
 from training import tensor_parallel
 from training.speedups import sms_for_collectives as carved
 
@@ -63,3 +68,34 @@ def test_each_run_gets_the_gemms_of_its_own_choice():
         assert tensor_parallel.BESIDE == tensor_parallel.Beside()
     finally:
         tensor_parallel.BESIDE = tensor_parallel.Beside()
+
+
+# torch warns at its first carveout, once a process: each case needs a fresh one.
+CARVE_IN_A_FUNCTION = """
+import torch
+from training.speedups import sms_for_collectives as carved
+if {swapped}:
+    carved.swap_gemms(True, True, many_runs=False)
+
+class Carving(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        with carved.sms_left(torch.device("cuda")):  # only sets a flag: no GPU needed
+            return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+Carving.apply(torch.ones(2, requires_grad=True)).sum().backward()
+"""
+
+
+@pytest.mark.parametrize("swapped", [False, True])
+def test_a_run_with_it_on_keeps_torchs_carveout_note_off_stderr(swapped):
+    """A failed job's stderr is one line; torch's note at the first carveout, raised as a
+    UserWarning inside an autograd function, would be another on every rank."""
+    done = subprocess.run([sys.executable, "-c", CARVE_IN_A_FUNCTION.format(swapped=swapped)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (carved.NOTE in done.stderr) is not swapped, done.stderr[-2000:]
