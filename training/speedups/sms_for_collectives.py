@@ -1,33 +1,19 @@
-"""Under --parallel tp (and tp2d), the two GEMMs that run beside a collective
-(training/tensor_parallel.py's BESIDE) leave SMS_LEFT SMs to NCCL, so the collective runs
-beside them rather than after them.
+"""Under --parallel tp (and tp2d), the two GEMMs that run while a collective is in flight
+(training/tensor_parallel.py's BESIDE) leave SMS_LEFT SMs to NCCL.
 
-Why: on Hopper cuBLAS's big GEMMs are persistent, one CTA on every SM with 189-213 KB of
-shared memory each, and NCCL's CTAs (24 of 104 KB on two H200s) cannot share an SM with
-one. A collective launched beside such a GEMM waited for its end: dx's reduce-scatter for
-the whole weight-gradient GEMM (2 (H/N)(NB)F = 2.2 TFLOP at the GPU preset on 2 ranks,
-~2.5 ms), and the features' all-gather for part of the own rows' GEMM; 0.8-0.9 ms of
-NCCL's 1.8 ms a step was exposed (results/several-gpus.md).
-
-What runs here instead:
-    own rows   x @ W^T + b (1.1 TFLOP, ~1.4 ms) as one GEMM with SMS_LEFT SMs left; the
-               gather (N-1)BF bf16, 134 MB on 2 ranks, ~0.4 ms on NVLink) runs beside it
-    dW         cut along its rows: the first WEIGHT_GRADIENT_SHARE of them with SMS_LEFT
-               SMs left (~0.7 ms, more than the reduce-scatter's ~0.4 ms), the rest on
-               every SM, so the SMs are given up for no longer than the collective needs
-The carveout reaches cuBLASLt's GEMMs only (its SM-count target); a plain mm goes to
-cuBLAS, which ignores it, so the carved part of dW is an addmm with a zero bias (128 KB
-a step at the GPU preset), which takes cuBLASLt's path. Each element of dW is the same
-sum over the batch: the maths are the baseline's, its rounding may differ in bf16's last
-place where the GEMM's kernel does (held to the plain GEMMs' losses in make test-gpu).
-
-At the first carveout torch warns, once a process, that the setting is a temporary,
-experimental mitigation; inside an autograd function that is a Python UserWarning on each
-rank's stderr, where a failed job promises one line (tests/training/test_gpu_failures.py),
-so a run that turns this on ignores that one message (NOTE). Under the graphed head the
-carved GEMMs are what the graphs capture. SMS_LEFT is what NCCL took on two H200s; the
-shares are those of the settings tried that hid the most (results/several-gpus.md), not
-tuned per machine.
+Why: cuBLAS's Hopper GEMMs are persistent (one CTA of ~200 KB of shared memory on every
+SM) and NCCL's CTAs cannot share an SM with one, so the features' all-gather and dx's
+reduce-scatter waited for the GEMMs they were to hide behind (results/several-gpus.md).
+    own rows   x @ W^T + b, 2·B·F·H/N FLOPs (1.1 T at the GPU preset on 2 ranks), carved
+               whole; the gather beside it moves (N-1)·B·F bf16 (134 MB, ~0.4 ms)
+    dW         dy^T @ x, N times that: only its first WEIGHT_GRADIENT_SHARE of rows carved,
+               as long as the reduce-scatter (as many bytes) needs, the rest on every SM
+Only cuBLASLt heeds the carveout (its SM-count target); a plain mm goes to cuBLAS, so the
+carved part of dW is an addmm with a zero bias. Each element is the same sum: the
+baseline's maths. torch warns once a process that the carveout is experimental, a stderr
+line on every rank where a failed job promises one (tests/training/test_gpu_failures.py):
+a run with this on ignores that one message (NOTE). SMS_LEFT is NCCL's CTA count on two
+H200s; the shares are the best of those measured, not tuned per machine.
 """
 
 import contextlib
