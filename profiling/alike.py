@@ -69,8 +69,8 @@ def baseline_differences(baseline: dict, job: dict) -> dict:
     return differences(baseline, job, fields=BASELINE_FIELDS)
 
 
-def fields_of(summary: dict) -> dict:
-    return {name: read(summary) for name, read in FIELDS.items()}
+def fields_of(summary: dict, fields: dict = FIELDS) -> dict:
+    return {name: read(summary) for name, read in fields.items()}
 
 
 def differing(summaries: list[dict]) -> list[str]:
@@ -80,12 +80,11 @@ def differing(summaries: list[dict]) -> list[str]:
 
 
 def differences(a: dict, b: dict, names=None, fields: dict = FIELDS) -> dict:
-    """{field: (a's value, b's value)} for the fields (default: all of `fields`, each read
-    once) where a and b differ."""
-    fa = {name: read(a) for name, read in fields.items()}
-    fb = {name: read(b) for name, read in fields.items()}
-    return {n: (fa[n], fb[n]) for n in (fields if names is None else names)
-            if fa[n] != fb[n]}
+    """{field: (a's value, b's value)} for the fields named (default: all of `fields`),
+    each read once, where a and b differ."""
+    chosen = fields if names is None else {name: fields[name] for name in names}
+    fa, fb = fields_of(a, chosen), fields_of(b, chosen)
+    return {name: (fa[name], fb[name]) for name in chosen if fa[name] != fb[name]}
 
 
 def describe(diffs: dict) -> str:
