@@ -68,11 +68,12 @@ def swap_gemms(on: bool, cuda: bool, many_runs: bool) -> None:
     """Every run sets tp's GEMMs beside its collectives: carved where this is on, plain
     where off (a process of several runs, make compare's, gets each run's own)."""
     from training import tensor_parallel
-    if on and cuda:  # torch's note, known and said in the module's docstring, not stderr's
-        warnings.filterwarnings("ignore", message=NOTE, category=UserWarning)
-    tensor_parallel.BESIDE = (
-        tensor_parallel.Beside(own_rows_carved, weight_gradient_carved) if on and cuda
-        else tensor_parallel.Beside())
+    if not (on and cuda):
+        tensor_parallel.BESIDE = tensor_parallel.Beside()
+        return
+    # torch's note, known and said in the module's docstring, not stderr's
+    warnings.filterwarnings("ignore", message=NOTE, category=UserWarning)
+    tensor_parallel.BESIDE = tensor_parallel.Beside(own_rows_carved, weight_gradient_carved)
 
 
 def refusal(asked, cuda: bool) -> str | None:
