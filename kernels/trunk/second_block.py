@@ -348,7 +348,11 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
 
 
 def _blocks(x) -> tuple[int, int]:
-    """(BLOCK, XGRAD_BLOCK) for x's dtype."""
+    """(BLOCK, XGRAD_BLOCK) for x's dtype. Triton's interpreter compiles nothing, so there
+    every dtype takes the model's bf16 blocks: the shape that runs on the GPU, and a
+    quarter of the programs (the interpreter's cost is per program)."""
+    if INTERPRETED:
+        return BLOCK, XGRAD_BLOCK
     return SMALL_BLOCKS.get(x.dtype, (BLOCK, XGRAD_BLOCK))
 
 
