@@ -2,42 +2,8 @@
 `_packed_finalize_kernel` forward, `_packed_bwd_kernel` backward, and the
 `giou::triton_packed_loss` custom op.
 
-Layout (data/collate.py, collate_packed): the batch's N valid boxes as one [N, 4] tensor
-(any integer or float dtype), in image order; index [2, N] int32 or int64: row 0 each
-box's image, row 1 its slot in that image's predictions; offsets [B + 1] int32 or int64:
-image b's boxes are rows offsets[b] .. offsets[b + 1] - 1, in slot order. Predictions
-[B, M, 4] (fp16/bf16/fp32/fp64, any strides). loss = sum over the boxes of
-1 - GIoU(pred[image, slot], box) / max(N, 1). N is the targets' shape, host metadata.
-
-Forward grid: cdiv(N, BLOCK) programs, each owning BLOCK boxes, which it gathers by
-(image, slot): no program exists for an empty slot or an empty image, whatever B and M.
-Backward grid: (B, cdiv(M, CHUNK)), as `conditional`'s: a program walks its chunk's slots
-below the image's count (offsets[b + 1] - offsets[b]), reading box offsets[b] + slot, then
-writes the rest of its chunk as zero rows. So the dense gradient is written in one launch
-with no memset: a first version filled it with zeros and scattered the boxes' rows (two
-launches), 7-17 % slower than `conditional` in GPU time at batch 64-1024
-(results/sweep.md). The backward needs the offsets, the forward the index.
-
-Gradient: per box exactly that of kernels/giou/triton_padded.py's `_giou_bwd_kernel` docstring,
-scaled by -grad_loss / max(N, 1) (the shared `_giou_grads`).
-
-Contract (core/giou_rules.py), checked on the device (the host would need a sync):
-- a box whose image or slot is out of range is never read; it makes the loss NaN and,
-  through a NaN denominator, every box's gradient NaN;
-- offsets that do not partition the N boxes into counts within [0, M] make the loss NaN
-  (the finalize checks them) and every gradient row of an image whose count is bad NaN
-  (its boxes are not read);
-- index and offsets must describe the same boxes (the collate's); each (image, slot) is
-  named once. That agreement is not checked.
-NaN or inf in a slot no box names never matters: it is not read, its gradient is 0.
-
-Byte ledger at B=1024, M=256, bf16 predictions, uint8 boxes, int32 index, int64 offsets,
-1.915 valid boxes per image (N ~ 1961):
-  forward: reads N*(8 + 4 + 8) = 39 KB, writes 8 bytes a program (2 partials);
-  finalize: reads the partials and the offsets (8 KB), writes 8 bytes;
-  backward: reads 2 offsets an image and N*(8 + 4) = 24 KB of boxes, writes B*M*8 =
-  2.1 MB of gradient (33.5 MB at M = 4096), like `conditional`.
-  The targets' H2D copy: N*12 + 8(B+1) = 32 KB, against B*M*4 + 4B = 1.05 MB padded.
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch

@@ -1,34 +1,8 @@
 """Fused GIoU loss in Triton: `_giou_fwd_kernel` + `_giou_finalize_kernel` forward,
 `_giou_bwd_kernel` backward, launchers, and the `giou::triton_loss` custom op.
 
-Layout: predictions [B, M, 4] (fp16/bf16/fp32/fp64, any strides), targets [B, M, 4] of
-any integer or float dtype, counts [B] int32/int64. Slot i of sample b is valid when
-i < counts[b]. Nothing is cast or copied before the kernels: each loads its own dtype and
-computes in fp32 (fp64 for fp64 predictions).
-
-Grid: (B, cdiv(M, CHUNK)); a program owns CHUNK slots of one sample and walks them BLOCK
-at a time (SHAPES below). `kernel` variant (CONDITIONAL=False): every program loads and
-computes all its slots and zeroes the invalid ones. `conditional` variant: a program walks
-only the valid slots of its chunk (the loop ends at the sample's count), so its forward
-reads nothing past the count; its backward then writes the rest of its chunk's gradient
-as whole zero rows ([ZERO_BLOCK, 4] tiles), with no loads and no maths. A sparse sample
-thus costs one program a chunk whatever M is, and a chunk past the count only its zeros.
-
-Counts outside [0, M] cannot be checked on the host without a sync; the kernels make the
-loss (and that sample's gradients) NaN instead, so a bad count is never a silent wrong
-answer and never an out-of-bounds read. A slot past the count gets a gradient of exactly
-0 whatever it holds (core/giou_rules.py states the contract every strategy keeps).
-
-Byte ledger at B=1024, M=256, bf16 predictions, uint8 targets, 1.915 valid boxes per image
-on average (the dataset's E[floor(|N(0, 3)|)]):
-  forward  `kernel`: reads B*M*(8+4) + 4B = 3.15 MB, writes 4*B*cdiv(M,CHUNK) partials;
-           `conditional`: reads ~B*1.915*12 + 4B = 28 KB (plus partials).
-  finalize: reads the partials (4 KB) and counts (4 KB), writes 8 bytes.
-  backward `kernel`: reads 3.15 MB, writes B*M*8 = 2.1 MB of gradient;
-           `conditional`: reads ~28 KB, still writes the full 2.1 MB (zeros past the count:
-           the gradient tensor must be fully defined).
-At ~3 TB/s that is about 1-2 us of memory traffic, against several us per launch: at this
-size the launches, not the bytes, set the cost; at M = 4096 the bytes do (results/sweep.md).
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch

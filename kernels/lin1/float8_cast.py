@@ -3,37 +3,8 @@ the Hopper float8 GEMM takes, by one Triton kernel: at the build. After each upd
 shadow SGD's own kernel writes the [out, in] copy (kernels/lin1/shadow_sgd.py, FLOAT8)
 and `transpose` here makes [in, out] from it; `roll` moves the delayed scale before either.
 
-Why a kernel of its own: torch._scaled_mm wants both operands K-major. The forward
-(x @ W.T, K = in) reads W as it lies, [out, in]; the input gradient (dY @ W, K = out)
-needs W.T laid out [in, out]. An eager cast (amax, scale, cast) makes a pass for each,
-and one more for the transposed copy. This kernel reads the bf16 weight once (2.15 GB)
-and writes both copies (1.07 GB each): 4.3 GB, ~1.3 ms at 3.35 TB/s; the update's copy
-and the transpose move 3.2 GB. Its tiles are
-64 x 128 with 4 warps, the fastest shape bench/float8_cast_tiles.py probed: a row of the
-copy as it lies is written 128 bytes at a time, one of the transposed copy 64. Each tile's
-amax goes to one of 64 slots by an atomic max (the roll takes their max), not all to one
-address, where tens of thousands of tiles would queue; and with relaxed order, not Triton's
-acq_rel, whose fence in every block cost the update's kernel more than its e4m3 copy's
-bytes. What each form measured: results/float8.md.
-
-The scale is per tensor and delayed, as torchao's delayed scaling: the cast of the weight
-after step t uses the amax of the weight the cast before it read (the step before's), and
-measures its own for the next. A weight moves by lr (1e-4 by default) times its momentum
-buffer a step, so the last amax is a close bound; a weight past it saturates at +-448
-(clamped), never NaN.
-
-    state    fp32 [2 + 64]: the scale the cast multiplies by (448 / amax), the amax of
-             the last cast, and the amax of this one (accumulated in 64 slots)
-    inverse  fp32 0-dim, an allocation of its own: the scale's inverse, what the GEMMs
-             multiply by. As an element of the state it broke both GEMM paths of torch
-             2.11 on an H200: cuBLASLt refused the GEMM (CUBLAS_STATUS_NOT_SUPPORTED) for
-             a scale 4 or 12 bytes into its allocation (0 bytes in, or a copy, ran), and
-             Inductor's lowering of _scaled_mm failed on a 0-dim view (an assertion in
-             its unsqueeze of the scale).
-
-The rounding to e4m3 is done by hand (to nearest, ties to even, in fp32): Triton's
-interpreter (the CPU tests) rounds a cast to float8 wrongly (124.2 became 64 under triton
-3.9), where the GPU rounds as torch does; the cast of an exact e4m3 value is right in both.
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch

@@ -2,29 +2,8 @@
 (its high half, rounded to nearest), a 16-bit low half, and one bit an element for the
 one case 16 bits cannot hold (`--split-master`). Exact: the same master bits as fp32.
 
-Why: lin1's shadow SGD (kernels/lin1/shadow_sgd.py) reads the fp32 master (4 bytes) and
-writes it back (4) besides writing the bf16 weight (2); held as weight + low half it reads
-2 + 2 and writes 2 + 2: 18 bytes an element instead of 20, 2.15 GB less through HBM a
-step for lin1's 1.07 B weights (~0.7 ms of the update's 7.2 at 3 TB/s), and 2.0 GB less
-memory (the fp32 master's 4.3 GB against the low half's 2.15 and the bits' 0.13).
-
-The representation, on the fp32 bit patterns m (sign and magnitude: integers whose order is
-the magnitude's):
-    hi  = rtne16(m)              the bf16 weight's bits: m rounded to nearest, ties to
-                                 even, exactly torch's .bfloat16()
-    low = m - (hi << 16)         the rounding's error in units of m's last bit; sign and
-                                 magnitude share one pattern, so this holds for negative
-                                 m too, and across a binade (0x3F7FFFFF -> 0x3F80, -1)
-    m   = (hi << 16) + low
-low lies in [-32768, 32768]: an even hi is the rounding of 65,537 patterns, one more than
-16 bits hold (no 16-bit low half is exact: pigeonhole). The one left out, +32768, is a tie
-rounded down to an even hi; it is stored as low = 32767 with its bit set in `ties` (one
-int32 word for 32 elements), m = (hi << 16) + low + tie. The kernel reads each word once
-(1/8 of a byte an element) and writes it back only where a bit changed (2^-16 of the
-elements a step, on random values). Without the bit, a tie moved one ulp down flips at
-the next upward update where the fp32 master's rounding would (it sits on the boundary):
-kaiming-uniform initial weights have few mantissa bits, ties 15 times the random rate,
-and the step's second loss moved by 4e-6 (results/toward-20ms.md).
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch

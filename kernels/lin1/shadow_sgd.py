@@ -2,41 +2,8 @@
 one Triton kernel reads the bf16 gradient, updates the fp32 master and momentum, and writes
 the bf16 copy the next forward uses.
 
-Why: under bf16 autocast, lin1's 1.07 B fp32 weights cost two full casts a step besides
-the optimizer: fp32 -> bf16 for the forward's GEMM (6.45 GB moved) and the bf16 weight
-gradient -> fp32 for the fp32 parameter (6.45 GB). With the bf16 copy as the parameter the
-forward casts nothing and autograd hands over the bf16 gradient as the GEMM made it; this
-kernel does both conversions in the optimizer's own pass over the weights.
-
-Maths (torch.optim.SGD, momentum mu, no dampening, nesterov or weight decay), per element,
-in fp32, g the bf16 gradient read as fp32 (exactly the fp32 gradient autocast would give):
-    first step:  buf = g                    later steps: buf = mu * buf + g
-    master = master - lr * buf              shadow = bf16(master)
-The forward reads bf16(master) as autocast would: the same numbers as the baseline's.
-
-Byte ledger per element: reads master 4 + grad 2 + buf 4 (0 on the first step), writes
-master 4 + buf 4 + shadow 2 = 20 bytes; for lin1 (1.07 B) 21.5 GB, ~7.2 ms at 3 TB/s,
-against 34.4 GB for fused SGD (21.5) plus the two casts (6.45 each).
-
-With --split-master the master is held as the bf16 weight, an int16 low half and a tie bit
-(kernels/lin1/master_halves.py): _split_sgd_kernel reads the weight and the low half in
-place of the fp32 master and writes both back, 18 bytes an element and 1/8 of a byte for
-the tie bits' words (19.4 GB for lin1, ~6.5 ms); the same master bits, the same bf16
-weight. Its block is [64 words, 32 elements]: a word's 32 tie bits are one row, read once
-and written by the block that owns it (no atomics), and only where a bit changed. With
---skip-unchanged-weight (SKIP_UNCHANGED) the weight too is stored only where its bits
-changed: a 32-byte sector of 16 weights none of which moved past a bf16 rounding is never
-written back (at lr 1e-4, 97-98 % of them: about 16 bytes an element instead of 18).
-
-With --float8-lin1 (FLOAT8) the kernel also writes the weight's e4m3 copy as it lies
-[out, in], scaled by the delayed scale kernels/lin1/float8_cast.py rolled before it, and
-the weight's amax for the next roll: 1 byte more an element written and none read, where
-the cast after the update read the whole bf16 weight again (2 bytes an element). The
-step launches the roll before the kernel and the transpose (float8_cast.transpose) after
-it, so that every caller gets the three in their order.
-
-A plain launcher, not a custom op: an optimizer step runs outside autograd and outside
-torch.compile, where an op's autograd and fake would never be used.
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch

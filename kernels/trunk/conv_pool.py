@@ -1,45 +1,8 @@
 """BoxNet's third block's forward in Triton: Conv2d(16->64, 3x3, padding 1) -> + bias ->
 MaxPool2d(2) -> ReLU in one kernel, writing the pool's int8 code (`--triton-conv-pool`).
 
-Why: with --triton-pool the block ran cuDNN's conv (a 256x64 tile for 64 output channels
-over K = 144, writing its 537 MB full-resolution output at batch 1024 well below HBM's
-rate: results/step.md), then the pool kernel, which reads those 537 MB back. Here the
-full-resolution conv output never leaves registers. The backward is the pool's
-(kernels/trunk/pool.py: the full-resolution gradient from the code) and cuDNN's input
-and weight gradients, as before, or with triton_backward (--triton-conv-pool-bwd)
-kernels/trunk/conv_pool_bwd.py's two kernels, from the code and the pooled gradient.
-
-Naming ladder: _conv_pool_fwd_kernel -> the custom op boxnet::conv_pool_bias_relu ->
-autograd (backward: boxnet::pool_bias_relu_backward, aten.convolution_backward) ->
-conv_pool_bias_relu().
-
-Layout of the work: a pooled pixel (b, i, j) reads input rows 2i-1 .. 2i+2 (pr = 0..3),
-columns 2j-1 .. 2j+2 (px = 0..3). Row pr of that patch is one [BLOCK_P, 4*CI] tile R_pr
-(column px*CI + ci; under channels_last its 4*CI numbers are contiguous in memory). The
-conv value at window position (dy, dx) is
-
-    v_(dy,dx) = sum_{ky=0..2} R_(dy+ky) @ W_(dx,ky),
-    W_(dx,ky)[px*CI + ci, co] = w[co, ci, ky, px-dx]   (0 where px-dx is off the kernel),
-
-twelve tensor-core dots of K = 4*CI a block, from six weight tiles (K = 64 where the taps
-need 48: a quarter of the products are with zeros, for K a power of two).
-
-Maths: what --triton-pool computes from cuDNN's conv, with the conv's sum rounded once to
-x's dtype as cuDNN writes it (the sum's order differs from cuDNN's, so a value can differ
-by one rounding and, at a near tie, the pool may choose another window position):
-    c_d  = round(sum over ci, ky, kx of x * round(w))     (fp32 sums of x's-dtype products)
-    v_d  = round(c_d + round(bias))                      d = (0,0), (0,1), (1,0), (1,1)
-    d*   = the first maximum of v_d (strictly greater wins; a NaN wins)
-    y    = relu(v_d*),  code = d*, or 4 where y is 0.
-fp32 inputs use IEEE fp32 products (no TF32), as cuDNN's conv does in the unfused fp32
-graph with TF32 off; the backward is cuDNN's, in TF32 or not as torch.backends.cudnn says.
-
-Byte ledger at B=1024 (x [1024, 16, 64, 64], y [1024, 64, 32, 32]), bf16: reads x 134 MB
-(each row twice, by the pooled rows above and below it: L2 keeps the second), writes y
-134 MB and the code 67 MB: ~0.34 GB, ~0.11 ms at 3 TB/s. Compute: 12 x 64 x 64 MACs a
-pooled pixel, 101 GFLOP of tensor-core work (77 without the zero taps), ~0.13 ms at
-800 TFLOP/s. Neither bound is reached (results/step.md has its time): ncu on an earlier,
-one-program-per-block version found it register-bound (255 a thread, 12.5 % occupancy).
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch

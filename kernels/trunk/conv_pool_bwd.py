@@ -2,60 +2,8 @@
 the input, weight and bias gradients of Conv2d(16->64, 3x3, padding 1) -> + bias ->
 MaxPool2d(2) -> ReLU in two kernels (`--triton-conv-pool-bwd`, after --triton-conv-pool).
 
-Why: --triton-conv-pool's backward was the pool's kernel, writing the 537 MB
-full-resolution gradient at batch 1024, then cuDNN's input gradient
-(a dgrad tile of 256 x 64 for 16 output channels) and weight gradient, each reading those
-537 MB back (results/step.md). Three quarters of that gradient are zeros the code already
-knows; here it is made in registers from the pooled gradient and the code, and never
-written.
-
-Naming ladder: _conv_pool_xgrad_kernel / _conv_pool_wgrad_kernel -> the custom op
-boxnet::conv_pool_backward -> kernels/trunk/conv_pool.py's autograd.
-
-Layout of the work (the forward's, kernels/trunk/conv_pool.py, read backwards). With g
-the pooled gradient where the ReLU passed it (code < 4), G_d = g where code == d, else 0,
-for window position d = (dy, dx), and gfull the full-resolution gradient (G_d at conv
-position (2i+dy, 2j+dx)):
-
-  input gradient, per input quad (2i..2i+1, 2j..2j+1) = pooled pixel (i, j): the quad's
-  row a reads gfull at rows 2i-1+u (u = 0..3) through kernel row ky = a - u + 2, and its
-  column e reads gfull at columns 2j-1+v (v = 0..3) through kx = e - v + 2. The segment
-  F_(u,v) [BLOCK, CO] of gfull at (2i-1+u, 2j-1+v) is one pooled neighbour's gradient
-  (rows u = 0, 1, 2, 3 lie in pooled rows i-1, i, i, i+1 at dy = 1, 0, 1, 0; columns
-  alike), masked by its code. Then
-
-      dx row a [BLOCK, 2*CI] = sum over u = a..a+2, v = 0..3 of F_(u,v) @ V_(a-u+2),v,
-      V_ky,v[co, e*CI + ci] = w[co, ci, ky, e - v + 2]   (0 off the kernel)
-
-  24 tensor-core dots of K = CO, N = 2*CI a block (nine neighbour loads, sixteen
-  segments), from twelve weight tiles made once per program;
-
-  weight gradient, per pooled pixel: with R^dx_pr [BLOCK, 4*CI] the input row 2i-1+pr over
-  columns 2j-1+dx+px (column px*CI + ci: the forward's patch row moved dx to the right),
-
-      A_ky[co, kx*CI + ci] = sum over d, blocks of G_d^T @ R^dx_(dy+ky),
-      dL/dw[co, ci, ky, kx] = A_ky[co, kx*CI + ci]   (kx < 3; column kx = 3 is discarded)
-
-  twelve dots of K = BLOCK a block into three [CO, 4*CI] accumulators, one row of partial
-  sums per program; dL/dbias = sum of g, in the same pass.
-
-Maths: what the unfused backward computes (the pool's kernel, then cuDNN's input and
-weight gradients of the conv under autocast): fp32 sums of x's-dtype products, the weight
-rounded to x's dtype; dL/dx rounded once to x's dtype; dL/dw and dL/dbias rounded to x's
-dtype, then cast to the parameter's (autocast's cast backward). The sums run in another
-order than cuDNN's, so a value can differ by one rounding.
-
-Byte ledger at B=1024 (x [1024, 16, 64, 64], g [1024, 64, 32, 32]), bf16:
-  input grad:  reads g 134 MB and the code 67 MB (nine neighbour loads a block; each
-               pooled pixel is read by nine blocks, mostly from L1/L2), writes dL/dx
-               134 MB;
-  weight grad: reads x 134 MB (eight row gathers a block, each row ~4 times, mostly from
-               L1/L2), g 134 MB and the code 67 MB, writes 264 rows of 12,352 fp32 partial
-               sums (13 MB), added by one reduction.
-About 0.67 GB, ~0.22 ms at 3 TB/s, against ~2.1 GB for the unfused backward. Compute:
-24 x 64 x 32 and 12 x 64 x 64 MACs a pooled pixel, 103 GFLOP each (77 without the zero
-taps), ~0.13 ms each at 800 TFLOP/s. Neither bound is reached (results/step.md has
-their times): both hold 247-253 registers a thread (ptxas), two programs an SM.
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch

@@ -1,37 +1,8 @@
 """BoxNet's first block in Triton: uint8 image -> /255 -> Conv2d(1->4, 3x3, padding 1) + bias
 -> MaxPool2d(2) -> ReLU, forward and backward, each one kernel (`--triton-first-block`).
 
-Why: cuDNN has no good kernel for a convolution with one input and four output channels:
-its best choices take tens of times what the bytes below need (results/step.md), and pad
-the one channel to more. A fused kernel also never writes the full-resolution conv
-output: the pool and ReLU happen in registers.
-
-Naming ladder: _first_block_fwd_kernel / _first_block_bwd_kernel (first_block_walk.py's
-persistent_sums with _channel_sums) -> the custom ops boxnet::first_block and
-boxnet::first_block_backward -> autograd -> first_block().
-With keep_code (--triton-first-block-code) the forward also writes the pool's code and
-the backward is kernels/trunk/first_block_bwd.py's, which reads it instead of
-recomputing the conv.
-
-Maths. x = img / 255; for output channel c and pooled pixel (i, j), the four conv values
-of its 2x2 window are v[c, dy, dx] = sum_{ky, kx} w[c, ky, kx] * x[2i+dy+ky-1, 2j+dx+kx-1]
-(zero outside the image); y[c, i, j] = relu(max_{dy,dx} v + bias[c]).
-Gradient: with (dy*, dx*) the first maximum in PyTorch's scan order ((0,0), (0,1), (1,0),
-(1,1); strictly greater wins, as max_pool2d's kernel), and g = dL/dy * [y > 0] (ReLU's
-backward, as threshold_backward),
-    dL/dw[c, ky, kx] = sum_{b,i,j} g[b, c, i, j] * x[b, 2i+dy*+ky-1, 2j+dx*+kx-1]
-    dL/dbias[c]      = sum_{b,i,j} g[b, c, i, j].
-The image gets no gradient (uint8). The backward recomputes v from the image rather than
-saving argmax indices (1 byte per output read again instead of 1 written and read).
-Computed in fp32 from fp32 weights (fp64 from fp64 ones, for gradcheck); the output is
-stored in out_dtype (bf16 under the model's autocast).
-
-Byte ledger at B=1024, S=256, bf16 output:
-  forward:  reads B*S^2 = 67 MB of image, writes B*4*(S/2)^2*2 = 134 MB;
-  backward: reads the image (67 MB) and dL/dy (134 MB), writes 40 fp32 partial sums per
-            program (2.6 MB at BLOCK 1024), summed by one torch reduction.
-About 0.07 ms each at ~3 TB/s; the compute (144 FMAs per pooled output per pass) is
-~2.4 GFMA, ~0.1 ms on the CUDA cores.
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch

@@ -1,35 +1,8 @@
 """BoxNet's first block's weight and bias gradients from the pool's code
 (`--triton-first-block-code`, after --triton-first-block).
 
-Why: first_block.py's backward recomputes the conv from the image to find each window's
-maximum (4 channels x 4 positions x 9 taps = 144 FMAs a pooled pixel, and the scan),
-then picks each tap's pixel among four with three selects: some 440 instructions a
-pooled pixel, 16.8 M pooled pixels at batch 1024 (results/step.md has its time). The
-forward knows which position won; kept (one byte a channel, 67 MB at batch 1024), the
-backward recomputes nothing and picks with fewer selects.
-
-Naming ladder: _code_channel_sums -> first_block_walk.py's persistent_sums (the persistent
-walk both backward kernels share) -> _first_block_code_bwd_kernel -> the custom op
-boxnet::first_block_code_backward -> first_block.py's autograd.
-
-Per pooled pixel and channel c, with d* = (dy*, dx*) its code and g its gradient where
-the ReLU passed it (0 where the code is DEAD), as first_block.py's backward:
-    dL/dw[c, ky, kx] += g * x[2i + dy* + ky - 1, 2j + dx* + kx - 1]
-    dL/dbias[c]      += g
-The 3x3 window is taken from the 4x4 patch in two steps: its three rows (dy* = 1 moves
-them down one: 12 selects), then its three columns (dx* = 1, right one: 9 selects),
-against 27 selects from four candidates each. Sums per lane over the program's blocks,
-reduced once at its end: first_block.py's walk, which compiles this path alone (the same
-SASS as when each kernel had its own loop).
-
-Maths: the same fp32 sums of g * (image / 255) as first_block.py's backward, from the
-same window choice (the forward's code comes from the same fp32 conv values and the
-same first_max); only the order of the sums differs between programs.
-
-Byte ledger at B=1024, S=256: reads the image 67 MB (16 loads a pooled pixel, each byte
-by four pixels: L1 and L2 keep the repeats), the bf16 gradient 134 MB and the code
-67 MB; writes 40 fp32 sums a program. ~0.27 GB, ~0.09 ms at 3 TB/s; ~180 instructions a
-pooled pixel, ~3 G, ~0.1 ms at the SMs' issue rate.
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch

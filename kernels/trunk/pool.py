@@ -1,40 +1,8 @@
 """A conv block's bias, 2x2 max-pool and ReLU in Triton, around cuDNN's bias-free conv
 (`--triton-pool`: BoxNet's third and fourth blocks).
 
-Why: compiled, each of those blocks ran as cuDNN's conv, then Inductor's bias add over the
-full-resolution output (a 537 MB read and write at batch 1024), its pool and ReLU, and in
-the backward its ReLU backward, a pool backward that wrote the full-resolution gradient
-at a third of HBM's rate and a bias-gradient reduction over that gradient
-(bench/trunk_kernels.py, results/step.md). Here the bias is added
-inside the pool, the ReLU and the pool's choice are one int8 code, and the backward is one
-pass that writes the full-resolution gradient and the bias's partial sums.
-
-Naming ladder: _pool_fwd_kernel / _pool_bwd_kernel -> the custom ops boxnet::pool_bias_relu
-and boxnet::pool_bias_relu_backward -> autograd -> pool_bias_relu().
-
-Maths: bit for bit what the compiled step ran before at the GPU preset (measured on the
-H100): cuDNN's conv without its bias, the bias added in x's dtype, max_pool2d(2), relu, as
-Inductor compiled it there. Where cuDNN adds the bias inside its conv (eager, or the GPU
-test's batch of 8), rounding once, the two differ by one bf16 rounding at most.
-With x the conv's output without its bias (in x's dtype, bf16 in the model) and b the bias
-rounded to x's dtype (as autocast rounds it):
-    v_d = round(x_d + b)                   d = (0,0), (0,1), (1,0), (1,1) of each window
-    d*  = the first maximum of v_d in that scan order (strictly greater wins, a NaN
-          wins: max_pool2d's rule)
-    y   = relu(v_d*)
-    code = d*, or 4 where y is 0 (threshold_backward passes no gradient there)
-    dL/dx at window position d = dL/dy where code == d, else 0
-    dL/db = sum over pooled pixels of dL/dy where code < 4, in fp32, rounded to x's dtype
-          then to b's (the cast's backward).
-The bias is added to each window position before the max, as the unfused graph does, so
-the rounding of x_d + b picks the same d* even where it makes two values equal.
-
-Byte ledger per block at B=1024 (conv3: 64 channels at 64x64 -> 32x32; conv4: 256 at
-32x32 -> 16x16; the same element counts), bf16:
-  forward:  reads x 537 MB, writes y 134 MB and the code 67 MB (int8);
-  backward: reads dL/dy 134 MB and the code 67 MB, writes dL/dx 537 MB and fp32 partial
-            sums of the bias, one row of C per block of pooled pixels (4 MB).
-About 0.74 GB each way, ~0.25 ms at ~3 TB/s.
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch

@@ -1,53 +1,8 @@
 """BoxNet's second block in Triton: Conv2d(4->16, 3x3, padding 1) + bias -> MaxPool2d(2) ->
 ReLU, forward in one kernel, backward in two (`--triton-second-block`).
 
-Why: cuDNN's kernels for this block waste most of their tiles on 4 input channels (a
-direct forward kernel, an input gradient that computes 4 output channels in a 256x32
-tile, a weight gradient, and a pass padding the 4 channels to 8: results/step.md), and
-the eager pool and ReLU around it write and read the 537 MB full-resolution conv output
-and int64 pool indices at batch 1024. Here the conv output never leaves registers.
-
-Naming ladder: _second_block_fwd_kernel / _second_block_wgrad_kernel and
-_second_block_xgrad_kernel -> the custom ops boxnet::second_block and
-boxnet::second_block_backward -> autograd -> second_block().
-
-Layout of the work: each pooled output pixel (b, i, j) reads the 4x4 input patch
-rows 2i-1..2i+2, columns 2j-1..2j+2, 4 channels: 64 numbers, one row of a [pixels, 64]
-matrix P. The conv values of its 2x2 window position d = (dy, dx) are P @ W_d, with
-W_d[(py, px, ci), co] = w[co, ci, py-dy, px-dx] (0 where that is outside the 3x3 kernel),
-so the forward is four [BLOCK, 64] x [64, 16] tensor-core dots per block and no im2col.
-
-Maths. v_d[co] = (P @ W_d)[co] + bias[co]; y = relu(max_d v_d). With d* the first maximum
-in PyTorch's scan order ((0,0), (0,1), (1,0), (1,1); strictly greater wins, as
-max_pool2d's kernel) and g = dL/dy * [y > 0] (threshold_backward):
-    dL/dW_d  = (g * [d* == d])^T @ P       (summed over pixels; mapped back to w[co, ci,
-                                             ky, kx] from patch position (ky+dy, kx+dx))
-    dL/dbias = sum over pixels of g
-    dL/dx[b, ci, r, c] = sum_{ky, kx, co} gfull[b, co, r-ky+1, c-kx+1] * w[co, ci, ky, kx]
-with gfull the gradient at full resolution: g at the window position d*, 0 elsewhere.
-The input quad (2i..2i+1, 2j..2j+1) reads gfull only at the conv positions of the pooled
-pixels (i-1..i+1, j-1..j+1), so the input gradient is computed per quad: sixteen dots,
-one per conv position of the 4x4 around it, instead of nine gathers per input pixel.
-The forward writes d* (4 for a dead ReLU) as int8 beside y, as the third block's forward
-writes its code; the weight-gradient kernel reads it rather than recomputing the four
-dots and the max, and the input-gradient kernel reads it for each of its nine
-neighbours.
-
-Dtypes. The dots take x's dtype with the weight cast to it, as autocast's conv does (bf16
-in the model), accumulating in fp32 (fp64 for fp64, for gradcheck; fp32 inputs use IEEE
-fp32, not TF32). y and dL/dx are stored in x's dtype; dL/dw and dL/dbias in the weight's.
-
-Byte ledger at B=1024, 128x128 input, bf16:
-  forward:        reads x 134 MB (the patches overlap; the rest hits L1/L2), writes y
-                  134 MB and d* 67 MB;
-  weight grad:    reads x 134 MB, dL/dy 134 MB and d* 67 MB, writes 4112 fp32 partial
-                  sums per program (8.7 MB at 528 programs), summed by one reduction;
-  input grad:     reads dL/dy 134 MB and d* 67 MB (each nine times, mostly from L1/L2),
-                  writes dL/dx 134 MB.
-About 0.3 GB, ~0.1 ms at ~3 TB/s per pass. Compute: 4 x 64 x 16 MACs per pooled pixel for
-each four-dot pass (the forward's and the weight gradient's) and 16 x 16 x 16 for the
-input gradient, 34 GFLOP each of tensor-core work, much of it on zeros of the padding
-and the masks.
+Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
+docs/kernels.md, this module's section.
 """
 
 import torch
