@@ -2,8 +2,10 @@
 `_packed_finalize_kernel` forward, `_packed_bwd_kernel` backward, and the
 `giou::triton_packed_loss` custom op.
 
-Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
-docs/kernels.md, this module's section.
+Why: a forward program exists only for the N valid boxes, gathered by (image, slot): 39 KB
+read at batch 1024, M 256; the backward writes the dense gradient in one launch, no memset.
+
+The design in full (layout, maths, byte ledger): docs/kernels.md, this module's section.
 """
 
 import torch

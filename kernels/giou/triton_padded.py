@@ -1,8 +1,11 @@
 """Fused GIoU loss in Triton: `_giou_fwd_kernel` + `_giou_finalize_kernel` forward,
 `_giou_bwd_kernel` backward, launchers, and the `giou::triton_loss` custom op.
 
-Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
-docs/kernels.md, this module's section.
+Why: the kernels read every slot in its own dtype and compute in fp32 (fp64 for fp64),
+with no cast or copy first; `conditional` reads only the valid slots (28 KB against
+3.15 MB at batch 1024, M 256).
+
+The design in full (layout, maths, byte ledger): docs/kernels.md, this module's section.
 """
 
 import torch

@@ -3,8 +3,11 @@ the Hopper float8 GEMM takes, by one Triton kernel: at the build. After each upd
 shadow SGD's own kernel writes the [out, in] copy (kernels/lin1/shadow_sgd.py, FLOAT8)
 and `transpose` here makes [in, out] from it; `roll` moves the delayed scale before either.
 
-Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
-docs/kernels.md, this module's section.
+Why: torch._scaled_mm wants both operands K-major, so the weight is needed in both
+layouts; one kernel reads the bf16 weight once (2.15 GB) and writes both copies (1.07 GB
+each), where an eager cast makes a pass for each.
+
+The design in full (layout, maths, byte ledger): docs/kernels.md, this module's section.
 """
 
 import torch

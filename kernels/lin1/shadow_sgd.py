@@ -2,8 +2,11 @@
 one Triton kernel reads the bf16 gradient, updates the fp32 master and momentum, and writes
 the bf16 copy the next forward uses.
 
-Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
-docs/kernels.md, this module's section.
+Why: under bf16 autocast lin1's fp32 weights cost two full casts a step besides the
+optimizer (6.45 GB each); this one pass does both: 20 bytes an element, 21.5 GB a step for
+lin1 against 34.4 GB.
+
+The design in full (layout, maths, byte ledger): docs/kernels.md, this module's section.
 """
 
 import torch

@@ -1,8 +1,10 @@
 """BoxNet's third block's forward in Triton: Conv2d(16->64, 3x3, padding 1) -> + bias ->
 MaxPool2d(2) -> ReLU in one kernel, writing the pool's int8 code (`--triton-conv-pool`).
 
-Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
-docs/kernels.md, this module's section.
+Why: cuDNN's conv wrote its 537 MB full-resolution output (batch 1024) for the pool to read
+back; here it never leaves registers: ~0.34 GB moved and 101 GFLOP of tensor-core work.
+
+The design in full (layout, maths, byte ledger): docs/kernels.md, this module's section.
 """
 
 import torch

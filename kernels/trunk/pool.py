@@ -1,8 +1,11 @@
 """A conv block's bias, 2x2 max-pool and ReLU in Triton, around cuDNN's bias-free conv
 (`--triton-pool`: BoxNet's third and fourth blocks).
 
-Its design (layout, launch shapes, bytes and FLOPs, what was tried and dropped):
-docs/kernels.md, this module's section.
+Why: the bias add, pool, ReLU and their backward were separate passes over the 537 MB
+full-resolution output (batch 1024); here the bias is added inside the pool and the
+choice is one int8 code: ~0.74 GB each way.
+
+The design in full (layout, maths, byte ledger): docs/kernels.md, this module's section.
 """
 
 import torch
