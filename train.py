@@ -12,8 +12,8 @@ around the loop (run folder, profiler, summary, early ends) is profiling/harness
 
 # Before the imports below; only as the program: tests and studies import this module.
 if __name__ == "__main__":
-    from core.commands import note_signals_while_importing
-    note_signals_while_importing()
+    from core.commands import program_starts
+    program_starts()
 
 
 import dataclasses
@@ -31,6 +31,7 @@ from core.errors import (
     interruption,
     one_line,
 )
+from core.gc_pause import imports_done, paused
 from core.names import BACKENDS, FUSED, MODES, STRATEGIES, describe, phases_of
 from core.output import survive_closed_stdout
 from core.phases import mark_nvtx, phase, step_range
@@ -361,8 +362,10 @@ def run(cfg: Config, reuse: bool = False) -> dict:
     if cfg.torch_trace:
         compile_account.trace_to(cfg.torch_trace)
     t_model = time.perf_counter()
-    model, runner, optimizer = speedups.build(used, device, reuse, model_sizes(cfg), cfg.amp,
-                                              cfg.lr, *ddp.wrapper(spread, ranks, device))
+    with paused():  # the first optimizer imports torch._dynamo (core/gc_pause.py)
+        model, runner, optimizer = speedups.build(used, device, reuse, model_sizes(cfg),
+                                                  cfg.amp, cfg.lr,
+                                                  *ddp.wrapper(spread, ranks, device))
     t_model = time.perf_counter() - t_model
     across = GlobalBatch.of(spread, ranks, model)
     fns = make_step(cfg, strategy, runner, optimizer, device, across,
@@ -485,6 +488,7 @@ def _ended_early(exc: BaseException) -> int:
 
 
 def main(argv=None) -> int:
+    imports_done()  # the collector paused at the program's start resumes
     survive_closed_stdout()  # `| head` ends no run (core/output.py)
     stop_once()  # Ctrl-C or SIGTERM ends a run, once
     try:

@@ -17,6 +17,7 @@ from core.errors import (
     report_errors,
 )
 from core.files import release_claims
+from core.gc_pause import imports_done, pause_while_importing
 from core.output import survive_closed_stdout
 from core.signals import (
     note_stop_signals,
@@ -26,12 +27,14 @@ from core.signals import (
 )
 
 
-def note_signals_while_importing() -> None:
+def program_starts() -> None:
     """Called by a program before its other imports (torch's take seconds): a Ctrl-C or
     SIGTERM meanwhile is noted, and the command ends on it at its start (130, one line;
-    run_command), not by the signal or a KeyboardInterrupt's traceback. Importing this
-    module registers its exit callback first, so that it runs last."""
+    run_command), not by the signal or a KeyboardInterrupt's traceback. The garbage
+    collector is paused until the imports are done (core/gc_pause.py says why). Importing
+    this module registers its exit callback first, so that it runs last."""
     note_stop_signals()
+    pause_while_importing()
 
 
 def command(body):
@@ -51,6 +54,7 @@ def run_command(main, unwritten: str, stop_signals: bool = True) -> None:
     KeyboardInterrupt, once: core.signals.stop_once, unless stop_signals is False for a
     command that handles them itself) is one line saying what was not written, and exit
     130 (the run in progress has already marked its own folder)."""
+    imports_done()  # the collector paused at the program's start resumes
     survive_closed_stdout()  # `| head` ends no run (core/output.py)
     if stop_signals:
         stop_once()

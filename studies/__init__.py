@@ -6,5 +6,5 @@ import sys
 
 # Run as `python3 -m studies.<command>` (sys.argv[0] is "-m" while the module is found).
 if sys.argv[:1] == ["-m"]:
-    from core.commands import note_signals_while_importing
-    note_signals_while_importing()
+    from core.commands import program_starts
+    program_starts()
