@@ -21,6 +21,7 @@ class Traits:
     #                           nested tensors'): the GPU idles half of each step or more
     #                           over an epoch (results/step.md)
     syncs: bool = False       # its loss waits for the device: no CUDA graph can hold it
+    compiled: bool = False    # torch.compile writes its kernels: its first call compiles
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -33,12 +34,12 @@ REGISTRY = {
     "loop": Traits("losses.loop:make", "list", host_bound=True),
     "concat": Traits("losses.concat:make", "list", host_bound=True),
     "padded": Traits("losses.padded:make", "padded"),
-    "compiled": Traits("losses.compiled:make", "padded"),
+    "compiled": Traits("losses.compiled:make", "padded", compiled=True),
     "kernel": Traits("losses.fused:make_kernel", "padded", fused=True),
     "conditional": Traits("losses.fused:make_conditional", "padded", fused=True),
     "packed": Traits("losses.packed:make", "packed", fused=True),
     "nested": Traits("losses.nested:make", "packed", host_bound=True),
-    "compiled_packed": Traits("losses.compiled_packed:make", "packed"),
+    "compiled_packed": Traits("losses.compiled_packed:make", "packed", compiled=True),
 }
 STRATEGIES = tuple(REGISTRY)
 # The lists the checks read, each derived from the records.
@@ -46,6 +47,7 @@ RAGGED = tuple(n for n, t in REGISTRY.items() if t.layout == "list")
 PACKED = tuple(n for n, t in REGISTRY.items() if t.layout == "packed")
 HOST_BOUND = tuple(n for n, t in REGISTRY.items() if t.host_bound)
 FUSED = tuple(n for n, t in REGISTRY.items() if t.fused)
+COMPILED = tuple(n for n, t in REGISTRY.items() if t.compiled)
 BACKENDS = ("triton", "cuda")            # the fused kernels' implementations
 
 

@@ -28,7 +28,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from core.signals import stop_once
-from tests.claims import CLAIMED_ELSEWHERE
+from tests.claims import CLAIMED_ELSEWHERE, groups_folder
 
 REPO = Path(__file__).resolve().parent.parent
 SANITIZER = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1",
@@ -279,6 +279,7 @@ def main(argv=None) -> int:
         return 130
     finally:
         shutil.rmtree(claims, ignore_errors=True)
+        shutil.rmtree(groups_folder(claims), ignore_errors=True)
         counters_lock(claims).unlink(missing_ok=True)
     return report(codes, outcomes(sorted(logs.glob("worker*.xml"))), logs,
                   time.monotonic() - started, name)

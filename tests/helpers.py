@@ -8,6 +8,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from core.names import COMPILED
+
 REPO = Path(__file__).resolve().parent.parent
 # Traces and summaries recorded on the GPU (bench/record_fixtures.sh).
 FIXTURES = REPO / "tests" / "fixtures"
@@ -18,6 +22,17 @@ TINY = ["--preset", "cpu", "--batch-size", "4", "--image-size", "32", "--hidden"
 SMALL = ["--preset", "gpu", "--batch-size", "64", "--image-size", "64", "--hidden", "256",
          "--num-workers", "2", "--wait", "1", "--warmup", "1", "--active", "2",
          "--no-compile"]
+# The tests that compile with Inductor on the CPU, in one worker of make test
+# (tests/claims.py): each process pays the compiler's set-up (its imports, the vector ISA's
+# probes, the precompiled header) and traces each graph anew; one process pays once.
+# results/correctness.md has the CPU seconds, in one worker and in three.
+ONE_CPU_COMPILER = pytest.mark.together("inductor-cpu")
+
+
+def compiler_marks(strategy: str, device: str = "cpu") -> tuple:
+    """A test's marks for a strategy on a device: one compiler for the compiled ones on
+    the CPU."""
+    return (ONE_CPU_COMPILER,) if strategy in COMPILED and device == "cpu" else ()
 
 
 def our_lines(stderr: str) -> list[str]:

@@ -165,6 +165,42 @@ def test_a_test_marked_alone_runs_after_the_others_in_one_worker(tmp_path):
     assert ran_alone.endswith("test_e::test_on_its_own")
 
 
+TOGETHER = """
+import os
+import time
+import pytest
+
+@pytest.mark.parametrize("i", range(6))
+def test_spread(i):
+    time.sleep(0.3)
+
+@pytest.mark.together("one")
+@pytest.mark.parametrize("i", range(4))
+def test_grouped(i):
+    time.sleep(0.3)
+    print("grouped in", os.getpid())
+
+@pytest.mark.together("one")
+def test_grouped_too():
+    print("grouped in", os.getpid())
+"""
+
+
+def test_tests_marked_together_run_in_one_worker(tmp_path):
+    """The workers reach the grouped tests in turn, as they do the others (each sleeps,
+    so the other workers are free for one); every one runs in the first worker to reach
+    one of them, and each runs once."""
+    (tmp_path / "test_g.py").write_text(TOGETHER)
+    logs = tmp_path / "logs"
+    done = _suite(tmp_path / "test_g.py", logs, workers=3)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "make test: 11 passed," in done.stdout.splitlines()[-1]
+    ran = {i: outcomes([logs / f"worker{i}.xml"]) for i in range(3)}
+    grouped = [i for i, names in ran.items() if any("grouped" in n for n in names)]
+    assert len(grouped) == 1, ran
+    assert sum("grouped" in n for n in ran[grouped[0]]) == 5
+
+
 def test_each_worker_gets_its_share_of_the_cores_for_torchs_threads(tmp_path):
     """Two workers of as many OpenMP threads as cores each, on 2 cores, spun against each
     other: a test of make compare took 330 s instead of 26. Each worker (and what it

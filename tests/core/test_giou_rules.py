@@ -14,12 +14,14 @@ import losses
 from core.errors import InputError
 from core.names import FUSED, PACKED, RAGGED, STRATEGIES
 from tests.cases import make_case
+from tests.helpers import compiler_marks
 from tests.reference import targets_for
 
 gpu = pytest.mark.gpu
 # (strategy, backend, device): every strategy on the CPU; on a GPU every strategy and the
 # fused ones with both backends.
-RUNS = ([pytest.param(s, "triton", "cpu", id=f"{s}-cpu") for s in STRATEGIES]
+RUNS = ([pytest.param(s, "triton", "cpu", id=f"{s}-cpu", marks=compiler_marks(s))
+         for s in STRATEGIES]
         + [pytest.param(s, "triton", "cuda", id=f"{s}-cuda", marks=gpu) for s in STRATEGIES]
         + [pytest.param(s, "cuda", "cuda", id=f"{s}-cuda-cuda", marks=gpu)
            for s in FUSED])

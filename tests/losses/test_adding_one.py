@@ -17,7 +17,8 @@ from losses import padded
 def make(capacity, backend):
     return dataclasses.replace(padded.make(capacity, backend), name="probe")
 '''
-LAST = '''    "compiled_packed": Traits("losses.compiled_packed:make", "packed"),\n}'''
+LAST = ('''    "compiled_packed": Traits("losses.compiled_packed:make", "packed", '''
+        '''compiled=True),\n}''')
 
 
 def test_a_strategy_is_one_file_and_one_line_in_the_registry(tmp_path):

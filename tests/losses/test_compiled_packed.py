@@ -12,6 +12,7 @@ import losses
 from data import SyntheticFaces
 from data.collate import collate_padded
 from profiling import compile_account
+from tests.helpers import ONE_CPU_COMPILER
 from tests.reference import GRAD_TOL, reference_loss, rel_err
 
 BATCHES, BATCH, CAPACITY = 50, 6, 64
@@ -32,6 +33,7 @@ def _batches_of_two_boxes_or_more(dataset, strategy, batch: int) -> list:
     raise AssertionError(f"fewer than {BATCHES} batches of 2 boxes or more")
 
 
+@ONE_CPU_COMPILER
 def test_fifty_batches_of_different_n_compile_once():
     torch._dynamo.reset()
     strategy = losses.get("compiled_packed", capacity=CAPACITY)

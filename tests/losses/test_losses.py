@@ -4,14 +4,15 @@ import pytest
 import torch
 
 import losses
-from core.names import PACKED, RAGGED
+from core.names import COMPILED, PACKED, RAGGED
 from core.names import STRATEGIES as ALL_STRATEGIES
 from tests.cases import KINDS, OFF_GRID, make_case
+from tests.helpers import ONE_CPU_COMPILER, compiler_marks
 from tests.reference import DTYPES, check_against_reference, targets_for
 
 # compiled and compiled_packed have their own tests (a compile per dtype is slow on CPU;
 # tests/losses/test_packed.py runs compiled_packed over the dtypes and shapes).
-STRATEGIES = tuple(s for s in ALL_STRATEGIES if s not in ("compiled", "compiled_packed"))
+STRATEGIES = tuple(s for s in ALL_STRATEGIES if s not in COMPILED)
 
 
 @pytest.mark.parametrize("name", STRATEGIES)
@@ -37,7 +38,8 @@ def test_empty_and_full_batches(name, counts):
     assert torch.equal(pred.grad, torch.zeros_like(pred))
 
 
-@pytest.mark.parametrize("name", ALL_STRATEGIES)
+@pytest.mark.parametrize("name", [pytest.param(s, marks=compiler_marks(s))
+                                  for s in ALL_STRATEGIES])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_empty_images_beside_a_full_one_with_edges_off_the_grid(name, dtype):
     """The case: images with no box, one with every one of 256 slots filled, fp32
@@ -118,6 +120,7 @@ def test_paired_giou_is_bitwise_the_coordinate_form(kind, dtype):
     assert torch.equal(g0[untied], g1[untied])
 
 
+@ONE_CPU_COMPILER
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_compiled_padded_loss_matches_reference(dtype):
     """torch.compile of the padded loss (Inductor on CPU here, Triton on a GPU)."""

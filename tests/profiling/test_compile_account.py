@@ -8,7 +8,7 @@ import torch
 
 import train
 from profiling import compile_account
-from tests.helpers import TINY
+from tests.helpers import ONE_CPU_COMPILER, TINY
 
 
 def _ragged(x, n):
@@ -38,6 +38,7 @@ def test_recompiles_are_counted_with_the_guard_that_failed():
     assert compile_account.account(compile_account.begin(), 5.0) is None
 
 
+@ONE_CPU_COMPILER
 def test_a_compiled_run_accounts_for_its_compiles_and_writes_the_trace(tmp_path):
     """The model through Inductor on CPU: the footer's line and summary.json's section,
     and --torch-trace's folder holding what tlparse reads."""

@@ -11,6 +11,7 @@ import torch
 from core.names import describe, variants
 from studies import sweep, sweep_point
 from studies.sweep_report import slope
+from tests.helpers import ONE_CPU_COMPILER
 
 TINY = ["--batch", "2,4", "--capacity", "8,16", "--sigma", "3,full", "--boxes-capacity", "8",
         "--rep-ms", "2"]
@@ -20,6 +21,7 @@ def _rows(out):
     return list(csv.DictReader((out / "sweep.csv").open()))
 
 
+@ONE_CPU_COMPILER
 def test_a_tiny_sweep_writes_every_strategy_and_axis(tmp_path, capsys):
     out = tmp_path / "sweep"
     assert sweep.main(["--out", str(out), *TINY]) == 0
