@@ -2,32 +2,11 @@
 buffers that the main process registers as pinned once they have forked (the design FFCV
 uses, with processes for its threads).
 
-Why: with PyTorch's loader as the original uses it, every 64 MB image batch is copied
-three times on the host before its H2D copy (the collate's stack, the move into shared
-memory to cross to the main process, the pin-memory thread's copy out of that fresh
-mapping into pinned memory), and the main process's pin thread does the last of them for
-every batch alone (results/host.md: 32 batches/s pinned, 53 unpinned, at 16 workers).
-Here a worker generates each sample as before (the same generator per (seed, index), so
-the same images and boxes in the same order) and writes it into its slot of the ring, the
-batch's targets beside them (data/ring_targets.py); it returns only the slot's number and
-where each target tensor lies in it. The main process hands out its own views of that
-slot: memory that CUDA has registered as pinned, so each H2D copy is one DMA, with no copy
-on the host.
-
-    loader = RingLoader(dataset, batch_size, num_workers, strategy.collate, pinned=True)
-    for images, targets in loader:       # views of one ring slot
-        ...                              # copy them to the device within this step
-
-A slot is written again only once the device copy read from it has completed: a batch is
-handed out, its step enqueues its copies, and an event recorded when the next batch is
-asked for marks them; the ring holds as many slots as the loader keeps batches in flight
-(prefetch x workers) and two more, and before each request the event of the batch two
-back is waited for (queried first, so the wait is not even a call as a rule: copied
-ahead, on their own stream, the copies run as soon as they are enqueued, however many
-steps, --run-ahead, the host runs ahead of the compute stream; copied in the step, behind
-it, the host may wait here, and the slot stays safe). training/feed.py's copy ahead asks for
-the next batch on its side stream, so the event follows that batch's copies there.
-"""
+Why: PyTorch's loader copies each 64 MB image batch three times on the host before its
+H2D copy, the last in the main process's pin thread alone; here it is written once, into
+memory CUDA has registered as pinned, and each H2D copy is one DMA. A slot is written
+again only once the device copy read from it has completed. The design in full:
+docs/design.md, this module's section."""
 
 import time
 

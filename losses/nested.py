@@ -1,47 +1,11 @@
 """nested: the packed targets as PyTorch's jagged tensors (torch.nested, layout=torch.jagged:
 values plus offsets), and the GIoU maths in torch ops on them.
 
-Each box's prediction is gathered by its (image, slot) from the collate's index (one
-index_select: the only gather, no padding copied), and the eight coordinates become
-jagged tensors [B, j] on the collate's offsets, so every term is a tensor of the batch's
-ragged shape. The loss is the sum of the terms over every box / max(N, 1).
-
-What torch.nested does and does not do for this loss (torch 2.13 on the CPU and 2.11 on
-the H100, the same on both unless said; results/strategies.md):
-- torch.nested.narrow(pred, 1, 0, counts, layout=torch.jagged) views the padded
-  predictions without a copy, but nothing useful follows: an elementwise op with the
-  targets' jagged tensor is refused (their ragged dims are different nested ints);
-  .contiguous() then fails in the backward (CloneBackward0 returns the wrong ragged
-  shape), and .sum() of the view sums the padding too (its gradient is 1 in every slot).
-  So the predictions are gathered, not narrowed.
-- backward is missing for unbind(-1), select (x[..., i]) and narrow on the last dim, and
-  for torch.minimum / torch.maximum (aten.masked_fill_ has no jagged kernel). The
-  coordinates are therefore split before they are wrapped, and min / max are taken
-  by torch.minimum / torch.maximum on the jagged tensors' values (dense, one ragged
-  structure), wrapped again on the same offsets: exact, with PyTorch's tie rule.
-  Two other ways were tried and are wrong or slow. (a + b -/+ |a - b|) / 2 rounds
-  a + b in fp32, so a touching intersection (exactly 0) came out about -1e-5 and
-  clamp(min=0) cut the gradient every other strategy passes: 1e-2 to 1e-1 of the
-  gradient lost with fp32 predictions off the integer grid (bf16 inputs sum exactly in
-  fp32, so bf16 passed). torch.where has a jagged backward but its broadcast is Python,
-  about twice the host time of this form. The values' minimum costs the host about
-  what the abs form did.
-- clamp, abs, where, arithmetic, .to(dtype) and .values() have jagged kernels and backward.
-- The jagged structure itself is never used by this loss (a mean over all boxes): the
-  ops run on the values, each through a Python __torch_dispatch__ on the host, so a call
-  is host-bound (tens of ms at batch 1024).
-- torch.compile: on torch 2.13 (CPU) the loss compiles with fullgraph and dynamic
-  shapes, one graph for every N; on torch 2.11 (the H100) Inductor refuses it
-  ("inductor does not support layout=torch.jagged"), with or without fullgraph. The
-  strategy therefore runs eager everywhere: the same code on both versions.
-  The probe that found each line of this list is in the archive (results/archive.md).
-
-Bad values (core/giou_rules.py), checked on the device as the packed kernels check them:
-an image or slot out of range (never read: the gather reads row 0 and drops it), or
-offsets that do not partition the N boxes into counts within [0, M], make the loss and
-every box's gradient NaN; a slot no box names is never read, so its gradient is exactly
-0 whatever it holds.
-"""
+Why it looks as it does: torch.nested has no backward for the ops a GIoU needs on the
+last dim (unbind, select, minimum, maximum), so the coordinates are split before they
+are wrapped and min and max are taken on the values; every op dispatches through Python,
+so a call is host-bound. The design in full (what torch.nested does and does not do, the
+bad values): docs/design.md, this module's section."""
 
 from functools import partial
 

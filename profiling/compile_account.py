@@ -1,23 +1,10 @@
 """What torch.compile did during a run, in its own words: how long it compiled, how many
 graphs, recompiles and graph breaks, and the guard that failed for each recompile.
 
-Why it matters here: the targets' shapes change every batch (N boxes an image), and a
-graph specialised on a shape is compiled again when the shape changes. Dynamo says so in
-its compilation metrics (torch._dynamo.utils.get_compilation_metrics(): one record a
-frame compiled, with its compile id "frame/attempt", its time and, for an attempt past
-the first, the failed guard) and its counters (unique graphs, graph breaks by reason).
-Both are process-wide and make compare runs many runs in one process, so a run takes what
-was added since its start (begin()). Read the same way on torch 2.11 and 2.13 (a torch
-without the compilation metrics would give the counters' graphs and breaks alone).
-
-The compile time is Dynamo's own: each frame's compile (Dynamo, AOTAutograd, Inductor)
-plus the backward graphs' (compiled at their first backward). It is set beside the first
-steps' host time, the steps --settle leaves out of the sustained rate, to split them into
-compiling and running.
-
---torch-trace DIR has Dynamo write its structured log (what tlparse reads: every graph,
-guard and recompile) into DIR (trace_to()).
-"""
+Why: the targets' shapes change every batch, and a graph specialised on a shape is
+compiled again when it changes. Dynamo's metrics and counters are process-wide (make
+compare runs many runs in one process), so a run takes what was added since its start
+(begin()). The design in full: docs/design.md, this module's section."""
 
 import os
 from collections import Counter

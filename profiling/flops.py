@@ -1,29 +1,9 @@
 """The model's FLOPs a step, and how much of the GPU's peak a run turns into them (MFU).
 
-Counted, not modelled: torch.utils.flop_counter.FlopCounterMode runs the plain model's
-forward and backward once, on the "meta" device (shapes only: no memory, no kernels, a
-second on a CPU even at hidden 16384), at the run's batch and shapes. It counts what
-torch's matmuls and convolutions do (2 FLOPs a multiply-add, the backward's input and
-weight gradients as autograd asks for them: the first convolution has no input gradient),
-so the figure is the same with every speed-up on or off: the step's speed-ups and our
-Triton and CUDA ops change how fast the FLOPs go, not how many the model needs (the fused
-kernels would count as zero). The loss and the optimizer are elementwise: FlopCounterMode
-counts none of their operations (tests/profiling/test_flops.py holds both), which is the usual
-convention for MFU. At the GPU preset (batch 1024, 256 x 256, hidden 16384):
-
-    lin1   3 GEMMs x 2 x 1024 x 65,536 x 16,384          6.60 TFLOP
-    convs  forward 0.41, backward 0.82                  1.23 TFLOP
-    lin2   3 GEMMs x 2 x 1024 x 16,384 x 1,024          0.10 TFLOP
-    step                                                7.93 TFLOP
-
-MFU is those FLOPs over a time, against the device's dense bf16 tensor-core peak: in a
-run's table the step's device time, its GPU busy time (the union of its GPU work over
-every stream: the time summed over streams counts the copy ahead's ~1 ms on its side
-stream, which runs beside the compute, a step about 5 % too long, and lin1's update
-beside the trunk twice over); at the sustained rate, in the footer and make
-throughput, the device's step boundaries (what a user gets). '-' on a device whose peak
-is not in PEAKS.
-"""
+Counted, not modelled: FlopCounterMode runs the plain model's forward and backward once
+on the "meta" device, so the figure is the same with every speed-up on or off (7.93
+TFLOP a step at the GPU preset, 6.60 of them lin1's three GEMMs). What is counted, the
+ledger and which time MFU divides by: docs/design.md, this module's section."""
 
 from dataclasses import dataclass
 from functools import lru_cache

@@ -1,29 +1,11 @@
 """The card's clocks, power and temperature over a run, from nvidia-smi beside it: what
 the sustained rate ran at.
 
-A short profile at a run's start times the card cool and boosting; over an epoch it may
-hold its SM clock lower to stay under its power limit (or to cool), and every kernel
-bound by the SMs slows with it. The step reader's CUDA events see only the slower steps;
-this says why, from the reasons NVML gives for the clock the card holds.
-
-    clocks = Sampler.start(run_dir / "gpu_clocks.csv", gpu_id(torch.cuda.current_device()))
-    ...                     # the steps that compile and tune
-    clocks.mark()           # the sustained steps begin
-    ...                     # each step: clocks.step_ended(last=...)
-    summary["gpu_clocks"] = clocks.stop()   # the samples from the mark to the last step
-
-Beside the samples, NVML's energy counter (profiling/energy.py) read at the mark, at a
-step's end at most once every ENERGY_EVERY_S, and at the last planned step's end gives the
-sustained steps' joules a step: at a power cap the step's time follows them
-(results/step.md). Not every step: a read is a driver call that held the run's main
-thread for milliseconds on an H200 (results/host.md), and the counter itself
-moves only every 20-100 ms. None where NVML is not there.
-
-nvidia-smi samples NVML from its own process every SAMPLE_MS: no kernel, no sync, no
-host time in the training process. Where it cannot run (no nvidia-smi, a driver without
-the fields), the run goes on and the summary says why. A shell beside it ends it once the
-training process is gone, however it ended: a sampler left looping would outlive the run.
-"""
+Why: over an epoch a card may hold its SM clock lower to stay under its power limit (or
+to cool), and the step reader's events see only the slower steps; this says why, from
+NVML's reasons. nvidia-smi samples from its own process: no kernel, no sync, no host time
+in the run's. The calls and the energy counter's reads: docs/design.md, this module's
+section."""
 
 import csv
 import statistics

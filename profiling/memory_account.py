@@ -1,30 +1,10 @@
-"""Where a run's GPU memory goes over its profiled steps (train.py --memory-snapshot):
+"""Where a run's GPU memory goes over its profiled steps (train.py --memory-snapshot).
 
-    history = AllocatorHistory(run_dir / SNAPSHOT)  # the CUDA caching allocator's record
-    history.start()            # before the first profiled step
-    history.stop()             # after the last (and its sync): the pickle, and its peak
-    by_category(prof, device)  # torch.profiler's memory timeline, by what each tensor is
-    account(history, timeline) # summary.json's "memory"; describe() its footer lines
-
-Two records of the same steps, from two sides. The allocator's snapshot
-(memory_snapshot.pickle, what https://pytorch.org/memory_viz reads) has every block and
-every alloc and free with its Python stack, but not what a tensor is for. The profiler's
-memory timeline (with record_shapes and with_stack) knows that: parameters, gradients,
-optimizer state, activations, temporaries, inputs, autograd's own, and "unknown" where it
-cannot tell; it counts only the tensors of the operators it records, at their host times.
-It learns parameters and optimizer state from a torch.optim.Optimizer's step (hence
-training/shadow_optimizer.py is one). The page beside it is profiling/memory_page.py's.
-
-The snapshot's peak is replayed from its trace: the bytes allocated when it was taken, less
-what its alloc and free_requested entries added and took over the window, give the bytes
-at the window's start; walking forward again gives the most at any moment. The allocator
-counts a block as allocated from its alloc to its free_requested (a block whose stream
-still uses it is freed later, free_completed, but no longer counts), as
-torch.cuda.max_memory_allocated does, which is reset at start() to be held against it. The
-trace records each allocation's requested size, the counter its block's (rounded up to
-512 B, or a whole block left unsplit), so the replay is in requested bytes throughout and
-comes out a little under the counter.
-"""
+Two records of the same steps: the allocator's snapshot (every block, with its Python
+stack, not what a tensor is for) and the profiler's memory timeline (what each tensor is
+for: parameters, gradients, optimizer state, activations...). The snapshot's peak is
+replayed from its trace. The calls and the replay: docs/design.md, this module's
+section."""
 
 import pickle
 from pathlib import Path

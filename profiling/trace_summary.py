@@ -2,35 +2,9 @@
 
 Why the trace file and not key_averages(): on CUDA runs with torch 2.11, key_averages()
 has two rows per record_function name (a CPU one, and a GPU-annotation one whose CPU time
-is 0); a table built from the wrong row prints zeros. The trace has every event with its
-category, so each number here is defined once:
-
-- phase CPU time: wall duration of the phase's `user_annotation` range on the host;
-- phase GPU time: summed durations of the kernels, memcpys and memsets whose launching
-  runtime/driver call falls inside the phase's time window (any thread: the backward runs
-  on autograd's device thread while the main thread waits inside the 'backward' range);
-- launches: runtime/driver launch calls in the window (cudaLaunchKernel, cuLaunchKernel...);
-- H2D copies: host-to-device memcpy activities launched in the window;
-- syncs: runtime calls that block the host on the device (…Synchronize, blocking memcpy);
-- step time: the `ProfilerStep#N` range's wall duration; the GPU work of a step likewise,
-  summed over its streams (gpu_ms), on its busiest stream (busiest_stream_ms: what the
-  step's device time cannot go below however its streams overlap; a copy on a side stream,
-  or NCCL's stream, runs beside the compute stream), and as wall time (busy_ms: the union
-  over every stream of the steps' GPU activities, per step: the device time a step takes
-  when its streams overlap, as lin1's update beside the trunk does). That update runs on
-  into the next step, so a window's edges are not a step's: the first profiled step runs
-  without the update of the step before it (launched outside the window, and at the
-  profiler's start the host is late, so it has ended), and the last step's update runs on
-  past it. With three steps or more, busy_ms is the steady state: the union from the
-  second step's first kernel on the compute stream (the stream of most GPU time) to the
-  last step's, over the periods between them. Two steps or fewer: the union up to the
-  compute stream's last end, over the steps (the first step's lighter start counted, a
-  little under the steady state);
-- top kernels: the GPU activities of the profiled steps by name, their time and count per
-  step (what a CUDA graph's replay spends, whose phases are not separate ranges).
-All per-step numbers are means over the profiled (active) steps; cpu_ms_each lists each
-step's CPU time of a phase (and of the step), so that one slow step is visible.
-"""
+is 0); the trace has every event with its category, so each number here is defined once.
+Each definition (a phase's CPU and GPU time, launches, copies, syncs, a step's GPU time
+summed, on its busiest stream and as wall time): docs/design.md, this module's section."""
 
 from collections import defaultdict
 

@@ -1,32 +1,8 @@
 """One point of make sweep: a strategy's loss, forward and backward, at one (batch size, box
-capacity M, box sigma), measured alone (no model).
-
-Targets come from the project's dataset and the strategy's own collate, so the boxes per
-image follow the workload's distribution, n = clip(floor(|N(0, sigma)|), 0, M) (sigma = inf:
-every slot filled). Predictions are valid boxes made on the device in the model's dtype
-(bf16 on a GPU, as under the model's autocast; fp32 on a CPU). Measured per call of
-`loss(pred, targets).backward()`:
-
-- GPU ms (median, p20, p80): the summed durations of the GPU activities (kernels, copies,
-  memsets) each call launched, from the profiler's kernel events over repeated calls: the
-  GPU's own work, whatever the host does around it.
-- elapsed ms (median, p20, p80): triton.testing.do_bench, CUDA events around each call
-  (L2 flushed between calls): the stream's elapsed time, which for a small or host-bound
-  call is the host's time to issue it, not the GPU's. On a CPU both columns are
-  torch.utils.benchmark's blocked_autorange (wall time). No timing loop of our own.
-- host ms: the host's time to issue one call (median of single calls, no sync);
-- launches and H2D copies per call (the strategy's to_device included), counted with
-  profiling/trace_events.py's definitions;
-- what the layout costs before the loss: collate ms, the host's time to build the
-  targets from the point's samples (median of 11 single collates, the garbage collector
-  paused; the images are one pixel, so it is the targets' share of the collate); H2D
-  ms, the GPU time of the targets' copies from pinned memory, as the loaders copy
-  them; H2D bytes, their size; and targets ms, collate + H2D + the loss's GPU ms: the
-  whole cost of the targets (host and GPU times added, as a step that waits for its
-  batch would see them);
-- bytes: what the layout makes the loss read and write at the least (layout_bytes), and
-  that over the GPU time against the GPU's peak bandwidth.
-"""
+capacity M, box sigma), measured alone (no model): its GPU, elapsed and host ms, launches
+and copies a call, what its layout costs before the loss (collate, copies) and the bytes
+it must move. What each figure is and how it is taken: docs/design.md, this module's
+section."""
 
 import math
 import statistics

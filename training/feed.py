@@ -1,34 +1,11 @@
-"""How a step gets its batch onto the device: copied inside the step, or ahead of it.
+"""How a step gets its batch onto the device: copied inside the step, on the compute stream
+(InStep, the original's order), or batch k+1 copied on a side stream while the GPU runs
+step k (CopyAhead).
 
-    feed = CopyAhead(loader, copy, arrive) if ... else InStep(loader, copy, arrive)
-    for step in ...:
-        images, targets = feed.take()    # this step's batch, on the device
-        ...                              # the step's work, enqueued
-        feed.prepare()                   # CopyAhead: the next batch, copying already
-
-InStep is the original's order: the batch is fetched from the loader and copied to the
-device at the step's start, on the compute stream, so the step's GPU work begins with the
-copy (the 64 MB image batch at the GPU preset: about 1.3 ms at the ~51 GB/s of a pinned
-copy, results/step.md).
-
-CopyAhead copies batch k+1 on a side stream while the GPU runs step k, on a copy engine
-beside the SMs: the compute stream's step no longer holds the copy. What makes it safe,
-without a host-device sync:
-- the compute stream waits for the side stream before it reads the batch (wait_stream:
-  a wait on the GPU, the host does not block);
-- every device tensor of the batch is marked as used by the compute stream
-  (record_stream), so the caching allocator does not give its memory to a later copy
-  before the step that reads it has finished;
-- the host memory the copy reads stays untouched until the copy is done: PyTorch's pinned
-  blocks (its loader's, and the ring's targets) are held by the host allocator until an
-  event on the copying stream passes; a slot of data/ring_loader.py is held by the ring's
-  own event, which it records on the current stream when the next batch is asked for, so
-  prepare() asks for it on the side stream, behind the previous batch's copies.
-
-Each phase keeps its name: 'data' (waiting for the loader) and 'copy' (enqueueing the
-copies) run in step k's range for batch k+1 under CopyAhead, and the time spent waiting
-for the loader is kept per step (waited_ms) for the run's data-wait figures.
-"""
+Safe without a host-device sync: the compute stream waits for the side stream, each
+device tensor is marked as used by the compute stream (record_stream), and the host
+memory the copy reads is held until an event on the copying stream passes. The design in
+full: docs/design.md, this module's section."""
 
 import time
 

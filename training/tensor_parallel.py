@@ -2,39 +2,12 @@
 row-parallel over a process group of N ranks, each rank holding 1/N of lin1's rows (and
 of its bias) and of lin2's columns.
 
-Rank r of N, its batch of B samples (x_r: [B, F] features, F = 65,536 at full size):
-
-    forward   x = all-gather(x_r)                     [N*B, F]  bf16 in, 2(N-1)·B·F bytes
-              y = x @ W1_r^T + b1_r                   [N*B, H/N]
-              h = relu(y)                             (the model's own)
-              z = reduce-scatter(h @ W2_r^T) + b2     [B, O]    each rank its own samples
-    backward  dz -> all-gather                        [N*B, O]
-              dh = dz @ W2_r, dW2_r = dz^T h
-              dx = dy @ W1_r                          [N*B, F]  -> reduce-scatter -> [B, F]
-              dW1_r = dy^T x, db1_r = sum(dy)
-
-lin1's weight never moves, and its gradient is the global batch's on each rank already:
-no gradient of the head's shards is reduced (lin2's bias, replicated, is DDP's).
-
-Why not DTensor's parallelize_module, which did this before (results/archive/
-several-gpus.md): its eager dispatch and hooks are Python on every op of the head, every
-step, and each rank's host needed about twice one GPU's time a step under it. Here the
-head is a dozen ATen calls and four collectives.
-
-What the communication hides behind:
-    the features' all-gather   this rank's own rows' GEMM (1/N of lin1's forward), which
-                               needs nothing gathered; the others' rows follow it
-    dx's reduce-scatter        lin1's weight-gradient GEMM (as many FLOPs as the forward),
-                               which needs dy and x, not dx; the wait comes after it
-lin2's two collectives move N·B·O·2 bytes (2 MB a rank at the full size): left inline.
-On NCCL every wait is a stream dependency (the current stream waits for NCCL's), never a
-host-device sync. Those two GEMMs are BESIDE's, so that a speed-up can run them otherwise
-(training/speedups/sms_for_collectives.py: on Hopper cuBLAS's GEMMs hold every SM and the
-collective beside them waits for their end).
-
-Under bf16 autocast the GEMMs run in bf16, as autocast would run F.linear: the inputs
-are cast outside the autograd functions, so autograd casts their gradients back.
-"""
+Why not DTensor's parallelize_module: its eager dispatch and hooks are Python on every op
+of the head, and each rank's host needed about twice one GPU's time a step under it. Here
+the head is a dozen ATen calls and four collectives; the features' all-gather hides
+behind this rank's own rows' GEMM, dx's reduce-scatter behind lin1's weight-gradient GEMM
+(BESIDE: a speed-up may run those two otherwise). The maths, the bytes, what hides what:
+docs/design.md, this module's section."""
 
 import types
 from dataclasses import dataclass

@@ -1,42 +1,10 @@
-"""Makes torch-tb-profiler 0.4.3 (its last release) read traces of torch 2.x correctly.
+"""Makes torch-tb-profiler 0.4.3 (its last release) read traces of torch 2.x correctly:
+launches categorised cuda_runtime and cuda_driver, the GPU-side twins of steps and
+collectives, NCCL kernels tied to their collective, and the page served offline.
 
-What changed in the traces since 0.4.3, and what each change broke (seen on this repo's
-torch 2.11 GPU traces, tests/fixtures/gpu_*.pt.trace.json.gz):
-
-Steps and operators (single-GPU runs):
-a. Kernel launches are categorised `cuda_runtime` (and `cuda_driver` for Triton's
-   cuLaunchKernelEx); 0.4.3 knows only `Runtime`. Unknown events are dropped, so no kernel
-   is linked to the operator that launched it: device time 0 for every operator, every
-   kernel attributed to "CallTreeRoot", 0 us of runtime in the Overview.
-b. Each `ProfilerStep#N` also appears as a GPU-side `gpu_user_annotation` twin. 0.4.3
-   maps that category to user annotations and takes the twin for another step. Once the
-   launches are known (a), step times are matched to device work and the twin becomes a
-   step with no cost: the Overview then divides by its zero total (ZeroDivisionError).
-   Only the host-side ProfilerStep ranges are steps.
-
-Collectives (the Distributed view of runs on several GPUs, gpu_ddp_rank*):
-c. A collective's host op `nccl:all_reduce` has its own External id, but the NCCL kernel
-   carries the id of the op around it (`record_param_comms`: pytorch/kineto issue 782).
-   0.4.3 ties kernels to collectives by External id, so no kernel was tied: the view's
-   communication read 0 and every NCCL kernel counted as computation (its overlap with
-   itself). Each NCCL kernel, and the runtime call that launched it, now carry the id of
-   the collective op that encloses the launch on the launching thread.
-d. Each collective also has a GPU-side `gpu_user_annotation` twin with the op's name,
-   which 0.4.3 took for a second collective (and its GPU span for host time). Only the
-   host-side ops are collectives, as only the host-side ProfilerStep ranges are steps (b).
-
-The page, offline:
-e. The plugin's page draws its charts with Google Charts, loaded from the internet. A
-   browser that cannot reach it stopped at "google is not defined" and showed a spinner
-   for ever. The page is now served with a stand-in that lets everything but the charts
-   render, and a banner that says why the charts are missing.
-
-`apply()` patches the plugin's parser and its page in this process. The plugin parses each
-trace in a child process, started with 'spawn' by default, which would re-import the
-unpatched module; `apply()` therefore selects 'fork' through the plugin's own switch
-(TORCH_PROFILER_START_METHOD), so the children inherit the patch. CPU traces have neither
-category nor twins and parse as before.
-"""
+`apply()` patches the plugin's parser and its page in this process, and selects 'fork'
+for the plugin's children so that they inherit the patch. What each change in the traces
+broke, and how: docs/design.md, this module's section."""
 
 import json
 import os
