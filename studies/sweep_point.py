@@ -11,6 +11,7 @@ import time
 import torch
 
 import losses
+from core.gc_pause import paused
 from core.names import RAGGED, traits
 from core.trees import leaves, map_leaves
 from data import SyntheticFaces
@@ -115,15 +116,12 @@ def collate_times(collate, pairs, calls: int = 11) -> list[float]:
     import gc
     collate(pairs)  # warm: first-call allocations
     gc.collect()
-    gc.disable()
-    try:
-        times = []
+    times = []
+    with paused():
         for _ in range(calls):
             start = time.perf_counter()
             collate(pairs)
             times.append((time.perf_counter() - start) * 1e3)
-    finally:
-        gc.enable()
     return times
 
 

@@ -29,10 +29,9 @@ SMALL = ["--preset", "gpu", "--batch-size", "64", "--image-size", "64", "--hidde
 ONE_CPU_COMPILER = pytest.mark.together("inductor-cpu")
 
 
-def compiler_marks(strategy: str, device: str = "cpu") -> tuple:
-    """A test's marks for a strategy on a device: one compiler for the compiled ones on
-    the CPU."""
-    return (ONE_CPU_COMPILER,) if strategy in COMPILED and device == "cpu" else ()
+def compiler_marks(strategy: str) -> tuple:
+    """A CPU test's marks for a strategy: one compiler for the compiled ones."""
+    return (ONE_CPU_COMPILER,) if strategy in COMPILED else ()
 
 
 def our_lines(stderr: str) -> list[str]:

@@ -18,7 +18,6 @@ PROGRAM = """
 from core.commands import program_starts
 program_starts()
 import gc
-import json
 importing = gc.isenabled()
 from core.commands import command, run_command
 

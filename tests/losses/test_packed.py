@@ -11,7 +11,7 @@ import losses
 from core.errors import InputError
 from data.collate import collate_packed, packed_targets
 from tests.cases import make_case
-from tests.helpers import ONE_CPU_COMPILER, backward_into_nan_memory, kernels_launched
+from tests.helpers import backward_into_nan_memory, compiler_marks, kernels_launched
 from tests.reference import DTYPES, check_against_reference, reference_loss, rel_err, targets_for
 
 gpu = pytest.mark.gpu
@@ -19,7 +19,7 @@ gpu = pytest.mark.gpu
 RUNS = [pytest.param("packed", "triton", "cpu", id="packed-triton-cpu"),
         pytest.param("nested", "triton", "cpu", id="nested-cpu"),
         pytest.param("compiled_packed", "triton", "cpu", id="compiled-packed-cpu",
-                     marks=ONE_CPU_COMPILER),
+                     marks=compiler_marks("compiled_packed")),
         pytest.param("packed", "triton", "cuda", id="packed-triton-cuda", marks=gpu),
         pytest.param("packed", "cuda", "cuda", id="packed-cuda-cuda", marks=gpu),
         pytest.param("nested", "triton", "cuda", id="nested-cuda", marks=gpu),
