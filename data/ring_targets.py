@@ -1,21 +1,6 @@
-"""A batch's targets written into a ring slot's bytes by a worker, read back as views by
-the main process: what crosses between them is a few numbers per tensor.
-
-Why: pickled (as numpy arrays) the padded targets are 1 MB a batch through the loader's
-one result pipe, then pinned in the main thread, which cost the ring loader a third of its
-rate (results/host.md). Written into
-the slot, they sit in the memory CUDA registered as pinned beside the images: their H2D
-copy reads them there, and the main process neither unpickles nor pins them.
-
-    layout = pack(targets, slot_bytes)     # in the worker: None if they do not fit
-    targets = unpack(layout, slot_bytes)   # in the main process: views of the slot
-
-A layout mirrors the targets (a tensor, or tuples and lists of them: core/trees.py) with a
-Placed(offset, dtype, shape) for each tensor; offsets are aligned to ALIGN bytes so every
-dtype's view is legal.
-Targets larger than the slot (a batch with far more boxes than the first one) return None
-and travel pickled instead (RingLoader does that), never truncated.
-"""
+"""A batch's targets written into a ring slot's bytes by a worker and read back as views
+by the main process, rather than pickled and pinned (a third of the ring loader's rate);
+targets too large for the slot travel pickled. Its design in full: docs/design.md."""
 
 from dataclasses import dataclass
 

@@ -1,16 +1,6 @@
-"""The workload's synthetic dataset, deterministic per (seed, index).
-
-Image: 1×S×S uint8, uniform noise. Boxes per image: n = clip(floor(|N(0, sigma)|), 0, 255),
-1.915 on average for sigma = 3 (tests/data/test_data.py checks the distribution). make sweep
-scales sigma and raises the clip (max_boxes) to the box capacity; sigma = inf fills every
-image to max_boxes. Each box:
-top-left uniform in [0, S-2], size uniform in [1, S-1], bottom-right = min(top-left + size,
-S-1); stored as uint8 (x1, y1, x2, y2).
-
-The original drew from global NumPy state inside worker processes, so no two runs saw the
-same data. Here every sample has its own generator seeded by (seed, index): any two
-strategies see exactly the same batches, whatever the number of workers.
-"""
+"""The workload's synthetic dataset, deterministic per (seed, index): noise images and
+|N(0, sigma)| boxes each, so that every strategy and worker count sees the same batches
+(the original drew from global NumPy state in its workers). Its design in full: docs/design.md."""
 
 import math
 import sys

@@ -1,21 +1,7 @@
 """compiled_packed: Inductor over the packed layout, the case study's own question: can the
-compiler follow targets whose shape changes every batch?
-
-The targets are packed's (every valid box in one [N, 4] tensor, each box's image and slot,
-per-image offsets: nothing padded, N new each batch), the maths nested's in plain tensors:
-each box's prediction gathered by its (image, slot) (losses/nested.gather_predictions:
-one index_select, NaN on bad places or offsets, no sync), the GIoU terms over [N], their
-sum over max(N, 1). torch.compile with dynamic shapes and fullgraph: N is a symbol, not a
-constant, so one graph serves every N. Two things would specialise it, and both are kept
-out: max(N, 1) in Python guards on N (torch.sym_max does not), and one compiled function
-for the process (the strategy is made for every run of make compare; a function compiled
-anew would be traced anew). Dynamo still specialises a size of 0 or 1 (its rule for every
-dynamic size): a batch with no box, or one, compiles a graph of its own, once.
-
-How many graphs an epoch costs, and the loss's time beside the fused kernels:
-results/mfu.md; tests/losses/test_compiled_packed.py counts them over 50 batches of
-different N, on the CPU and on the GPU.
-"""
+compiler follow targets whose shape changes every batch? One compiled function a process,
+dynamic shapes, torch.sym_max: one graph for every N but 0 and 1.
+Its design in full: docs/design.md."""
 
 from functools import partial
 

@@ -1,19 +1,6 @@
 """The workload's detector, as the case study's post built it: four conv blocks, two linear
-layers, and a head that gives valid boxes.
-
-Conv2d(4^i -> 4^(i+1), 3x3, 'same') -> MaxPool(2) -> ReLU for i = 0..3 (channels
-1->4->16->64->256, spatial S -> S/16), flatten, Linear -> hidden, ReLU, Linear ->
-capacity*4. At the workload's size (S=256, hidden 16384, 256 boxes) lin1 alone is
-65,536 x 16,384 = 1.07 B parameters (4.3 GB in fp32).
-
-The original head emitted unconstrained numbers, so "boxes" could have x2 < x1. Here the
-head maps its output to valid pixel-space boxes: a top-left corner and a positive size,
-each sigmoid-scaled to the image, so x2 >= x1 and y2 >= y1 always.
-
-The model stays plain: the step's speed-ups (training/speedups/) transform it once built,
-a block's forward swapped for a fused kernel, lin1's weight made bf16, its parameter names
-and values kept.
-"""
+layers, and a head that maps its output to valid pixel-space boxes (the original's could
+have x2 < x1). The speed-ups transform it once built. Its design in full: docs/design.md."""
 
 import torch
 from torch import nn

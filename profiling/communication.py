@@ -1,21 +1,6 @@
-"""A rank's communication per step, from its trace: what the NCCL kernels cost, how much
-of it ran beside computation and how much the GPU spent waiting on it alone.
-
-Definitions (each a mean over the profiled steps, in ms of GPU time):
-- comm_ms: the union of the intervals of the NCCL kernels launched in the step (an
-  all-reduce kernel runs from its launch on the GPU until every rank has taken part, so a
-  peer's lateness counts here too);
-- overlapped_ms: the part of comm_ms during which some other GPU activity (a kernel, copy
-  or memset) ran: communication hidden behind computation;
-- exposed_ms: comm_ms - overlapped_ms: the GPU doing nothing but communicate;
-- by_phase_ms: comm_ms split by the profiler range that launched the collective (DDP's
-  bucket all-reduces are launched during 'backward'; --no-overlap's after it; the loss's
-  global mean in 'loss');
-- collectives: NCCL kernels per step.
-On CPU ranks (gloo) there are no GPU kernels: the figures are 0 and `gpu` is False.
-TensorBoard's Distributed view computes its own split from the same trace
-(viewer/tb_profiler_compat.py); tests compare the two.
-"""
+"""A rank's communication a step, from its trace: the NCCL kernels' time, the part that
+ran beside computation and the part the GPU spent on it alone (comm, overlapped, exposed,
+by phase). Its design in full: docs/design.md."""
 
 from collections import defaultdict
 

@@ -1,24 +1,8 @@
 """Everything around a training loop that makes it a profiled run: the run folder, the
-profiler and its schedule, TensorBoard scalars, a progress line per step, and at the end
-the gzipped trace and summary.json. train.py's loop runs inside it:
-
-    with ProfiledRun(plan, label, phases, cuda) as run:
-        for step in run.steps():
-            ...                                  # the phases, each a record_function
-            for read in reader.ready():          # profiling/step_reader.py: a step's loss
-                run.record_step(read)            # and times, read --run-ahead steps later
-            run.end_step(step)                   # the profiler moves on
-    run.record                                   # what summary.json holds
-
-On several ranks (a torchrun job, training/ranks.py) rank 0 makes the folder and every
-rank writes its own trace into it (worker name rank<r>); at the end the ranks' summaries
-and communication figures are gathered and rank 0 writes the one summary.json
-(profiling/scaling.py). Only rank 0 prints and writes TensorBoard scalars.
-
-Its rooms: this file, the run's lifecycle (its folder, the steps, the exit); the profiler
-and the scalars' writer (profiling/profiler_setup.py); the record at the end
-(profiling/run_record.py); an early end (profiling/early_end.py).
-"""
+profiler, the scalars, a progress line a step, and at the end the trace and summary.json;
+on several ranks rank 0 alone prints and writes the summary. This file is the run's
+lifecycle; profiler_setup, run_record and early_end are its other rooms.
+Its design in full: docs/design.md."""
 
 import math
 import time

@@ -1,22 +1,7 @@
-"""Each step's loss and its time on the device, read `lag` steps later (train.py's
---run-ahead, 2 by default): a train step without a host-device sync.
-
-Reading the loss with `loss.item()` at every step's end makes the host wait for the GPU to
-finish the step, so the GPU then waits for the host to launch the next one. Here each
-step's loss is copied into pinned host memory without blocking (`copy_(non_blocking=True)`
-on the stream, behind the step's work) and an event is recorded after it; the value is
-read `lag` steps later, once that event has completed. The host thus runs up to `lag`
-steps ahead of the GPU, and waits (on the event, never on the whole device) only where it
-would get further ahead.
-
-The same events time the steps on the device: the elapsed time between two consecutive
-step-end events is what the stream took for that step, idle gaps included, i.e. the step
-as the GPU saw it, however far the host ran ahead. Summed over many steps it gives the
-throughput a user sustains.
-
-On a CPU there is no stream and no device time; train.py reads the loss at once there
-(lag 0), and in forward mode, whose ranges each end in a sync anyway.
-"""
+"""Each step's loss and device time, read --run-ahead steps later, so that the train step
+needs no host-device sync: the loss is copied into pinned memory behind the step and an
+event recorded; the host waits on that event, never on the device.
+Its design in full: docs/design.md."""
 
 import time
 from collections import deque

@@ -1,22 +1,7 @@
-"""The whole train step as one CUDA graph (--cuda-graph), for static-shape strategies.
-
-A graph replays the kernels that one step launched, at the same addresses, with no host
-code in between: one launch a step. What that takes, in the order it happens:
-
-1. eager steps first, on a side stream (torch's rule for whole-network capture): they
-   compile the model, let cuDNN tune, and create the optimizer's momentum buffers, so that
-   nothing is created or tuned during capture. They are real steps: the weights move as
-   in an eager run, so the losses match step for step.
-2. the capture step: the batch is copied into static device tensors, and one call of the
-   eager step function (forward, loss, backward, optimizer) is captured, then replayed.
-   capture_error_mode="thread_local": the data loader's pin-memory thread keeps
-   allocating pinned memory while we capture, which "global" mode would refuse.
-3. every later step: copy the batch into the static tensors, replay.
-
-The profiler sees the copies, and the replay as one range ("graph"): the forward, loss,
-backward and optimizer ranges are host code that does not run on replay. The GPU time of
-the graph's kernels is still there, attributed to the "graph" range by the replay's launch.
-"""
+"""The whole train step as one CUDA graph (--cuda-graph), for static-shape strategies:
+eager steps first on a side stream (compiles, cuDNN's tuning, the momentum buffers), then
+one step captured, then every step a copy into static tensors and a replay.
+Its design in full: docs/design.md."""
 
 import torch
 

@@ -1,20 +1,7 @@
-"""Several ranks, one global batch: what each rank of a torchrun + DistributedDataParallel
-job needs so that N ranks with batch b train exactly as one process with batch N*b
-(train.py runs it under torchrun: `make profile GPUS=N`, training/launch.py).
-
-- Data: RankShare gives rank r the samples r*b .. r*b+b-1 of each global batch of N*b, in
-  the one-process order (the loader keeps its batch size b, in order).
-- Loss: every strategy returns sum(terms) / max(local boxes, 1). The global batch's loss
-  is the sum over ranks of the sums / max(global boxes, 1). Each rank backpropagates
-  scale * local sum / max(global boxes, 1), where scale undoes what the gradient
-  reduction does: N where it averages (DDP's own, its bf16 hook), 1 where it sums (the
-  sum hook, --no-overlap); either way the ranks' reduced gradient is the one-process one.
-- Communication (GlobalBatch): the box counts are all-reduced as soon as the targets are
-  on the device, in the background, so the wait for the slowest rank overlaps the
-  forward instead of stalling the loss; the loss sums are all-reduced after the loss and
-  only read at the step's end (they change no gradient). On NCCL every wait is a stream
-  dependency, never a host-device sync.
-"""
+"""Several ranks, one global batch: N ranks of batch b train exactly as one process of
+batch N*b. Each rank takes its slice of every global batch, scales its loss by the global
+box count (all-reduced in the background) and by what the gradient reduction does.
+Its design in full: docs/design.md."""
 
 import torch
 import torch.distributed as dist

@@ -1,21 +1,6 @@
-"""What the ranks of a job and their launcher (training/launch.py) tell each other through
-the launcher's folder ($RAGGED_RANK_ERRORS), beside each rank's one line (core/errors.py):
-
-    run.json          rank 0's run in progress: its folder, config and planned steps,
-                      written when the folder is made, removed once it is settled
-                      (complete, or marked by rank 0's early end)
-    interrupted.txt   the launcher got Ctrl-C or SIGTERM: the user's, not a failure's
-    stopping.txt      torchrun stops the ranks because one failed (no interrupted.txt)
-    pid<rank>         a rank's process id
-    continued<rank>   the launcher found that rank stopped (SIGSTOP) and continued it
-
-Why: a rank 0 killed by SIGKILL cannot mark its own folder; the launcher, which outlives
-it, marks it -failed. And torchrun stops the ranks with the same SIGTERM after a failure
-and after the user's Ctrl-C or SIGTERM: the launcher's handler writes interrupted.txt
-before torchrun sends anything, and its wrapped close writes stopping.txt otherwise, so a
-rank tells the two apart (SIGINT from a terminal is always the user's). Files, not
-collectives: the writer may be dead, and the readers are other processes.
-"""
+"""What the ranks of a job and their launcher tell each other through the launcher's
+folder: rank 0's run in progress, the user's interruption against a failure's stop, each
+rank's pid. Files, not collectives: the writer may be dead. Its design in full: docs/design.md."""
 
 import json
 import os

@@ -1,17 +1,9 @@
-"""Starts a script on N ranks with torchrun, and turns a failed job into one line.
+"""Starts a script on N ranks with torchrun (one host, or several meeting at --rdzv), and
+turns a failed job into the line of the rank that failed first, with its exit code.
 
     python3 -m training.launch --nproc 2 train.py --loss padded     # make profile GPUS=2
-    # several hosts (make profile GPUS=8 NODES=2 RDZV=host0:29500), the same on each host:
-    python3 -m training.launch --nproc 8 --nnodes 2 --rdzv host0:29500 train.py ...
 
-torchrun itself (no restarts) starts the ranks: one per GPU with NCCL, or N CPU processes
-with gloo, so a CPU machine runs the distributed path too. Several hosts meet at --rdzv
-(torchrun's c10d rendezvous; training/rendezvous.py bounds the wait). When a rank fails,
-torchrun stops the others; this launcher prints the line of the rank that failed first,
-as that rank left it (core/errors.py), instead of torchrun's report, and exits with its
-code: 2 for a user error, 130 for Ctrl-C, 1 otherwise. The ranks and the launcher talk
-through its folder (training/job_notes.py).
-"""
+Its design in full: docs/design.md."""
 
 import gc
 import logging

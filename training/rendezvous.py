@@ -1,21 +1,6 @@
-"""Several hosts meeting at RDZV=HOST:PORT (training/launch.py): the endpoint checked before
-torchrun sees it, the wait bounded, and Ctrl-C honoured while the launcher waits.
-
-torchrun's c10d rendezvous has three ways to hang a launcher with nothing said:
-- an unresolvable host: it retried for 120 s, printing C++ stacks;
-- no peer yet: it waits its join timeout (600 s by default) in silence;
-- a port held by a service that is not torch's store (accepts, never answers): the
-  launcher sat 731 s in a socket read inside TCPStore's C++ constructor, where Python's
-  signal handlers never run, so Ctrl-C and SIGTERM did nothing.
-
-So: the host is resolved here (one line, exit 2); the wait is one number (RDZV_WAIT,
-seconds), given to torchrun as its join timeout, said once at the start and every
-minute after; and a thread watches the signals through a wakeup fd, which the C-level
-handler writes to whatever the main thread is blocked in. While no rank has started, a
-Ctrl-C or SIGTERM that the main thread has not turned into its own exit within a second,
-or a wait past its bound, ends the launcher with one line. Once ranks run, the thread
-only drains the fd: torchrun's own handling stops them.
-"""
+"""Several hosts meeting at RDZV=HOST:PORT: the host resolved before torchrun sees it, the
+wait bounded and said, and Ctrl-C honoured while the launcher waits (torchrun's c10d
+rendezvous can otherwise hang in silence, deaf to signals). Its design in full: docs/design.md."""
 
 import os
 import select

@@ -1,21 +1,6 @@
-"""The case study's fused GIoU loss, each backend a torch custom op with autograd and a
-fake implementation.
-
-    loss = giou_loss(pred, boxes, counts, backend="triton" | "cuda", conditional=False)
-    loss = bind_packed_loss(backend)(pred, boxes, index, offsets)     # the packed layout
-
-Naming ladder (per backend): _giou_fwd_kernel / _giou_bwd_kernel -> launchers inside the
-custom op (giou::triton_loss, giou_cuda::loss) -> autograd registration -> bind_loss /
-giou_loss -> the `kernel` and `conditional` strategies in losses/fused.py; the packed
-layout's (_packed_fwd_kernel ... giou::triton_packed_loss, giou_cuda::packed_loss) ->
-bind_packed_loss -> losses/packed.py. A new backend is one module here with an op
-`(pred, target, counts, conditional) -> (loss, denom)`, a branch in bind_loss and its name
-in core.names.BACKENDS.
-
-Errors (core/errors.py): InputError (also a ValueError) for tensors the op cannot take,
-ValueError for an unknown backend, BackendUnavailable (also a RuntimeError) where a
-backend cannot run. The command line checks its options first and prints one line.
-"""
+"""The case study's fused GIoU loss, each backend (Triton, CUDA C++) a torch custom op
+with autograd and a fake implementation: giou_loss for the padded layout,
+bind_packed_loss for the packed one. Its design in full: docs/kernels.md."""
 
 import functools
 

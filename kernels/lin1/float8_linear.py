@@ -1,26 +1,6 @@
-"""lin1's three GEMMs in float8 (`--float8-lin1`): torch._scaled_mm with one scale per
-tensor, the recipe torchao calls tensorwise (e4m3 for the input and weight, e5m2 for the
-output's gradient, whose range is wider; the forward's GEMM with fast accumulation, the
-two of the backward without, as torchao's defaults).
-
-    forward   y  = x8 @ W8.T  * (sx * sw) + b     x8 [B, in],   W8.T from w8 [out, in]
-    dX        dx = dy8 @ W8   * (sdy * sw)        W8 from w8t [in, out]
-    dW        dw = dy8.T @ x8 * (sdy * sx)        dy8.T and x8.T made contiguous
-
-Each operand of _scaled_mm must be K-major: the weight comes in both layouts from
-kernels/lin1/float8_cast.py (cast once a step, after the update); the activations are cast
-here (x: 67 M elements at the GPU preset, dy: 17 M), each with its own amax, and under
-torch.compile the cast fuses into the kernels around it. FLOPs are bf16's (3 x 2.2 TFLOP);
-the tensor cores run float8 at twice bf16's rate.
-
-Why not torchao's convert_to_float8_training: it casts the weight from the bf16 parameter
-in every forward (one more pass over 2.15 GB, and its transposed copy in the backward),
-and it is one more package the device's python3 does not have. Here the weight's casts
-come out of the update's stream, where they may run beside the trunk.
-
-It changes the maths: every operand is rounded to 3 (or 2) mantissa bits. The gradient
-is bf16 as the bf16 GEMM's, so the update and master weights are unchanged in kind.
-"""
+"""lin1's three GEMMs in float8 (--float8-lin1): torch._scaled_mm with one scale per
+tensor (torchao's tensorwise recipe), the weight cast once a step after the update. It
+changes the maths. Its design in full: docs/kernels.md."""
 
 import torch
 
