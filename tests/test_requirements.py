@@ -1,7 +1,9 @@
 """requirements-cpu.txt resolves against the public package index as a user's machine
 sees it (pip --isolated ignores this machine's local wheels and indexes), so a pin that
-contradicts what the pinned torch needs cannot come back. pip's resolver reads the
-packages' metadata only (--dry-run): nothing is downloaded beyond it or installed."""
+contradicts what the pinned torch needs cannot come back. --dry-run installs nothing, but
+pip reads a wheel's metadata from the wheel itself where the index does not serve it apart
+(PEP 658): the index this machine reaches does not, so pip downloads torch's and triton's
+wheels, about 800 MB, the suite's one download."""
 
 import json
 import os
