@@ -18,6 +18,7 @@ from core.signals import stop_signals_held
 from core.trees import map_leaves
 from core.waits import wait_for
 from data import shared_memory
+from data.held_puts import hold_signals_in_puts
 from data.ring_targets import nbytes, pack, unpack
 
 _PIXEL = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the collate's stand-in for an image
@@ -154,6 +155,7 @@ class RingLoader:
             self._make()
         with stop_signals_held(forks=True):  # a KeyboardInterrupt amid the forks left a
             batches = iter(self.loader)  # half-made iterator (a traceback from __del__)
+        hold_signals_in_puts(batches)
         self.pinned = self.pin and _register(self.ring)
         copies = []  # events after the device copies of the batches handed out, oldest first
         handed = False

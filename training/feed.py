@@ -14,6 +14,7 @@ import torch
 from core.phases import phase
 from core.signals import stop_signals_held
 from core.trees import leaves
+from data.held_puts import hold_signals_in_puts
 
 
 class InStep:
@@ -25,6 +26,7 @@ class InStep:
     def __init__(self, loader, copy, arrive):
         with stop_signals_held(forks=True):  # PyTorch's loader forks its workers here
             self.batches = iter(loader)
+        hold_signals_in_puts(self.batches)
         self.copy, self.arrive = copy, arrive
         self._waited = 0.0
 
