@@ -15,6 +15,19 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_collection_finish(session):
+    """What the tests' imports made is frozen out of the collector's walk, as a program's
+    is (core/gc_pause.imports_done): torch and the torch._dynamo that each in-process
+    run's optimizer imports are some 370,000 objects that live as long as the worker, and
+    every full collection walked them all (one a model build in model/build.py, one a
+    point in make sweep's collate timer). Collected first, so no garbage is frozen."""
+    import gc
+
+    import torch._dynamo  # noqa: F401
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
