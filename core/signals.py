@@ -111,11 +111,21 @@ _UNRAISABLE: list = []  # the unraisable hook stop_once found, for everything bu
 def _unraisable(unraisable) -> None:
     """stop_once's KeyboardInterrupt raised where Python cannot raise (a weakref's callback,
     a finalizer, an at-fork callback) is not printed as "Exception ignored in ...": its
-    signal is noted, and raise_if_stopped raises it again where the run can end.
-    Everything else goes to the hook stop_once found."""
-    if wrapped_interrupt(unraisable.exc_value) is not None and _STOPPED:
+    signal is noted, and raise_if_stopped raises it again where the run can end. Nor,
+    after a stop signal, is a half-made object's finalizer. Everything else goes to the
+    hook stop_once found."""
+    if _STOPPED and (wrapped_interrupt(unraisable.exc_value) is not None
+                     or _half_made(unraisable)):
         return
     (_UNRAISABLE[0] if _UNRAISABLE else sys.__unraisablehook__)(unraisable)
+
+
+def _half_made(unraisable) -> bool:
+    """A __del__ that met an attribute its __init__ never set: the trace of an __init__
+    that the stop signal's KeyboardInterrupt cut short (PyTorch's StorageWeakRef, made as a
+    batch's shared storage arrives, then has no _free_weak_ref)."""
+    return (isinstance(unraisable.exc_value, AttributeError)
+            and getattr(unraisable.object, "__name__", None) == "__del__")
 
 
 def wrapped_interrupt(exc: BaseException | None) -> KeyboardInterrupt | None:

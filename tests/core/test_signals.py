@@ -76,6 +76,32 @@ def test_a_stop_signal_in_a_finalizer_prints_nothing_and_is_raised_again(stop_on
     assert sys.unraisablehook is signals._unraisable
 
 
+def test_the_finalizer_of_an_object_a_stop_signal_left_half_made_prints_nothing(
+        stop_once_here, monkeypatch):
+    """PyTorch's StorageWeakRef, made as a batch's shared storage arrives: a SIGTERM in its
+    __init__ left it without _free_weak_ref, and its __del__'s AttributeError was printed
+    under the run's one line. Before any stop signal such an error reaches the hook."""
+    import gc
+    seen = []
+    monkeypatch.setattr(signals, "_UNRAISABLE", [lambda u: seen.append(u.exc_value)])
+
+    class HalfMade:
+        def __init__(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here
+            self.free = None
+
+        def __del__(self):
+            del self.free  # as StorageWeakRef.__del__ reads its _free_weak_ref
+
+    HalfMade.__new__(HalfMade)  # no signal yet: its error is reported
+    gc.collect()
+    assert [type(e) for e in seen] == [AttributeError]
+    with pytest.raises(KeyboardInterrupt):
+        HalfMade()
+    gc.collect()
+    assert len(seen) == 1 and signals.stop_signal() == "SIGTERM"
+
+
 def test_a_stop_signal_python_wrapped_in_a_finalizer_prints_nothing(stop_once_here,
                                                                     monkeypatch):
     """The same signal whose handler ran inside a cached_property's __set_name__, in a
