@@ -1,4 +1,4 @@
-"""PyTorch's loader's index queues, each put made with Ctrl-C and SIGTERM held.
+"""A loader's iterator started with Ctrl-C and SIGTERM held, and each of its index puts.
 
 multiprocessing.Queue.put takes the queue's threading.Condition in a `with`. Python runs
 a signal's handler between bytecodes, so stop_once's KeyboardInterrupt could be raised in
@@ -11,11 +11,15 @@ microseconds and is acted on as the put returns."""
 from core.signals import stop_signals_held
 
 
-def hold_signals_in_puts(iterator) -> None:
-    """Wraps the puts of a multiprocessing DataLoader iterator's index queues (the main
-    thread's only puts); nothing for an iterator without workers."""
-    for queue in getattr(iterator, "_index_queues", ()):
+def held_iter(loader):
+    """iter(loader) with Ctrl-C and SIGTERM held while PyTorch's loader forks its workers
+    (a KeyboardInterrupt amid the forks left a half-made iterator; they start with both
+    blocked: core/signals.stop_signals_held), then its index puts held (the module's why)."""
+    with stop_signals_held(forks=True):
+        batches = iter(loader)
+    for queue in getattr(batches, "_index_queues", ()):  # none without workers
         queue.put = _held(queue.put)
+    return batches
 
 
 def _held(put):

@@ -14,11 +14,10 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, SequentialSampler
 
 from core.errors import UserError
-from core.signals import stop_signals_held
 from core.trees import map_leaves
 from core.waits import wait_for
 from data import shared_memory
-from data.held_puts import hold_signals_in_puts
+from data.held_puts import held_iter
 from data.ring_targets import nbytes, pack, unpack
 
 _PIXEL = torch.zeros(1, 1, 1, dtype=torch.uint8)  # the collate's stand-in for an image
@@ -153,9 +152,7 @@ class RingLoader:
         self.close()
         if self.loader is None:
             self._make()
-        with stop_signals_held(forks=True):  # a KeyboardInterrupt amid the forks left a
-            batches = iter(self.loader)  # half-made iterator (a traceback from __del__)
-        hold_signals_in_puts(batches)
+        batches = held_iter(self.loader)
         self.pinned = self.pin and _register(self.ring)
         copies = []  # events after the device copies of the batches handed out, oldest first
         handed = False

@@ -14,7 +14,7 @@ import torch
 from core.phases import phase
 from core.signals import stop_signals_held
 from core.trees import leaves
-from data.held_puts import hold_signals_in_puts
+from data.held_puts import held_iter
 
 
 class InStep:
@@ -24,9 +24,7 @@ class InStep:
     batch: what must follow them on the compute stream (several ranks' box counts)."""
 
     def __init__(self, loader, copy, arrive):
-        with stop_signals_held(forks=True):  # PyTorch's loader forks its workers here
-            self.batches = iter(loader)
-        hold_signals_in_puts(self.batches)
+        self.batches = held_iter(loader)  # PyTorch's loader forks its workers here
         self.copy, self.arrive = copy, arrive
         self._waited = 0.0
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from data.held_puts import hold_signals_in_puts
+from data.held_puts import held_iter
 
 
 class _SignalOnceTaken(threading.Condition):
@@ -34,9 +34,8 @@ def ctrl_c_raises():
 
 @pytest.mark.parametrize("held", [True, False])
 def test_a_signal_inside_an_index_put_leaves_the_queue_free(ctrl_c_raises, held):
-    batches = iter(torch.utils.data.DataLoader(range(64), batch_size=2, num_workers=1))
-    if held:
-        hold_signals_in_puts(batches)
+    loader = torch.utils.data.DataLoader(range(64), batch_size=2, num_workers=1)
+    batches = held_iter(loader) if held else iter(loader)
     lock = batches._index_queues[0]._notempty
     lock.__class__ = _SignalOnceTaken
     with pytest.raises(KeyboardInterrupt):
