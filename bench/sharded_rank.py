@@ -17,6 +17,13 @@ C. The same steps with lin1's update inline (`one-inline`, `tp-inline`: the spee
    lin1_update_beside_trunk off): their difference is the part of the shadow SGD that the
    trunk hides on one GPU, which a tp rank's smaller update need no longer save.
 
+D. --fake-worlds 2,4: rank 0 of a world of N on this one GPU, each N a process of its own
+   (--fake-world N), through torch's fake process group (its collectives return at once
+   and move nothing, as torchtitan's dry runs use it): the rank's own kernels at their
+   shapes, its speed-ups resolved as on N ranks (tp's SMs left to NCCL, its graphed head),
+   and the shadow SGD over its H/N rows. The cost model takes these steps over its sum of
+   B's pieces where they were measured.
+
 Run on the device (or `make costmodel ARGS=--measure`, which runs it and predicts from
 it): python3 bench/sharded_rank.py [--loss kernel --backend cuda]
 [--designs one,one-inline,ddp,zero,tp,tp-inline] [--worlds 1,2,4,8] --json out.json
@@ -28,6 +35,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -46,21 +54,30 @@ def one_batch(cfg, strategy, device):
     return images.to(device), strategy.to_device(targets, device)
 
 
-def wrap_for(design: str, mesh):
-    """The model as a rank of `design` runs it, on a world of one."""
+def wrap_for(design: str, mesh, world: int = 1):
+    """The model as rank 0 of `design` runs it, on a world of `world` (one, or a fake one)."""
     def wrap(model):
         if design == "one":
             return model
-        owned = parallel.apply(model, design, mesh, Ranks())
+        # ddp keeps every row on every rank: a world of one to apply, whatever the world.
+        owned = parallel.apply(model, design, mesh,
+                               Ranks(world=1 if design == "ddp" else world))
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         from training.ddp import allreduce_sum_hook, no_buffer_broadcast
         if owned:
             DDP._set_params_and_buffers_to_ignore_for_model(model, owned)
         ddp = DDP(model, device_ids=[0], gradient_as_bucket_view=True, **no_buffer_broadcast())
-        ddp.register_comm_hook(None, allreduce_sum_hook)
+        ddp.register_comm_hook(None, allreduce_sum_hook if world == 1 else _fake_sum_hook)
         return ddp
     return wrap
+
+
+def _fake_sum_hook(process_group, bucket):
+    """allreduce_sum_hook's call on a fake world, whose futures hold no value: the bucket
+    as it is (the all-reduce moved nothing)."""
+    work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
+    return work.get_future().then(lambda _: bucket.buffer())
 
 
 def time_steps(step, batch, warmup: int, steps: int) -> list[float]:
@@ -85,7 +102,8 @@ def built_step(name, args, mesh):
     design, *suffixes = name.split("-")
     inline, graphed = "inline" in suffixes, "graphed" in suffixes
     cfg = train.parse_config(["--loss", args.loss, "--backend", args.backend] +
-                             (["--lin1-update-beside-trunk", "off"] if inline else []))
+                             (["--lin1-update-beside-trunk", "off"] if inline else []) +
+                             (["--parallel", design] if mesh.size() > 1 else []))
     device = torch.device("cuda", 0)
     used = {**speedups.resolve(train.asked_of(cfg), True)["on"], "graphed_head": graphed}
     speedups.set_process_flags(used, True, many_runs=True)
@@ -97,7 +115,8 @@ def built_step(name, args, mesh):
     torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     model, runner, optimizer = speedups.build(used, device, False, train.model_sizes(cfg),
-                                              cfg.amp, cfg.lr, wrap_for(design, mesh))
+                                              cfg.amp, cfg.lr,
+                                              wrap_for(design, mesh, mesh.size()))
     prefetch = (lambda: model.lin1.unshard(async_op=True)) if design == "zero" else None
     fns = train.make_step(cfg, strategy, runner, optimizer, device, prefetch=prefetch)
     return fns.train_step, one_batch(cfg, strategy, device), started
@@ -109,7 +128,7 @@ def design_step(name, args, mesh) -> dict:
     ms = time_steps(step, batch, args.warmup, args.steps)
     if args.top:
         print(top_kernels(name.split("-")[0], step, batch, args.top), flush=True)
-    row = {"design": name, "step ms median": statistics.median(ms),
+    row = {"design": name, "world": mesh.size(), "step ms median": statistics.median(ms),
            "step ms min": min(ms), "step ms max": max(ms),
            "peak GB": torch.cuda.max_memory_allocated() / 1e9,
            "build+run s": time.perf_counter() - started}
@@ -197,6 +216,32 @@ def world_of_one(port: str):
     return init_device_mesh("cuda", (1,), mesh_dim_names=("shard",))
 
 
+def fake_world(n: int):
+    """Rank 0 of a fake process group of n ranks on GPU 0, and its 1-D mesh; the
+    environment says rank 0 of n, so that the speed-ups resolve as on n ranks."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    os.environ.update(RANK="0", WORLD_SIZE=str(n), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(n))
+    torch.cuda.set_device(0)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh("cuda", (n,), mesh_dim_names=("shard",))
+
+
+def fake_world_rows(worlds: str, designs: str, args) -> list[dict]:
+    """Table D: each fake world in a process of its own (a process joins one group)."""
+    import subprocess
+    import tempfile
+    rows = []
+    for n in filter(None, worlds.split(",")):
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            subprocess.run([sys.executable, __file__, "--fake-world", n, "--designs", designs,
+                            "--worlds", "", "--loss", args.loss, "--backend", args.backend,
+                            "--warmup", str(args.warmup), "--steps", str(args.steps),
+                            "--json", out.name], check=True)
+            rows += json.loads(Path(out.name).read_text())["steps"]
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--loss", default="kernel")
@@ -207,9 +252,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--top", type=int, default=0, help="print each design's N largest "
                     "kernels per step (a profile of 3 steps)")
+    ap.add_argument("--fake-worlds", default="2,4", help="table D's worlds (none: '')")
+    ap.add_argument("--fake-designs", default="tp-graphed,ddp,zero")
+    ap.add_argument("--fake-world", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=os.environ.get("SHARDED_JSON", ""))
     args = ap.parse_args()
-    mesh = world_of_one("29517")
+    mesh = world_of_one("29517") if args.fake_world == 1 else fake_world(args.fake_world)
     print(f"# A rank's work per design, {torch.cuda.get_device_name()}, torch "
           f"{torch.__version__}, {args.loss}/{args.backend}\n", flush=True)
     steps = []
@@ -217,22 +265,28 @@ def main() -> None:
         try:
             steps.append(design_step(design, args, mesh))
         except Exception as exc:  # a design that fails here is a finding, not the end
-            steps.append({"design": design, "step ms median": float("nan"), "step ms min":
+            steps.append({"design": design, "world": mesh.size(),
+                          "step ms median": float("nan"), "step ms min":
                           float("nan"), "step ms max": float("nan"), "peak GB": float("nan"),
                           "build+run s": 0.0})
             print(f"{design}: failed: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
         print(table(steps[-1:]), flush=True)
-    print("\n## A. The step on a world of one\n\n" + table(steps), flush=True)
+    print(f"\n## {'A' if args.fake_world == 1 else 'D'}. The step on a world of "
+          f"{args.fake_world}\n\n" + table(steps), flush=True)
     pieces = [rank_pieces(int(n)) for n in args.worlds.split(",") if n]
     if pieces:
         print("\n## B. A rank's lin1, lin2 and shadow SGD at N ranks (tp shapes)\n\n" +
               table(pieces), flush=True)
+    if args.fake_world == 1 and args.fake_worlds:
+        dist.destroy_process_group()  # before the fake worlds' processes take the GPU
+        steps += fake_world_rows(args.fake_worlds, args.fake_designs, args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": steps, "pieces": pieces, "device": torch.cuda.get_device_name(),
                        "torch": torch.__version__, "loss": f"{args.loss}/{args.backend}",
                        "commit": environment()["commit"]}, f, indent=1)
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -8,11 +8,12 @@ model; results/several-gpus.md sets it beside the measurements.
         [--chart scaling.png] [--out folder]
 
 The model, per rank and step (docs/several-gpus.md, "The cost model", has it whole): the
-design's step on a world of one (measured), less the shadow SGD over the rows it no
-longer owns; NCCL's ring times for its collectives at the bus bandwidth of the slowest
-link the ring crosses; each collective hidden beside compute that does not need it, or
-exposed, and hidden communication slowing the kernels beside it by `contention` of its
-time.
+design's step as rank 0 of a fake world of N (measured: its kernels at their shapes, its
+collectives moving nothing), or where N was not measured, its step on a world of one less
+the shadow SGD over the rows it no longer owns; NCCL's ring times for its collectives at
+the bus bandwidth of the slowest link the ring crosses; each collective hidden beside
+compute that does not need it, or exposed, and hidden communication slowing the kernels
+beside it by `contention` of its time.
 """
 
 import argparse
@@ -35,19 +36,19 @@ NVLINK_GBS = 341.0
 # Across hosts: one 400 Gb/s NIC per GPU, NCCL's bus bandwidth about 50 GB/s. Stated, not
 # measured here (no machine of several hosts is lent).
 NETWORK_GBS = 50.0
-# The two-H200 DDP run: the step grew 3.78 ms (25.25 -> 29.03 ms median) with 8.73 ms of
-# NCCL kernels all but 0.07 ms hidden; 1.45 ms of it is DDP's own cost on a world of one
-# (its bucket copy, bench/sharded_rank.py), so hidden NCCL time slowed the kernels beside
-# it by (3.78 - 1.45) / 8.73.
-CONTENTION = (3.78 - 1.45) / 8.73
+# The two-H200 DDP run at 025ba23 (results/several-gpus.md): its step 22.21 ms against one
+# GPU's 18.03 in the same call, with 6.84 ms of NCCL kernels, 0.42 of them exposed; 0.88 ms
+# of the growth is DDP's own cost on a world of one (its bucket copy, bench/sharded_rank.py
+# in that call), so hidden NCCL time slowed the kernels beside it by 0.45 of its time.
+CONTENTION = (22.21 - 18.03 - 0.88 - 0.42) / (6.84 - 0.42)
 
 
 # Measured over runs on several GPUs (results/several-gpus.md), beside the predictions:
 # (design, GPUs, a rank's median step ms, scaling, where). The H200s' own: the default
-# --measured is one of those H200s.
-MEASURED = [("tp", 2, 17.15, 2.06, "2 H200s, 2b532c3"),
-            ("ddp", 2, 22.36, 1.61, "2 H200s, 2b532c3"),
-            ("zero", 2, 23.44, 1.53, "2 H200s, 2b532c3"),
+# --measured is one of those H200s. ddp on 2 is the run CONTENTION is fitted to.
+MEASURED = [("tp", 2, 16.91, 2.12, "2 H200s, 025ba23"),
+            ("ddp", 2, 22.21, 1.63, "2 H200s, 025ba23, contention fitted"),
+            ("zero", 2, 23.23, 1.56, "2 H200s, 025ba23"),
             ("tp", 4, 17.60, 4.06, "4 H200s, 1f13790"),
             ("ddp", 4, 25.18, 2.89, "4 H200s, 1f13790"),
             ("zero", 4, 23.38, 3.10, "4 H200s, 1f13790")]
@@ -138,11 +139,24 @@ def windows(measured: dict, n: int) -> dict:
             "own-rows": rank["lin1 fwd"] / n, "dW": rank["lin1 dW"]}
 
 
+def steps_at(measured: dict, world: int) -> dict:
+    """design -> a rank's measured step ms on `world` ranks: 1, a world of one; more, rank
+    0 of a fake world (bench/sharded_rank.py's table D). Failed designs (nan) left out."""
+    return {r["design"]: r["step ms median"] for r in measured["steps"]
+            if r.get("world", 1) == world and math.isfinite(r["step ms median"])}
+
+
 def compute_ms(design: str, shards: int, measured: dict) -> float:
-    """A rank's step without its collectives: the design's step on a world of one, with the
-    shadow SGD over 1/shards of lin1's rows (and a tp rank's GEMMs at its shapes)."""
-    steps = {r["design"]: r["step ms median"] for r in measured["steps"]}
+    """A rank's step without its collectives: as measured on a fake world of `shards`
+    (tp's with its graphed head, the default), or else the design's step on a world of
+    one, with the shadow SGD over 1/shards of lin1's rows (and a tp rank's GEMMs at its
+    shapes)."""
     own = "tp" if design == "tp2d" else design
+    at_n = steps_at(measured, shards) if shards > 1 else {}
+    rank = at_n.get(f"{own}-graphed", at_n.get(own))
+    if rank is not None:
+        return rank
+    steps = steps_at(measured, 1)
     if design == "ddp":
         return steps["ddp"]
     one, rank = _pieces(measured, 1), _pieces(measured, shards)
@@ -173,7 +187,7 @@ def predict(design: str, n: int, measured: dict, s: Shape, per_host: int, nvlink
         exposed += max(0.0, t - room)
         hidden += min(t, room)
     step = compute + exposed + CONTENTION * hidden
-    one = next(r["step ms median"] for r in measured["steps"] if r["design"] == "one")
+    one = steps_at(measured, 1)["one"]
     return {"design": design, "GPUs": n, "compute ms": compute, "NCCL ms": exposed + hidden,
             "exposed ms": exposed, "step ms": step, "GB sent a rank": sent_per_rank(
                 design, n, s, per_host) / 1e9, "scaling": n * one / step}
@@ -269,7 +283,8 @@ DEFAULT_MEASURED = "results/sharded_rank-h200.json"
 
 def measure_here() -> str:
     """Runs bench/sharded_rank.py on this machine's GPU (kernel/cuda, every design, the
-    pieces at 1, 2, 4 and 8 ranks) into profiles/; returns the JSON's path."""
+    pieces at 1, 2, 4 and 8 ranks, rank 0 of fake worlds of 2 and 4) into profiles/;
+    returns the JSON's path."""
     import subprocess
     import sys
 
@@ -280,7 +295,7 @@ def measure_here() -> str:
     out = Path("profiles") / "sharded_rank.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"measuring a rank's work per design on this GPU (bench/sharded_rank.py, about "
-          f"two minutes) into {out}", flush=True)
+          f"four minutes) into {out}", flush=True)
     done = subprocess.run([sys.executable, "bench/sharded_rank.py", "--json", str(out)],
                           stdout=subprocess.DEVNULL)
     if done.returncode:
@@ -292,7 +307,8 @@ def read_measured(path: str) -> dict:
     """bench/sharded_rank.py's JSON, or one line naming the file and what is wrong."""
     try:
         measured = json.loads(Path(path).read_text())
-        steps = {r["design"]: float(r["step ms median"]) for r in measured["steps"]}
+        steps = {r["design"]: float(r["step ms median"]) for r in measured["steps"]
+                 if r.get("world", 1) == 1}
         pieces = {p["world"]: p for p in measured["pieces"]}
         missing = [d for d in ("one", *DESIGNS[:3]) if d not in steps] + (
             [] if 1 in pieces else ["the pieces at one rank"])
@@ -355,7 +371,7 @@ def _main(argv=None) -> int:
 def report(rows: list[dict], refused: dict, measured: dict, args, worlds: list[int]) -> str:
     """What the command prints (and writes with --out): where the prediction comes from,
     the table, the designs not predicted, the best design at each N."""
-    one = next(r["step ms median"] for r in measured["steps"] if r["design"] == "one")
+    one = steps_at(measured, 1)["one"]
     lines = [f"Predicted, not measured: from one GPU's step of {one:.2f} ms ({args.measured}: "
              f"{measured.get('device')}, torch {measured.get('torch')}, "
              f"{measured.get('loss', 'kernel/triton')}, commit "

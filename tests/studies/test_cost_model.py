@@ -159,3 +159,33 @@ def test_out_writes_the_table_its_chart_and_a_page(tmp_path, capsys):
         assert cm.main(["--worlds", "2", "--out", str(folder)]) == 2
         got, err = capsys.readouterr()
         assert got == "" and len(err.strip().splitlines()) == 1 and why in err, err
+
+
+def test_a_rank_measured_on_a_fake_world_is_its_compute():
+    """bench/sharded_rank.py's table D: rank 0 of a fake world of N (its kernels at their
+    shapes, its collectives moving nothing) replaces the sum of pieces at that N; tp's
+    with the graphed head (the default) over the plain one; a failed one (nan), or an N
+    not measured, falls back to the pieces."""
+    base = {"steps": [{"design": "one", "step ms median": 17.5},
+                      {"design": "tp", "step ms median": 18.0},
+                      {"design": "ddp", "step ms median": 18.5},
+                      {"design": "tp", "world": 2, "step ms median": 16.9},
+                      {"design": "tp-graphed", "world": 2, "step ms median": 16.6},
+                      {"design": "ddp", "world": 2, "step ms median": 18.7},
+                      {"design": "tp-graphed", "world": 4, "step ms median": float("nan")}],
+            "pieces": [{"world": 1, "lin1 GEMMs ms": 9.0, "lin2 GEMMs ms": 0.2,
+                        "shadow SGD ms (H/N rows)": 4.0, "lin1 fwd": 3.0, "lin1 dW": 3.0}]}
+    assert cm.compute_ms("tp", 2, base) == 16.6
+    # tp2d: tp inside a host of 8 (predict passes the shards: min(N, a host's GPUs)).
+    with_8 = {**base, "steps": base["steps"] + [
+        {"design": "tp-graphed", "world": 8, "step ms median": 15.0}]}
+    assert cm.compute_ms("tp2d", 8, with_8) == 15.0
+    assert cm.predict("tp2d", 16, with_8, cm.Shape(), 8, cm.NVLINK_GBS,
+                      cm.NETWORK_GBS)["compute ms"] == 15.0
+    assert cm.compute_ms("ddp", 2, base) == 18.7
+    assert cm.compute_ms("ddp", 4, base) == 18.5  # not measured at 4: a world of one's
+    assert cm.compute_ms("tp", 4, base) == pytest.approx(18.0 - 4.0 + 1.0)  # nan: pieces
+    # The step's rest is the collectives': exposed, and contention on the hidden.
+    row = cm.predict("tp", 2, base, cm.Shape(), 8, cm.NVLINK_GBS, cm.NETWORK_GBS)
+    assert row["step ms"] == pytest.approx(16.6 + row["exposed ms"] + cm.CONTENTION * (
+        row["NCCL ms"] - row["exposed ms"]))
