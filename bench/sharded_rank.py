@@ -261,7 +261,7 @@ def main() -> None:
     print(f"# A rank's work per design, {torch.cuda.get_device_name()}, torch "
           f"{torch.__version__}, {args.loss}/{args.backend}\n", flush=True)
     steps = []
-    for design in args.designs.split(","):
+    for design in filter(None, args.designs.split(",")):
         try:
             steps.append(design_step(design, args, mesh))
         except Exception as exc:  # a design that fails here is a finding, not the end
@@ -271,8 +271,9 @@ def main() -> None:
                           "build+run s": 0.0})
             print(f"{design}: failed: {type(exc).__name__}: {str(exc)[:400]}", flush=True)
         print(table(steps[-1:]), flush=True)
-    print(f"\n## {'A' if args.fake_world == 1 else 'D'}. The step on a world of "
-          f"{args.fake_world}\n\n" + table(steps), flush=True)
+    if steps:
+        print(f"\n## {'A' if args.fake_world == 1 else 'D'}. The step on a world of "
+              f"{args.fake_world}\n\n" + table(steps), flush=True)
     pieces = [rank_pieces(int(n)) for n in args.worlds.split(",") if n]
     if pieces:
         print("\n## B. A rank's lin1, lin2 and shadow SGD at N ranks (tp shapes)\n\n" +

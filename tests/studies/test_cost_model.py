@@ -3,6 +3,9 @@ it makes from a rank's measured work (results/sharded_rank-h100.json, which has 
 '-inline' steps; the command's default is the H200's, which has)."""
 
 import json
+import math
+import subprocess
+import sys
 
 import pytest
 
@@ -189,3 +192,22 @@ def test_a_rank_measured_on_a_fake_world_is_its_compute():
     row = cm.predict("tp", 2, base, cm.Shape(), 8, cm.NVLINK_GBS, cm.NETWORK_GBS)
     assert row["step ms"] == pytest.approx(16.6 + row["exposed ms"] + cm.CONTENTION * (
         row["NCCL ms"] - row["exposed ms"]))
+
+
+@pytest.mark.gpu
+def test_a_rank_of_a_fake_world_is_timed_on_one_gpu(tmp_path):
+    """On the device: bench/sharded_rank.py's table D alone, rank 0 of a fake world of 2,
+    runs each design's step (DDP's hook, FSDP2's gathers and tp's collectives moving
+    nothing) and times it."""
+    from tests.helpers import REPO
+    out = tmp_path / "rank.json"
+    done = subprocess.run([sys.executable, "bench/sharded_rank.py", "--designs", "",
+                           "--worlds", "", "--fake-worlds", "2", "--warmup", "1",
+                           "--steps", "2", "--json", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {(r["design"], r["world"]): r["step ms median"]
+            for r in json.loads(out.read_text())["steps"]}
+    assert set(rows) == {("tp-graphed", 2), ("ddp", 2), ("zero", 2)}, rows
+    for design in ("tp-graphed", "ddp", "zero"):
+        assert math.isfinite(rows[design, 2]) and rows[design, 2] > 0, done.stdout[-3000:]
