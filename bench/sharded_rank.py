@@ -252,8 +252,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--top", type=int, default=0, help="print each design's N largest "
                     "kernels per step (a profile of 3 steps)")
-    ap.add_argument("--fake-worlds", default="2,4", help="table D's worlds (none: '')")
-    ap.add_argument("--fake-designs", default="tp-graphed,ddp,zero")
+    ap.add_argument("--fake-worlds", default="2,4",
+                    help="table D's worlds (default %(default)s; none: '')")
+    ap.add_argument("--fake-designs", default="tp-graphed,ddp,zero",
+                    help="table D's designs (default %(default)s)")
     ap.add_argument("--fake-world", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=os.environ.get("SHARDED_JSON", ""))
     args = ap.parse_args()
