@@ -295,7 +295,7 @@ def measure_here() -> str:
     out = Path("profiles") / "sharded_rank.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"measuring a rank's work per design on this GPU (bench/sharded_rank.py, about "
-          f"four minutes) into {out}", flush=True)
+          f"three minutes) into {out}", flush=True)
     done = subprocess.run([sys.executable, "bench/sharded_rank.py", "--json", str(out)],
                           stdout=subprocess.DEVNULL)
     if done.returncode:
