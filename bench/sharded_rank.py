@@ -54,8 +54,10 @@ def one_batch(cfg, strategy, device):
     return images.to(device), strategy.to_device(targets, device)
 
 
-def wrap_for(design: str, mesh, world: int = 1):
-    """The model as rank 0 of `design` runs it, on a world of `world` (one, or a fake one)."""
+def wrap_for(design: str, mesh):
+    """The model as rank 0 of `design` runs it, on the mesh's world (one, or a fake one)."""
+    world = mesh.size()
+
     def wrap(model):
         if design == "one":
             return model
@@ -115,8 +117,7 @@ def built_step(name, args, mesh):
     torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     model, runner, optimizer = speedups.build(used, device, False, train.model_sizes(cfg),
-                                              cfg.amp, cfg.lr,
-                                              wrap_for(design, mesh, mesh.size()))
+                                              cfg.amp, cfg.lr, wrap_for(design, mesh))
     prefetch = (lambda: model.lin1.unshard(async_op=True)) if design == "zero" else None
     fns = train.make_step(cfg, strategy, runner, optimizer, device, prefetch=prefetch)
     return fns.train_step, one_batch(cfg, strategy, device), started
