@@ -23,6 +23,8 @@ def _logdirs(argv: list[str]) -> list[str]:
 # Set once the server stops: a child forked after that exits at once (the plugin's loading
 # threads go on forking trace loaders, which the atexit handlers would then wait for).
 _STOPPING: list[bool] = []
+# The server's pid, set as its handlers go in: a forked child inherits them.
+_SERVER: list[int] = []
 
 
 def _children_go_with_the_server() -> None:
@@ -156,6 +158,7 @@ def _main(argv) -> int:
     # Ctrl-C). TensorBoard's own SIGTERM handler (the method its embedders override) ran
     # its atexit handlers instead: the plugin's Manager went first, each trace loader
     # printed the lost connection, and the threads were joined for 15 s.
+    _SERVER.append(os.getpid())
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, _stop)
     program.TensorBoard._install_signal_handler = (
@@ -172,6 +175,12 @@ def _stop(signum=None, frame=None) -> None:
     nothing to write; should the cleanup hang, a timer ends the server 5 s on."""
     import os
     import threading
+    if _SERVER and os.getpid() != _SERVER[0]:
+        # A child forked by a loading thread, the signal come before its fork hook
+        # ignored it: the hooks of threading run first, and a CI run saw this child join
+        # the server's children ("can only join a child process", a traceback). The
+        # server ends it anyway; it goes now, silently.
+        os._exit(0)
     if _STOPPING:  # a second signal while the first's cleanup runs
         return
     _STOPPING.append(True)

@@ -464,3 +464,30 @@ def _group_members(group: int) -> list[int]:
         if pid.isdigit() and int(stat.rsplit(")", 1)[1].split()[2]) == group:
             members.append(int(pid))
     return members
+
+
+def test_a_signal_in_a_child_forked_before_its_hook_ends_the_child_alone():
+    """The signal to the group can reach a loader forked that instant, before its fork hook
+    ignores it (threading's hooks run first), and the child then runs the server's
+    handler: a CI run saw it join the server's children and print a traceback. The child
+    goes at once, silently; the server's children are the server's to end."""
+    script = """
+import multiprocessing, os, signal, sys, time
+from viewer import serve
+serve._SERVER.append(os.getpid())
+signal.signal(signal.SIGTERM, serve._stop)
+sibling = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+sibling.start()                      # a child of the server's, which the child must not join
+child = os.fork()
+if child == 0:                       # the handler inherited, as in the window before the hook
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+    os._exit(3)                      # the signal was lost
+_, status = os.waitpid(child, 0)
+print("child exit", os.waitstatus_to_exitcode(status), "sibling alive", sibling.is_alive())
+sibling.kill()
+"""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.strip() == "child exit 0 sibling alive True", done.stdout + done.stderr
+    assert done.stderr == "", done.stderr
