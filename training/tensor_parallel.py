@@ -6,8 +6,9 @@ Why not DTensor's parallelize_module: its eager dispatch and hooks are Python on
 of the head, and each rank's host needed about twice one GPU's time a step under it. Here
 the head is a dozen ATen calls and four collectives; the features' all-gather hides
 behind this rank's own rows' GEMM, dx's reduce-scatter behind lin1's weight-gradient GEMM
-(BESIDE: a speed-up may run those two otherwise). The maths, the bytes, what hides what:
-docs/design.md, this module's section."""
+(BESIDE: a speed-up may run those two otherwise; COLLECTIVES: how those two collectives
+move their bytes, NCCL's unless a speed-up swaps them). The maths, the bytes, what hides
+what: docs/design.md, this module's section."""
 
 import types
 from dataclasses import dataclass
@@ -50,6 +51,43 @@ class Beside:
 BESIDE = Beside()
 
 
+def nccl_gather(x, group):
+    """(full, wait): x's rows of every rank gathered into full by NCCL, started; wait()
+    makes the current stream wait for it (no host sync)."""
+    full = x.new_empty((dist.get_world_size(group) * x.shape[0], x.shape[1]))
+    work = _all_gather(full, x, group=group, async_op=True)
+    return full, work.wait
+
+
+def plain_buffer(rows: int, columns: int, like: torch.Tensor, group=None) -> torch.Tensor:
+    """Where the backward's dX GEMM writes every rank's rows of dx, to be reduce-scattered."""
+    return like.new_empty((rows, columns))
+
+
+def nccl_scatter(dx_full, group, batch: int):
+    """finish: dx_full's rows summed over the ranks, this rank's batch of them, by NCCL,
+    started; finish() makes the current stream wait (no host sync) and returns them."""
+    dx = dx_full.new_empty((batch, dx_full.shape[1]))
+    work = _reduce_scatter(dx, dx_full, group=group, async_op=True)
+
+    def finish():
+        work.wait()
+        return dx
+    return finish
+
+
+@dataclass
+class Collectives:
+    """How the features' all-gather and dx's reduce-scatter move their bytes, read at
+    every call: a speed-up's process flag swaps them for a run."""
+    gather: Callable = nccl_gather
+    scatter_buffer: Callable = plain_buffer
+    scatter: Callable = nccl_scatter
+
+
+COLLECTIVES = Collectives()
+
+
 def _rows_of(index: int, batch: int) -> slice:
     return slice(index * batch, (index + 1) * batch)
 
@@ -61,13 +99,12 @@ class _GatherLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, group, index):
         parts, batch = dist.get_world_size(group), x.shape[0]
-        full = x.new_empty((parts * batch, x.shape[1]))
-        gathering = _all_gather(full, x, group=group, async_op=True)
+        full, gathered = COLLECTIVES.gather(x, group)
         out = x.new_empty((parts * batch, weight.shape[0]))
         own = _rows_of(index, batch)
         with torch.autocast(x.device.type, enabled=False):
             BESIDE.own_rows(bias, x, weight, out[own])  # beside the gather
-            gathering.wait()  # NCCL: the current stream waits for the gather; no host sync
+            gathered()  # the current stream waits for the gather; no host sync
             for rows in (slice(0, own.start), slice(own.stop, parts * batch)):
                 if rows.stop > rows.start:
                     torch.addmm(bias, full[rows], weight.t(), out=out[rows])
@@ -79,12 +116,12 @@ class _GatherLinear(torch.autograd.Function):
     def backward(ctx, dy):
         full, weight = ctx.saved_tensors
         dy = dy.contiguous()
-        dx_full = dy.mm(weight)
-        dx = dx_full.new_empty((ctx.batch, dx_full.shape[1]))
-        scattering = _reduce_scatter(dx, dx_full, group=ctx.group, async_op=True)
+        dx_full = COLLECTIVES.scatter_buffer(dy.shape[0], weight.shape[1], dy, ctx.group)
+        torch.mm(dy, weight, out=dx_full)
+        scattered = COLLECTIVES.scatter(dx_full, ctx.group, ctx.batch)
         dw = BESIDE.weight_gradient(dy, full)  # beside the reduce-scatter
         db = dy.sum(0)
-        scattering.wait()  # NCCL: a stream dependency, no host sync
+        dx = scattered()  # a stream dependency, no host sync
         return dx, dw, db, None, None
 
 

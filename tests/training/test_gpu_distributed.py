@@ -59,11 +59,13 @@ def test_every_design_on_the_gpus_trains_as_one(tmp_path, parallel, loss, backen
     assert job["distributed"]["parallel"] == parallel
 
 
-@pytest.mark.parametrize("speedup", ["graphed_head", "sms_for_collectives"])
+@pytest.mark.parametrize("speedup", ["graphed_head", "sms_for_collectives",
+                                     "copy_engine_collectives"])
 def test_tp_speedups_give_the_plain_heads_losses(tmp_path, speedup):
     """A tp speed-up on against off: --graphed-head replays the eager head's kernels and
     collectives (bit for bit in test_graphed_head.py); --sms-for-collectives runs the same
-    GEMMs with SMs left to NCCL (training/speedups/*.py say why)."""
+    GEMMs with SMs left to NCCL; --copy-engine-collectives the same sums by copy engine,
+    inside the graphed head (training/speedups/*.py say why)."""
     common = ["--loss", "kernel", "--backend", "cuda", "--parallel", "tp",
               "--out-dir", str(tmp_path)]
     runs = {}

@@ -28,7 +28,7 @@ ORDER = ("cudnn_benchmark", "fused_sgd", "channels_last", "triton_first_block",
          "triton_second_block", "triton_pool", "triton_conv_pool", "triton_conv_pool_bwd",
          "bf16_shadow", "triton_first_block_code", "graphed_head",
          "lin1_update_beside_trunk", "split_master", "skip_unchanged_weight", "cuda_graph",
-         "graphed_loss", "sms_for_collectives", "float8_lin1")
+         "graphed_loss", "copy_engine_collectives", "sms_for_collectives", "float8_lin1")
 SPEEDUPS: tuple[SpeedUp, ...] = tuple(
     importlib.import_module(f"{__name__}.{name}").SPEEDUP for name in ORDER)
 BY_NAME = {s.name: s for s in SPEEDUPS}

@@ -90,4 +90,6 @@ SPEEDUP = SpeedUp(
     "under --parallel tp or tp2d, lin1's GEMMs beside a collective leave 24 SMs to NCCL, "
     "so the collective runs beside them: auto (the default: tp or tp2d on a GPU), on, off",
     default="auto", gpu_only=True, several_ranks=True, refusal=refusal,
+    idle=lambda asked, on: "the copy engines move tp's collectives (--copy-engine-collectives)"
+    if on["copy_engine_collectives"] else None,
     process=swap_gemms)

@@ -1,0 +1,42 @@
+"""--copy-engine-collectives: where it applies (tp alone), that it idles the carveout it
+makes needless, and that each run gets the collectives of its own choice. The copies
+themselves need two GPUs on NVLink: on NCCL ranks their losses are NCCL's
+(tests/training/test_gpu_distributed.py)."""
+
+from training import peer_copies, speedups, tensor_parallel
+from training.speedups import copy_engine_collectives as ce
+from training.speedups.base import Asked
+
+
+def _asked(design: str, **values) -> Asked:
+    every = {s.name: s.default for s in speedups.SPEEDUPS}
+    every.update(values)
+    return Asked(values=every, loss="kernel", mode="train", amp=True, wait=1, design=design)
+
+
+def test_only_tp_moves_its_collectives_by_copy_engine():
+    assert ce.refusal(_asked("tp"), cuda=True) is None
+    for design in ("ddp", "zero", "tp2d"):
+        assert "only --parallel tp" in ce.refusal(_asked(design), cuda=True)
+    assert ce.SPEEDUP.why_not(_asked("tp"), cuda=False) == "needs a CUDA GPU"
+
+
+def test_on_it_idles_the_carveout_and_off_it_leaves_it():
+    on = speedups.resolve(_asked("tp", copy_engine_collectives="on"), cuda=True)
+    assert on["on"]["copy_engine_collectives"] and not on["on"]["sms_for_collectives"]
+    assert "copy engines" in on["sms_for_collectives_off_because"]
+    off = speedups.resolve(_asked("tp"), cuda=True)
+    assert not off["on"]["copy_engine_collectives"] and off["on"]["sms_for_collectives"]
+
+
+def test_each_run_gets_the_collectives_of_its_own_choice():
+    try:
+        ce.swap_collectives(True, True, many_runs=True)
+        assert tensor_parallel.COLLECTIVES == tensor_parallel.Collectives(
+            peer_copies.gather, peer_copies.scatter_buffer, peer_copies.scatter)
+        ce.swap_collectives(False, True, many_runs=True)
+        assert tensor_parallel.COLLECTIVES == tensor_parallel.Collectives()
+        ce.swap_collectives(True, False, many_runs=False)  # on a CPU: gloo's collectives
+        assert tensor_parallel.COLLECTIVES == tensor_parallel.Collectives()
+    finally:
+        tensor_parallel.COLLECTIVES = tensor_parallel.Collectives()

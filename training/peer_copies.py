@@ -1,0 +1,161 @@
+"""tp's features all-gather and dx's reduce-scatter moved by the copy engines, with no
+kernel: each rank's rows sit in symmetric memory (torch.distributed._symmetric_memory,
+mapped into every rank of the group over NVLink) and the peers pull them with plain
+device copies, ordered by flags that the GPU's front end writes and waits on
+(cuStreamWriteValue32 / cuStreamWaitValue32), not by a kernel.
+
+Why: cuBLAS's Hopper GEMMs are persistent and hold every SM, so NCCL's kernels, and the
+barrier kernels and sums of torch's own low-contention collectives, wait for the GEMM
+they were to hide behind, or the GEMM must leave them SMs and run slower for all its
+length (training/speedups/sms_for_collectives.py). The copy engines need no SM.
+    gather   this rank's rows copied into G (B x F, 134 MB at the GPU preset, ~0.06 ms of
+             HBM on the step's stream, before the own rows' GEMM); each peer's pulled
+             beside that GEMM ((N-1) x B x F over NVLink)
+    scatter  the dX GEMM writes every rank's rows into D; each peer's partial sums of this
+             rank's rows pulled beside the weight-gradient GEMM, then one add a peer
+On two ranks the sums are NCCL's bit for bit (one addition). The flags take only the
+values 0 and 1 (set by the writer, cleared by the reader), so a CUDA graph can replay
+them (tp's graphed head). Measured against NCCL and the carveout: results/several-gpus.md.
+
+What it does not have: NCCL's watchdog. A stream waiting on a flag that a dead rank never
+sets waits until the process is killed (the launcher ends the group when a rank dies).
+"""
+
+import ctypes
+import functools
+import warnings
+
+import torch
+import torch.distributed as dist
+
+# A rank's flags, each an int32 a peer: READY (a peer's rows are there to pull), DONE (a
+# peer has pulled this rank's rows), the same two for the reduce-scatter.
+READY, DONE, READY2, DONE2 = range(4)
+_EQUAL = 1  # CU_STREAM_WAIT_VALUE_EQ
+_SETS: dict = {}
+
+
+@functools.cache
+def _memops():
+    """(wait, write) of libcuda: a stream waits until an int32 in device memory equals a
+    value; a stream writes one (after its earlier work, with a memory fence)."""
+    lib = ctypes.CDLL("libcuda.so.1")
+    found = []
+    for name in ("cuStreamWaitValue32_v2", "cuStreamWriteValue32_v2"):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+        fn.restype = ctypes.c_int
+        found.append(fn)
+    return tuple(found)
+
+
+def _call(fn, stream, address: int, value: int, flags: int) -> None:
+    code = fn(stream.cuda_stream, address, value, flags)
+    if code:
+        raise RuntimeError(f"{fn.__name__} failed with CUDA driver error {code}")
+
+
+class _PeerSet:
+    """One group's buffers for one shape: G (every rank's rows, gathered), D (every rank's
+    rows of dx, to be reduce-scattered), a receive buffer a peer, the flags; made at the
+    first call (outside any CUDA graph's capture: the graphed head warms up eagerly)."""
+
+    def __init__(self, group, batch: int, columns: int, dtype, device):
+        from torch.distributed import _symmetric_memory as symm
+        name = group.group_name
+        with warnings.catch_warnings():  # needed on torch 2.11, deprecated on 2.13
+            warnings.simplefilter("ignore", FutureWarning)
+            if hasattr(symm, "enable_symm_mem_for_group"):
+                symm.enable_symm_mem_for_group(name)
+        self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.batch, self.peers = batch, [q for q in range(self.n) if q != self.rank]
+        rows, size = self.n * batch, batch * columns
+        self.gathered = symm.empty(rows, columns, dtype=dtype, device=device)
+        self.partial = symm.empty(rows, columns, dtype=dtype, device=device)
+        flags = symm.empty(4 * self.n, dtype=torch.int32, device=device)
+        flags.zero_()
+        flags.view(4, self.n)[[DONE, DONE2]] = 1  # nothing of this rank is being pulled
+        torch.cuda.synchronize(device)  # host-device sync: once a buffer set, before peers map it
+        gathered = symm.rendezvous(self.gathered, name)
+        partial = symm.rendezvous(self.partial, name)
+        shared = symm.rendezvous(flags, name)
+        self.their_rows = {q: gathered.get_buffer(q, (batch, columns), dtype, q * size)
+                           for q in self.peers}
+        self.my_partials = {q: partial.get_buffer(q, (batch, columns), dtype,
+                                                  self.rank * size) for q in self.peers}
+        self.received = {q: torch.empty(batch, columns, dtype=dtype, device=device)
+                         for q in self.peers}
+        self.mine, self.theirs = shared.buffer_ptrs[self.rank], shared.buffer_ptrs
+        self.side = torch.cuda.Stream(device)
+        dist.barrier(group)
+
+    def rows(self, q: int) -> slice:
+        return slice(q * self.batch, (q + 1) * self.batch)
+
+    def flag(self, base: int, kind: int, q: int) -> int:
+        return base + 4 * (kind * self.n + q)
+
+    def wait_and_clear(self, stream, kind: int, q: int) -> None:
+        wait, write = _memops()
+        _call(wait, stream, self.flag(self.mine, kind, q), 1, _EQUAL)
+        _call(write, stream, self.flag(self.mine, kind, q), 0, 0)
+
+    def tell(self, stream, kind: int, q: int) -> None:
+        """Sets this rank's flag `kind` on peer q."""
+        _call(_memops()[1], stream, self.flag(self.theirs[q], kind, self.rank), 1, 0)
+
+    def pull(self, ready: int, done: int, sources: dict, targets: dict) -> None:
+        """On the side stream: tell every peer this rank's rows are ready, then for each
+        peer wait for its rows, copy them (copy engine) and tell it they were pulled."""
+        with torch.cuda.stream(self.side):
+            for q in self.peers:
+                self.tell(self.side, ready, q)
+            for q in self.peers:
+                self.wait_and_clear(self.side, ready, q)
+                targets[q].copy_(sources[q])
+                self.tell(self.side, done, q)
+
+
+def _set_for(group, x: torch.Tensor) -> _PeerSet:
+    key = (group.group_name, x.shape[0], x.shape[1], x.dtype)
+    if key not in _SETS:
+        _SETS[key] = _PeerSet(group, x.shape[0], x.shape[1], x.dtype, x.device)
+    return _SETS[key]
+
+
+def gather(x, group):
+    """(full, wait) as tensor_parallel.nccl_gather: full is this group's G."""
+    peers = _set_for(group, x)
+    main = torch.cuda.current_stream()
+    for q in peers.peers:  # every peer pulled this rank's rows of the call before
+        peers.wait_and_clear(main, DONE, q)
+    peers.gathered[peers.rows(peers.rank)].copy_(x)
+    peers.side.wait_stream(main)
+    peers.pull(READY, DONE, peers.their_rows,
+               {q: peers.gathered[peers.rows(q)] for q in peers.peers})
+    return peers.gathered, lambda: torch.cuda.current_stream().wait_stream(peers.side)
+
+
+def scatter_buffer(rows: int, columns: int, like: torch.Tensor, group) -> torch.Tensor:
+    """This group's D, once every peer has pulled its rows of the call before."""
+    peers = _SETS[(group.group_name, rows // dist.get_world_size(group), columns, like.dtype)]
+    main = torch.cuda.current_stream()
+    for q in peers.peers:
+        peers.wait_and_clear(main, DONE2, q)
+    return peers.partial
+
+
+def scatter(dx_full, group, batch: int):
+    """finish as tensor_parallel.nccl_scatter: each peer's partial sums of this rank's
+    rows pulled beside the caller's next GEMM, added to this rank's own on finish()."""
+    peers = _SETS[(group.group_name, batch, dx_full.shape[1], dx_full.dtype)]
+    peers.side.wait_stream(torch.cuda.current_stream())
+    peers.pull(READY2, DONE2, peers.my_partials, peers.received)
+
+    def finish():
+        torch.cuda.current_stream().wait_stream(peers.side)
+        dx = dx_full[peers.rows(peers.rank)].clone() if not peers.peers else None
+        for q in peers.peers:  # two ranks: one addition, NCCL's sum bit for bit
+            dx = (dx if dx is not None else dx_full[peers.rows(peers.rank)]) + peers.received[q]
+        return dx
+    return finish
