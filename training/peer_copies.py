@@ -85,7 +85,13 @@ class _PeerSet:
                                                   self.rank * size) for q in self.peers}
         self.received = {q: torch.empty(batch, columns, dtype=dtype, device=device)
                          for q in self.peers}
-        self.mine, self.theirs = shared.buffer_ptrs[self.rank], shared.buffer_ptrs
+        # Every rank's flags as this process maps them (get_buffer, as for the rows).
+        self.flag_views = [shared.get_buffer(q, (4 * self.n,), torch.int32)
+                           for q in range(self.n)]
+        self.theirs = [view.data_ptr() for view in self.flag_views]
+        self.mine = self.theirs[self.rank]
+        # Held for the run: freed, the flags' memory and the peers' mappings would go.
+        self.flags, self.handles = flags, (gathered, partial, shared)
         self.side = torch.cuda.Stream(device)
         dist.barrier(group)
 
