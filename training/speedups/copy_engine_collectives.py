@@ -41,6 +41,6 @@ SPEEDUP = SpeedUp(
     "copy_engine_collectives",
     "under --parallel tp on one host's GPUs, lin1's all-gather and reduce-scatter moved by "
     "the copy engines with no kernel, so the GEMMs beside them keep every SM: "
-    "on, auto, off (the default)",
+    "auto (tp on a GPU), on, or off, the default",
     default="off", gpu_only=True, several_ranks=True, refusal=refusal,
     process=swap_collectives)
