@@ -81,6 +81,7 @@ class _PeerSet:
         shared = symm.rendezvous(flags, name)
         self.their_rows = {q: gathered.get_buffer(q, (batch, columns), dtype, q * size)
                            for q in self.peers}
+        self.rows_here = {q: self.gathered[self.rows(q)] for q in self.peers}
         self.my_partials = {q: partial.get_buffer(q, (batch, columns), dtype,
                                                   self.rank * size) for q in self.peers}
         self.received = {q: torch.empty(batch, columns, dtype=dtype, device=device)
@@ -122,29 +123,30 @@ class _PeerSet:
                 self.tell(self.side, done, q)
 
 
-def _set_for(group, x: torch.Tensor) -> _PeerSet:
-    key = (group.group_name, x.shape[0], x.shape[1], x.dtype)
+def _set_for(group, batch: int, columns: int, like: torch.Tensor) -> _PeerSet:
+    """The group's buffer set for a batch of rows of `columns` in like's dtype, made at
+    its first call (the forward's gather, on every rank at once)."""
+    key = (group.group_name, batch, columns, like.dtype)
     if key not in _SETS:
-        _SETS[key] = _PeerSet(group, x.shape[0], x.shape[1], x.dtype, x.device)
+        _SETS[key] = _PeerSet(group, batch, columns, like.dtype, like.device)
     return _SETS[key]
 
 
 def gather(x, group):
     """(full, wait) as tensor_parallel.nccl_gather: full is this group's G."""
-    peers = _set_for(group, x)
+    peers = _set_for(group, x.shape[0], x.shape[1], x)
     main = torch.cuda.current_stream()
     for q in peers.peers:  # every peer pulled this rank's rows of the call before
         peers.wait_and_clear(main, DONE, q)
     peers.gathered[peers.rows(peers.rank)].copy_(x)
     peers.side.wait_stream(main)
-    peers.pull(READY, DONE, peers.their_rows,
-               {q: peers.gathered[peers.rows(q)] for q in peers.peers})
+    peers.pull(READY, DONE, peers.their_rows, peers.rows_here)
     return peers.gathered, lambda: torch.cuda.current_stream().wait_stream(peers.side)
 
 
 def scatter_buffer(rows: int, columns: int, like: torch.Tensor, group) -> torch.Tensor:
     """This group's D, once every peer has pulled its rows of the call before."""
-    peers = _SETS[(group.group_name, rows // dist.get_world_size(group), columns, like.dtype)]
+    peers = _set_for(group, rows // dist.get_world_size(group), columns, like)
     main = torch.cuda.current_stream()
     for q in peers.peers:
         peers.wait_and_clear(main, DONE2, q)
@@ -154,14 +156,14 @@ def scatter_buffer(rows: int, columns: int, like: torch.Tensor, group) -> torch.
 def scatter(dx_full, group, batch: int):
     """finish as tensor_parallel.nccl_scatter: each peer's partial sums of this rank's
     rows pulled beside the caller's next GEMM, added to this rank's own on finish()."""
-    peers = _SETS[(group.group_name, batch, dx_full.shape[1], dx_full.dtype)]
+    peers = _set_for(group, batch, dx_full.shape[1], dx_full)
     peers.side.wait_stream(torch.cuda.current_stream())
     peers.pull(READY2, DONE2, peers.my_partials, peers.received)
 
     def finish():
         torch.cuda.current_stream().wait_stream(peers.side)
-        dx = dx_full[peers.rows(peers.rank)].clone() if not peers.peers else None
-        for q in peers.peers:  # two ranks: one addition, NCCL's sum bit for bit
-            dx = (dx if dx is not None else dx_full[peers.rows(peers.rank)]) + peers.received[q]
+        dx = dx_full[peers.rows(peers.rank)]
+        for q in peers.peers:  # two ranks: one addition, NCCL's sum bit for bit; a tp
+            dx = dx + peers.received[q]  # group has two ranks or more, so dx is new
         return dx
     return finish

@@ -31,10 +31,8 @@ def refusal(asked, cuda: bool) -> str | None:
     try:
         from torch.distributed import _symmetric_memory as symm
     except ImportError:
-        return "this torch has no symmetric memory"
-    if not hasattr(symm, "empty"):
-        return "this torch has no symmetric memory"
-    return None
+        symm = None
+    return None if hasattr(symm, "empty") else "this torch has no symmetric memory"
 
 
 SPEEDUP = SpeedUp(
