@@ -17,12 +17,16 @@ On two ranks the sums are NCCL's bit for bit (one addition). The flags take only
 values 0 and 1 (set by the writer, cleared by the reader), so a CUDA graph can replay
 them (tp's graphed head). Measured against NCCL and the carveout: results/several-gpus.md.
 
-What it does not have: NCCL's watchdog. A stream waiting on a flag that a dead rank never
-sets waits until the process is killed (the launcher ends the group when a rank dies).
+What it does not have: NCCL's watchdog and abort. A stream waiting on a flag that a dead
+or stopped rank never sets waits forever, and with it every call that waits for the whole
+device (cudaHostUnregister as the ring loader closed): a rank's early end hung until
+torchrun's SIGKILL, 30 s later, on two H200s. release_waits is its abort.
 """
 
 import ctypes
 import functools
+import threading
+import time
 import warnings
 
 import torch
@@ -33,6 +37,8 @@ import torch.distributed as dist
 READY, DONE, READY2, DONE2 = range(4)
 _EQUAL = 1  # CU_STREAM_WAIT_VALUE_EQ
 _SETS: dict = {}
+_RELEASING: list = []  # the release's thread, once begun
+RELEASE_S = 0.001  # between two rounds of the release's writes
 
 
 @functools.cache
@@ -94,7 +100,7 @@ class _PeerSet:
         # Held for the run: freed, the flags' memory and the peers' mappings would go.
         self.flags, self.handles = flags, (gathered, partial, shared)
         self.side = torch.cuda.Stream(device)
-        dist.barrier(group)
+        dist.barrier(group, device_ids=[device.index])  # named: torch warns on every rank
 
     def rows(self, q: int) -> slice:
         return slice(q * self.batch, (q + 1) * self.batch)
@@ -167,3 +173,37 @@ def scatter(dx_full, group, batch: int):
             dx = dx + peers.received[q]  # group has two ranks or more, so dx is new
         return dx
     return finish
+
+
+def release_waits() -> None:
+    """An early end (training/ranks.abandon_nccl): every flag this rank's streams may wait
+    on is set to 1, again after each round, on a daemon thread until the process exits.
+    Each wait then passes within a round and the clear behind it is undone by the next, so
+    the streams drain: their copies read a dead peer's rows (its memory lives on while this
+    rank maps it) and nothing after an early end reads what they wrote. The writes go on a
+    stream of their own, which waits behind none of the stuck ones."""
+    if not _SETS or _RELEASING:
+        return
+    sets = list(_SETS.values())
+    addresses = [peers.flag(peers.mine, kind, q) for peers in sets
+                 for kind in (READY, DONE, READY2, DONE2) for q in range(peers.n)]
+    device = sets[0].flags.device
+    thread = threading.Thread(target=_keep_setting, args=(addresses, device), daemon=True,
+                              name="release-copies")
+    _RELEASING.append(thread)
+    thread.start()
+
+
+def _keep_setting(addresses: list[int], device) -> None:
+    try:
+        torch.cuda.set_device(device)  # the driver's calls in this thread: the run's context
+        stream = torch.cuda.Stream(device)  # non-blocking: not ordered after the stuck ones
+        write = _memops()[1]
+        while True:
+            for address in addresses:
+                _call(write, stream, address, 1, 0)
+            while not stream.query():  # polled: no blocking call, no sync beside the others
+                time.sleep(RELEASE_S)
+            time.sleep(RELEASE_S)
+    except Exception:  # noqa: BLE001 (a context already broken waits on nothing; the early
+        return  # end's one line stays the only one on stderr)

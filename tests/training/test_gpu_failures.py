@@ -29,11 +29,23 @@ LONG = [*SMALL, "--batch-size", "32", "--steps", "100000", "--dataset-length", "
 # The bound: the gloo ranks end within 4 s; NCCL's teardown and the GPU suite's other
 # workers beside it get more, and torchrun's close timeout (30 s) stays well outside it.
 BOUND_S = 15.0
+# tp (the default design on one host) moves its features and dx by NCCL, or with
+# --copy-engine-collectives on by copy engines whose stream waits on a flag the peer writes
+# (training/peer_copies.py): a wait that no NCCL timeout or abort can end. Every promise is
+# held under both.
+COLLECTIVES = {"nccl": ["--copy-engine-collectives", "off"],
+               "copy-engines": ["--copy-engine-collectives", "on"]}
 
 
-def _launch(out, *args, **popen):
+@pytest.fixture(params=list(COLLECTIVES))
+def collectives(request) -> list[str]:
+    return COLLECTIVES[request.param]
+
+
+def _launch(out, collectives, *args, **popen):
     return subprocess.Popen([sys.executable, "-u", "-m", "training.launch", "--nproc",
-                             str(GPUS), "train.py", *LONG, *args, "--out-dir", str(out),
+                             str(GPUS), "train.py", *LONG, *collectives, *args,
+                             "--out-dir", str(out),
                              "--run-name", "job"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **popen)
 
@@ -66,8 +78,8 @@ def _summary(folder) -> dict:
 
 
 @pytest.mark.parametrize("victim", [0, 1])
-def test_a_killed_nccl_rank_ends_the_job_within_seconds(tmp_path, victim):
-    proc = _launch(tmp_path)
+def test_a_killed_nccl_rank_ends_the_job_within_seconds(tmp_path, collectives, victim):
+    proc = _launch(tmp_path, collectives)
     ranks = _steady(proc)
     os.kill(ranks[victim], signal.SIGKILL)
     killed = time.monotonic()
@@ -85,11 +97,11 @@ def test_a_killed_nccl_rank_ends_the_job_within_seconds(tmp_path, victim):
     assert _summary(folder)["status"] == "failed"
 
 
-def test_ctrl_c_stops_every_nccl_rank(tmp_path):
+def test_ctrl_c_stops_every_nccl_rank(tmp_path, collectives):
     def as_a_terminal():
         os.setsid()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-    proc = _launch(tmp_path, preexec_fn=as_a_terminal)
+    proc = _launch(tmp_path, collectives, preexec_fn=as_a_terminal)
     ranks = _steady(proc)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
     sent = time.monotonic()
@@ -104,8 +116,8 @@ def test_ctrl_c_stops_every_nccl_rank(tmp_path):
     assert all(_ended(pid) for pid in ranks.values())
 
 
-def test_a_killed_launcher_ends_its_nccl_ranks_within_seconds(tmp_path):
-    proc = _launch(tmp_path)
+def test_a_killed_launcher_ends_its_nccl_ranks_within_seconds(tmp_path, collectives):
+    proc = _launch(tmp_path, collectives)
     ranks = _steady(proc)
     os.kill(proc.pid, signal.SIGKILL)
     killed = time.monotonic()
@@ -122,12 +134,13 @@ def test_a_killed_launcher_ends_its_nccl_ranks_within_seconds(tmp_path):
 
 
 @pytest.mark.parametrize("stopped", [0, 1])
-def test_a_stopped_nccl_rank_is_named_within_the_hang_timeout(tmp_path, stopped):
+def test_a_stopped_nccl_rank_is_named_within_the_hang_timeout(tmp_path, collectives,
+                                                              stopped):
     """SIGSTOP, no SIGCONT: the other ranks' collectives wait on the GPU, where no gloo
     timeout fires; their hosts' waits for the GPU end after --hang-timeout instead
     (core/waits.py), each naming the stopped rank, and NCCL's watchdog (twice as long)
     never prints."""
-    proc = _launch(tmp_path, "--hang-timeout", "3")
+    proc = _launch(tmp_path, collectives, "--hang-timeout", "3")
     ranks = _steady(proc)
     os.kill(ranks[stopped], signal.SIGSTOP)
     sent = time.monotonic()

@@ -124,3 +124,19 @@ def test_an_nccl_group_is_aborted_once_whichever_thread_comes_first(monkeypatch)
     group[0] = object()
     ranks.abandon_nccl()
     assert len(aborted) == 2 and aborted[1] is group[0]
+
+
+def test_an_early_end_releases_the_copy_engines_waits_where_they_ran(monkeypatch):
+    """tp's copies by copy engine wait on flags that no NCCL abort ends: abandon_nccl sets
+    them (peer_copies.release_waits) where that module was loaded, and only there."""
+    import types
+
+    from training import ranks
+    released = []
+    monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
+    monkeypatch.delitem(sys.modules, "training.peer_copies", raising=False)
+    ranks.abandon_nccl()
+    monkeypatch.setitem(sys.modules, "training.peer_copies",
+                        types.SimpleNamespace(release_waits=lambda: released.append(1)))
+    ranks.abandon_nccl()
+    assert released == [1]
