@@ -413,7 +413,8 @@ def asked_of(cfg: Config):
     world = from_env().world
     return Asked(values={name: getattr(cfg, name) for name in speedups.ORDER},
                  loss=cfg.loss, mode=cfg.mode, amp=cfg.amp, wait=cfg.wait,
-                 design=parallel.choose(spread_of(cfg), world)[0] if world > 1 else "ddp")
+                 design=parallel.choose(spread_of(cfg), world)[0] if world > 1 else "ddp",
+                 world=world)
 
 
 def spread_of(cfg: Config):

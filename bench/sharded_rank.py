@@ -20,8 +20,9 @@ C. The same steps with lin1's update inline (`one-inline`, `tp-inline`: the spee
 D. --fake-worlds 2,4: rank 0 of a world of N on this one GPU, each N a process of its own
    (--fake-world N), through torch's fake process group (its collectives return at once
    and move nothing, as torchtitan's dry runs use it): the rank's own kernels at their
-   shapes, its speed-ups resolved as on N ranks (tp's SMs left to NCCL, its graphed head),
-   and the shadow SGD over its H/N rows. The cost model takes these steps over its sum of
+   shapes, its speed-ups resolved as on N ranks (its graphed head, tp's SMs left to NCCL
+   where the copy engines do not move its collectives: a fake group has no peer memory to
+   copy), and the shadow SGD over its H/N rows. The cost model takes these steps over its sum of
    B's pieces where they were measured.
 
 Run on the device (or `make costmodel ARGS=--measure`, which runs it and predicts from
@@ -107,7 +108,10 @@ def built_step(name, args, mesh):
                              (["--lin1-update-beside-trunk", "off"] if inline else []) +
                              (["--parallel", design] if mesh.size() > 1 else []))
     device = torch.device("cuda", 0)
-    used = {**speedups.resolve(train.asked_of(cfg), True)["on"], "graphed_head": graphed}
+    used = {**speedups.resolve(train.asked_of(cfg), True)["on"], "graphed_head": graphed,
+            # A fake group maps no peer's memory: tp's collectives stay its own, which move
+            # nothing, and the carveout stays as resolved (idle where the copies would run).
+            "copy_engine_collectives": False}
     speedups.set_process_flags(used, True, many_runs=True)
     strategy = losses.get(cfg.loss, backend=cfg.backend, capacity=cfg.max_boxes)
     torch._dynamo.reset()  # the last design's compiled graphs held its model

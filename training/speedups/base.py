@@ -51,14 +51,15 @@ class SpeedUp:
 class Asked:
     """What the speed-ups' checks read of a run: each speed-up's switch or choice as given
     (asked["cuda_graph"]), the strategy, the mode, autocast, the profiler's --wait, and the
-    several-rank design the run uses ("ddp" on one rank). train.py fills it; nothing here
-    reads train.Config's fields."""
+    several-rank design the run uses ("ddp" on one rank) with its ranks. train.py fills
+    it; nothing here reads train.Config's fields."""
     values: Mapping[str, bool | str]
     loss: str
     mode: str
     amp: bool
     wait: int
     design: str = "ddp"
+    world: int = 1
 
     def __getitem__(self, name: str) -> bool | str:
         return self.values[name]

@@ -5,9 +5,10 @@ SM (no carveout: --sms-for-collectives idles).
 
 Why: NCCL's kernels cannot share an SM with cuBLAS's persistent GEMMs, and the carveout
 that makes room for them slows those GEMMs for all their length. The same sums (two ranks:
-NCCL's bit for bit). Off by default: NCCL's watchdog does not see these copies, and the
-failure promises on NCCL ranks (tests/training/test_gpu_failures.py) are proven with NCCL's
-collectives; measured: results/several-gpus.md.
+NCCL's bit for bit). auto turns it on where it was measured faster, tp on two GPUs that
+reach each other's memory; four are not measured yet. A stream waiting on a dead peer's flag
+never returns, as one waiting in NCCL's kernel does not: the failure promises on NCCL ranks
+hold under both (tests/training/test_gpu_failures.py); measured: results/several-gpus.md.
 """
 
 from training.speedups.base import SpeedUp
@@ -32,13 +33,32 @@ def refusal(asked, cuda: bool) -> str | None:
         from torch.distributed import _symmetric_memory as symm
     except ImportError:
         symm = None
-    return None if hasattr(symm, "empty") else "this torch has no symmetric memory"
+    if not hasattr(symm, "empty"):
+        return "this torch has no symmetric memory"
+    if cuda and not _peers_reach_each_other(asked.world):
+        return "these GPUs cannot reach each other's memory (no peer access)"
+    return None
+
+
+def _peers_reach_each_other(world: int) -> bool:
+    """Whether each of the job's GPUs (rank r on GPU r: training/ranks.py) can read and
+    write every other's memory, as the copies between symmetric-memory buffers need."""
+    import torch
+    gpus = range(min(world, torch.cuda.device_count()))
+    return all(torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus if a != b)
+
+
+def measured_faster(asked) -> str | None:
+    """auto: on where measured faster than NCCL's collectives (two GPUs); elsewhere off."""
+    if asked.world == 2:
+        return None
+    return f"measured faster on two GPUs only, not yet on {asked.world}"
 
 
 SPEEDUP = SpeedUp(
     "copy_engine_collectives",
     "under --parallel tp on one host's GPUs, lin1's all-gather and reduce-scatter moved by "
     "the copy engines with no kernel, so the GEMMs beside them keep every SM: "
-    "auto (tp on a GPU), on, or off, the default",
-    default="off", gpu_only=True, several_ranks=True, refusal=refusal,
-    process=swap_collectives)
+    "auto (the default: on where measured faster, tp on two GPUs), on, or off",
+    default="auto", gpu_only=True, several_ranks=True, refusal=refusal,
+    auto_off=measured_faster, process=swap_collectives)

@@ -8,10 +8,11 @@ from training.speedups import copy_engine_collectives as ce
 from training.speedups.base import Asked
 
 
-def _asked(design: str, **values) -> Asked:
+def _asked(design: str, world: int = 1, **values) -> Asked:
     every = {s.name: s.default for s in speedups.SPEEDUPS}
     every.update(values)
-    return Asked(values=every, loss="kernel", mode="train", amp=True, wait=1, design=design)
+    return Asked(values=every, loss="kernel", mode="train", amp=True, wait=1, design=design,
+                 world=world)
 
 
 def test_only_tp_moves_its_collectives_by_copy_engine():
@@ -25,8 +26,19 @@ def test_on_it_idles_the_carveout_and_off_it_leaves_it():
     on = speedups.resolve(_asked("tp", copy_engine_collectives="on"), cuda=True)
     assert on["on"]["copy_engine_collectives"] and not on["on"]["sms_for_collectives"]
     assert "copy engines" in on["sms_for_collectives_off_because"]
-    off = speedups.resolve(_asked("tp"), cuda=True)
+    off = speedups.resolve(_asked("tp", world=2, copy_engine_collectives="off"), cuda=True)
     assert not off["on"]["copy_engine_collectives"] and off["on"]["sms_for_collectives"]
+
+
+def test_auto_takes_it_where_it_was_measured_faster():
+    two = speedups.resolve(_asked("tp", world=2), cuda=True)
+    assert two["on"]["copy_engine_collectives"] and not two["on"]["sms_for_collectives"]
+    four = speedups.resolve(_asked("tp", world=4), cuda=True)
+    assert not four["on"]["copy_engine_collectives"] and four["on"]["sms_for_collectives"]
+    assert four["copy_engine_collectives_off_because"] == (
+        "measured faster on two GPUs only, not yet on 4")
+    assert speedups.resolve(_asked("tp", world=4, copy_engine_collectives="on"),
+                            cuda=True)["on"]["copy_engine_collectives"]
 
 
 def test_each_run_gets_the_collectives_of_its_own_choice():

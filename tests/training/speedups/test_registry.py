@@ -188,7 +188,7 @@ def test_one_rank_is_not_told_why_a_several_rank_speedup_is_off():
     assert several and all(used[f"{name}_off_because"] for name in several)
     for name in several:
         assert f"no {name}:" not in speedups.describe_used(used, world=1)
-        # One off by default (--copy-engine-collectives) is off for no reason worth a line.
+        # A speed-up turned off is off for no reason worth a line.
         said = used[f"{name}_off_because"] != "turned off"
         assert (f"no {name}:" in speedups.describe_used(used, world=2)) == said
     assert any(used[f"{name}_off_because"] != "turned off" for name in several)
