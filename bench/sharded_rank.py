@@ -22,8 +22,8 @@ D. --fake-worlds 2,4: rank 0 of a world of N on this one GPU, each N a process o
    and move nothing, as torchtitan's dry runs use it): the rank's own kernels at their
    shapes, its speed-ups resolved as on N ranks (its graphed head, tp's SMs left to NCCL
    where the copy engines do not move its collectives: a fake group has no peer memory to
-   copy), and the shadow SGD over its H/N rows. The cost model takes these steps over its sum of
-   B's pieces where they were measured.
+   copy), and the shadow SGD over its H/N rows. The cost model takes these steps over its
+   sum of B's pieces where they were measured.
 
 Run on the device (or `make costmodel ARGS=--measure`, which runs it and predicts from
 it): python3 bench/sharded_rank.py [--loss kernel --backend cuda]

@@ -5,10 +5,11 @@ SM (no carveout: --sms-for-collectives idles).
 
 Why: NCCL's kernels cannot share an SM with cuBLAS's persistent GEMMs, and the carveout
 that makes room for them slows those GEMMs for all their length. The same sums (two ranks:
-NCCL's bit for bit). auto turns it on where it was measured faster, tp on two GPUs that
-reach each other's memory; four are not measured yet. A stream waiting on a dead peer's flag
-never returns, as one waiting in NCCL's kernel does not: the failure promises on NCCL ranks
-hold under both (tests/training/test_gpu_failures.py); measured: results/several-gpus.md.
+NCCL's bit for bit). auto turns it on where it was measured faster, tp on two GPUs of one
+host that reach each other's memory; four are not measured yet. A stream waits on a dead
+peer's flag until an early end sets it (peer_copies.release_waits), as NCCL's kernels wait
+until an early end aborts them: the failure promises on NCCL ranks hold under both
+(tests/training/test_gpu_failures.py); measured: results/several-gpus.md.
 """
 
 from training.speedups.base import SpeedUp
@@ -35,6 +36,9 @@ def refusal(asked, cuda: bool) -> str | None:
         symm = None
     if not hasattr(symm, "empty"):
         return "this torch has no symmetric memory"
+    from training.ranks import hosts
+    if (hosts() or 1) > 1:
+        return f"moves rows between one host's GPUs: this job spans {hosts()} hosts"
     if cuda and not _peers_reach_each_other(asked.world):
         return "these GPUs cannot reach each other's memory (no peer access)"
     return None

@@ -22,6 +22,12 @@ def test_only_tp_moves_its_collectives_by_copy_engine():
     assert ce.SPEEDUP.why_not(_asked("tp"), cuda=False) == "needs a CUDA GPU"
 
 
+def test_it_stays_inside_one_host(monkeypatch):
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")  # torchrun's hosts
+    assert ce.refusal(_asked("tp", world=2), cuda=True) == (
+        "moves rows between one host's GPUs: this job spans 2 hosts")
+
+
 def test_on_it_idles_the_carveout_and_off_it_leaves_it():
     on = speedups.resolve(_asked("tp", copy_engine_collectives="on"), cuda=True)
     assert on["on"]["copy_engine_collectives"] and not on["on"]["sms_for_collectives"]
