@@ -20,7 +20,7 @@ them (tp's graphed head). Measured against NCCL and the carveout: results/severa
 What it does not have: NCCL's watchdog and abort. A stream waiting on a flag that a dead
 or stopped rank never sets waits forever, and with it every call that waits for the whole
 device (cudaHostUnregister as the ring loader closed): a rank's early end hung until
-torchrun's SIGKILL, 30 s later, on two H200s. release_waits is its abort.
+torchrun's SIGKILL (results/several-gpus.md). release_waits is its abort.
 """
 
 import ctypes
