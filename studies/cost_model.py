@@ -45,8 +45,9 @@ CONTENTION = (22.21 - 18.03 - 0.88 - 0.42) / (6.84 - 0.42)
 
 # Measured over runs on several GPUs (results/several-gpus.md), beside the predictions:
 # (design, GPUs, a rank's median step ms, scaling, where). The H200s' own: the default
-# --measured is one of those H200s. ddp on 2 is the run CONTENTION is fitted to.
-MEASURED = [("tp", 2, 16.91, 2.12, "2 H200s, 025ba23"),
+# --measured is one of those H200s. ddp on 2 is the run CONTENTION is fitted to. tp on 2:
+# its default since 3c02f18, the collectives by copy engine (the model counts NCCL's bytes).
+MEASURED = [("tp", 2, 16.78, 2.16, "2 H200s, 3c02f18, copy engines"),
             ("ddp", 2, 22.21, 1.63, "2 H200s, 025ba23, contention fitted"),
             ("zero", 2, 23.23, 1.56, "2 H200s, 025ba23"),
             ("tp", 4, 17.60, 4.06, "4 H200s, 1f13790"),
