@@ -181,7 +181,8 @@ def release_waits() -> None:
     Each wait then passes within a round and the clear behind it is undone by the next, so
     the streams drain: their copies read a dead peer's rows (its memory lives on while this
     rank maps it) and nothing after an early end reads what they wrote. The writes go on a
-    stream of their own, which waits behind none of the stuck ones."""
+    stream of their own, which waits behind none of the stuck ones; the main thread's call
+    that waits for the device meanwhile holds no GIL (torch's cudart bindings release it)."""
     if not _SETS or _RELEASING:
         return
     sets = list(_SETS.values())
