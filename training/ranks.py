@@ -480,11 +480,11 @@ def abandon_nccl() -> None:
     behind it on its stream, the rank's exit included; ncclCommAbort ends it. No
     collective follows an early end, so nothing is lost. tp's copies by copy engine wait on
     flags, which no abort ends: peer_copies.release_waits sets them."""
-    copies = sys.modules.get("training.peer_copies")  # loaded only where they were used
-    if copies is not None:
-        copies.release_waits()
     dist = sys.modules.get("torch.distributed")
-    with _ABANDONING:  # the early end's and the stuck-watch's: one abort, not two
+    with _ABANDONING:  # the early end's and the stuck-watch's: one abort, one release
+        copies = sys.modules.get("training.peer_copies")  # loaded only where they were used
+        if copies is not None:
+            copies.release_waits()
         if dist is None or not (dist.is_available() and dist.is_initialized()):
             return
         abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
