@@ -8,6 +8,8 @@ in the run's. The calls and the energy counter's reads: docs/design.md, this mod
 section."""
 
 import csv
+import os
+import signal
 import statistics
 import subprocess
 import time
@@ -64,7 +66,9 @@ def _usable_fields(gpu: str) -> tuple[tuple | None, str | None]:
 # Runs the sampler ("$@") until told to stop or until the process that started it (the
 # shell's parent, $PPID) is gone; `wait` (not a plain sleep) lets the trap act at once.
 # Not preexec_fn: Python code between fork and exec may deadlock in a process with
-# threads, as the training process is.
+# threads, as the training process is. The shell and the sampler share a session of their
+# own (start_new_session, setsid in C), which stop() signals whole: a SIGTERM that came
+# between "$@" & and the trap killed the shell alone, and nvidia-smi sampled on forever.
 WATCH = ('"$@" & s=$!; trap \'kill $s 2>/dev/null; exit 0\' TERM INT; '
          'while kill -0 "$PPID" 2>/dev/null && kill -0 $s 2>/dev/null; do '
          'sleep 1 & wait $!; done; kill $s 2>/dev/null')
@@ -97,7 +101,8 @@ class Sampler:
         with path.open("w") as out:  # the child holds its own descriptor
             process = subprocess.Popen(["sh", "-c", WATCH, "sampler", *_query(gpu, fields),
                                         f"-lms={SAMPLE_MS}"],
-                                       stdout=out, stderr=subprocess.DEVNULL)
+                                       stdout=out, stderr=subprocess.DEVNULL,
+                                       start_new_session=True)
         return cls(path, process, meter=meter)
 
     def mark(self) -> None:
@@ -143,13 +148,7 @@ class Sampler:
         step_ended() (from the first, to the last, without them)."""
         if self.process is None:
             return {"unavailable": self.unavailable, **self._energy_summary()}
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        _end_group(self.process)
         self.process = None
         samples = [s for s in read_samples(self.path)
                    if (self.since is None or s["time"] >= self.since)
@@ -159,6 +158,22 @@ class Sampler:
                     f"nvidia-smi's {SAMPLE_MS} ms)", "file": self.path.name,
                     **self._energy_summary()}
         return {**summarize(samples), "file": self.path.name, **self._energy_summary()}
+
+
+def _end_group(process: subprocess.Popen) -> None:
+    """SIGTERM to the shell's whole group (SIGKILL after 5 s), then the shell reaped. Sent
+    before any poll(): until the shell is reaped its pid, the group's id, is not reused."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:  # the shell and the sampler are gone
+            pass
+        try:
+            process.wait(5)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    process.wait()
 
 
 def read_samples(path: Path) -> list[dict]:

@@ -215,6 +215,26 @@ def test_a_killed_parent_leaves_no_sampler(fake_smi, tmp_path):
         time.sleep(0.1)
 
 
+def test_stop_ends_the_sampler_whatever_its_shell_made_of_the_signal(fake_smi, tmp_path,
+                                                                    monkeypatch):
+    """A shell killed before its trap was set (a stop() right after start() on a loaded
+    machine) once left nvidia-smi sampling for ever. Made certain here: a shell with no trap
+    dies of the SIGTERM alone, and stop() must still end the sampler it started."""
+    monkeypatch.setattr(gpu_clocks, "WATCH", '"$@" & wait')
+    sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0")
+    deadline = time.monotonic() + 20
+    # Two pids: the query that checks the fields, then the sampler's loop.
+    while not (fake_smi.exists() and len(fake_smi.read_text().split()) == 2):
+        assert time.monotonic() < deadline, "the sampler never started"
+        time.sleep(0.05)
+    pid = int(fake_smi.read_text().split()[-1])
+    sampler.stop()
+    deadline = time.monotonic() + 5
+    while _alive(pid):
+        assert time.monotonic() < deadline, "nvidia-smi outlived stop()"
+        time.sleep(0.05)
+
+
 def test_rows_cut_short_or_not_reported_are_left_out(tmp_path):
     path = tmp_path / "gpu_clocks.csv"
     path.write_text("timestamp, clocks.sm [MHz], ...\n"
