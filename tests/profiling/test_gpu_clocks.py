@@ -194,6 +194,23 @@ def test_a_refused_query_says_nvidia_smi_s_own_line(tmp_path, monkeypatch):
     assert clocks == {"unavailable": "nvidia-smi refused the query (No devices were found)"}
 
 
+def _sampling_pid(log) -> int:
+    """The sampler loop's pid, once the fake has logged two: the query that checks the
+    fields, then the loop."""
+    deadline = time.monotonic() + 20
+    while not (log.exists() and len(log.read_text().split()) == 2):
+        assert time.monotonic() < deadline, "the sampler never started"
+        time.sleep(0.05)
+    return int(log.read_text().split()[-1])
+
+
+def _gone_within(pid: int, seconds: float, why: str) -> None:
+    deadline = time.monotonic() + seconds
+    while _alive(pid):
+        assert time.monotonic() < deadline, why
+        time.sleep(0.05)
+
+
 def test_a_killed_parent_leaves_no_sampler(fake_smi, tmp_path):
     parent = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
@@ -201,18 +218,10 @@ def test_a_killed_parent_leaves_no_sampler(fake_smi, tmp_path):
          "Sampler.start(Path(sys.argv[1]), 'GPU-0'); time.sleep(60)",
          str(tmp_path / "gpu_clocks.csv")],
         env={**os.environ, "PYTHONPATH": os.getcwd()})
-    deadline = time.monotonic() + 20
-    # Two pids: the query that checks the fields, then the sampler's loop.
-    while not (fake_smi.exists() and len(fake_smi.read_text().split()) == 2):
-        assert time.monotonic() < deadline, "the sampler never started"
-        time.sleep(0.05)
-    pid = int(fake_smi.read_text().split()[-1])
+    pid = _sampling_pid(fake_smi)
     parent.kill()
     parent.wait()
-    deadline = time.monotonic() + 10
-    while _alive(pid):
-        assert time.monotonic() < deadline, "the sampler outlived its killed parent"
-        time.sleep(0.1)
+    _gone_within(pid, 10, "the sampler outlived its killed parent")
 
 
 def test_stop_ends_the_sampler_whatever_its_shell_made_of_the_signal(fake_smi, tmp_path,
@@ -222,17 +231,9 @@ def test_stop_ends_the_sampler_whatever_its_shell_made_of_the_signal(fake_smi, t
     dies of the SIGTERM alone, and stop() must still end the sampler it started."""
     monkeypatch.setattr(gpu_clocks, "WATCH", '"$@" & wait')
     sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0")
-    deadline = time.monotonic() + 20
-    # Two pids: the query that checks the fields, then the sampler's loop.
-    while not (fake_smi.exists() and len(fake_smi.read_text().split()) == 2):
-        assert time.monotonic() < deadline, "the sampler never started"
-        time.sleep(0.05)
-    pid = int(fake_smi.read_text().split()[-1])
+    pid = _sampling_pid(fake_smi)
     sampler.stop()
-    deadline = time.monotonic() + 5
-    while _alive(pid):
-        assert time.monotonic() < deadline, "nvidia-smi outlived stop()"
-        time.sleep(0.05)
+    _gone_within(pid, 5, "nvidia-smi outlived stop()")
 
 
 def test_rows_cut_short_or_not_reported_are_left_out(tmp_path):
