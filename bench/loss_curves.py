@@ -27,7 +27,11 @@ def parse_runs(given: list[str]) -> list[tuple[str, dict]]:
         label, sep, folder = item.partition("=")
         if not sep or not label or not folder:
             raise UserError(f"{item!r}: give each run as label=run-folder")
-        runs.append((label, load_summary(Path(folder))))
+        summary = load_summary(Path(folder))
+        if not summary.get("losses"):
+            raise UserError(f"{folder}: its summary.json holds no losses (a train.py run's "
+                            "folder has them)")
+        runs.append((label, summary))
     return runs
 
 

@@ -274,6 +274,9 @@ def _step_ms(times: list[dict]) -> list[tuple[int, float]]:
     return [(i + 1, t[key]) for i, t in enumerate(times) if t[key] is not None]
 
 
+MEAN_STYLES = ("-", (0, (5, 3)), (0, (1, 2)), (0, (6, 2, 1, 2)))
+
+
 def loss_curves_chart(runs: list[tuple[str, list[float]]], path: Path, where: str,
                       window: int = 25) -> None:
     """Runs' losses step by step (summary.json's losses) in one panel, and below it each
@@ -288,15 +291,19 @@ def loss_curves_chart(runs: list[tuple[str, list[float]]], path: Path, where: st
     for name, losses in runs:
         top.plot(range(1, len(losses) + 1), losses, lw=0.6, label=name)
     base_name, base = runs[0] if runs else ("", [])
-    for name, losses in runs[1:]:
+    for k, (name, losses) in enumerate(runs[1:]):
         rel = [(y - x) / abs(x) * 100 for x, y in zip(base, losses) if x]
         mean = [sum(rel[i:i + window]) / len(rel[i:i + window]) for i in range(len(rel))]
         line, = bottom.plot(range(1, len(rel) + 1), rel, lw=0.4, alpha=0.5)
+        # A style each: two runs' means that coincide (float8 on two strategies) hid the
+        # first under the second; dashes let the one beneath show through.
         bottom.plot(range(1, len(mean) + 1), mean, lw=1.2, color=line.get_color(),
+                    ls=MEAN_STYLES[k % len(MEAN_STYLES)],
                     label=f"{name} − {base_name} (mean of {window} steps)")
     bottom.axhline(0, color="grey", lw=0.6)
     top.set_ylabel("loss")
-    top.set_title("the loss at every step")
+    top.set_title("the loss at every step" + (" (a curve may hide another: their differences "
+                                              "below)" if runs[1:] else ""))
     if runs:
         top.legend(fontsize=8)
     if runs[1:]:
