@@ -69,7 +69,9 @@ def _usable_fields(gpu: str) -> tuple[tuple | None, str | None]:
 # threads, as the training process is. The shell and the sampler share a session of their
 # own (start_new_session, setsid in C), which stop() signals whole: a SIGTERM that came
 # between "$@" & and the trap killed the shell alone, and nvidia-smi sampled on forever.
-WATCH = ('"$@" & s=$!; trap \'kill $s 2>/dev/null; exit 0\' TERM INT; '
+# The trap waits for the sampler, so that stop(), which waits for the shell, returns with
+# the sampler reaped, not still dying.
+WATCH = ('"$@" & s=$!; trap \'kill $s 2>/dev/null; wait $s; exit 0\' TERM INT; '
          'while kill -0 "$PPID" 2>/dev/null && kill -0 $s 2>/dev/null; do '
          'sleep 1 & wait $!; done; kill $s 2>/dev/null')
 

@@ -17,8 +17,10 @@ from profiling.gpu_clocks import Sampler, describe, read_samples, summarize
 
 FAKE = textwrap.dedent('''\
     #!{python}
-    import os, sys, time
+    import os, signal, sys, time
     from datetime import datetime
+    if os.environ.get("FAKE_SMI_SLOW_EXIT"):  # a SIGTERM ends it 0.5 s later
+        signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), os._exit(0)))
     args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
     fields = args["--query-gpu"].split(",")
     if os.environ.get("FAKE_SMI_OLD") and "clocks_event_reasons.active" in fields:
@@ -234,6 +236,18 @@ def test_stop_ends_the_sampler_whatever_its_shell_made_of_the_signal(fake_smi, t
     pid = _sampling_pid(fake_smi)
     sampler.stop()
     _gone_within(pid, 5, "nvidia-smi outlived stop()")
+
+
+def test_stop_returns_with_the_sampler_gone_even_one_slow_to_exit(fake_smi, tmp_path,
+                                                                  monkeypatch):
+    """stop() waits for the shell, and the shell's trap for the sampler: a sampler that
+    takes its time to exit is gone (reaped) when stop() returns. Before the trap waited,
+    the shell left first and a CI found the fake still alive after stop()."""
+    monkeypatch.setenv("FAKE_SMI_SLOW_EXIT", "1")
+    sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0")
+    pid = _sampling_pid(fake_smi)
+    sampler.stop()
+    assert not _alive(pid)
 
 
 def test_rows_cut_short_or_not_reported_are_left_out(tmp_path):
