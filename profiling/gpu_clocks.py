@@ -165,17 +165,19 @@ class Sampler:
 def _end_group(process: subprocess.Popen) -> None:
     """SIGTERM to the shell's whole group (SIGKILL after 5 s), then the shell reaped. Sent
     before any poll(): until the shell is reaped its pid, the group's id, is not reused."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:  # the shell and the sampler are gone
-            pass
-        try:
-            process.wait(5)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-    process.wait()
+    _signal_group(process.pid, signal.SIGTERM)
+    try:
+        process.wait(5)
+    except subprocess.TimeoutExpired:
+        _signal_group(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:  # the shell and the sampler are gone
+        pass
 
 
 def read_samples(path: Path) -> list[dict]:

@@ -21,6 +21,8 @@ FAKE = textwrap.dedent('''\
     from datetime import datetime
     if os.environ.get("FAKE_SMI_SLOW_EXIT"):  # a SIGTERM ends it 0.5 s later
         signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), os._exit(0)))
+    if os.environ.get("FAKE_SMI_DEAF"):  # a SIGTERM does nothing
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
     fields = args["--query-gpu"].split(",")
     if os.environ.get("FAKE_SMI_OLD") and "clocks_event_reasons.active" in fields:
@@ -248,6 +250,19 @@ def test_stop_returns_with_the_sampler_gone_even_one_slow_to_exit(fake_smi, tmp_
     pid = _sampling_pid(fake_smi)
     sampler.stop()
     assert not _alive(pid)
+
+
+def test_a_sampler_deaf_to_sigterm_is_killed_after_the_bound(fake_smi, tmp_path,
+                                                             monkeypatch):
+    """The trap waits for the sampler; one that ignores SIGTERM would hold the shell for
+    ever, so stop() kills the whole group once its 5 s are up."""
+    monkeypatch.setenv("FAKE_SMI_DEAF", "1")
+    sampler = Sampler.start(tmp_path / "gpu_clocks.csv", "GPU-0")
+    pid = _sampling_pid(fake_smi)
+    started = time.monotonic()
+    sampler.stop()
+    assert 5 <= time.monotonic() - started < 15
+    _gone_within(pid, 5, "the deaf sampler outlived stop()'s SIGKILL")
 
 
 def test_rows_cut_short_or_not_reported_are_left_out(tmp_path):
