@@ -89,7 +89,7 @@ ncu: $(SETUP)
 # alone: $(PYTHON) -m pytest tests/<file>.
 TEST_WORKERS ?= 3
 test: $(SETUP)
-	@echo "make test: the CPU suite, $(TEST_WORKERS) pytest workers side by side (a line a minute, the failures in full and the 15 slowest at the end)"
+	@echo "make test: the CPU suite, $(TEST_WORKERS) pytest workers side by side (a line a minute, the failures in full and the 20 slowest at the end)"
 	$(PYTHON) -m tests.gpu_suite --workers $(TEST_WORKERS) --marker "not browser" --no-sanitizer $(ARGS)
 
 # ruff over the project's Python (ruff.toml); make setup installs it, CI runs it first.

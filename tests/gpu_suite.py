@@ -31,6 +31,7 @@ from core.signals import stop_once
 from tests.claims import CLAIMED_ELSEWHERE, groups_folder
 
 REPO = Path(__file__).resolve().parent.parent
+SLOWEST = 20  # the slowest tests printed at the end, with their times
 SANITIZER = ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "1",
              sys.executable, "tests/sanitize_kernels.py"]
 
@@ -196,7 +197,7 @@ def report(codes: dict, results: dict, logs: Path, wall: float,
     for name in broken:
         print(f"--- {name} (exit {codes[name]}):\n{failure_sections(logs / f'{name}.log')}")
     print("slowest tests (s, setup + call + teardown, in a worker beside the others):")
-    for name, (outcome, seconds) in sorted(results.items(), key=lambda kv: -kv[1][1])[:15]:
+    for name, (outcome, seconds) in sorted(results.items(), key=lambda kv: -kv[1][1])[:SLOWEST]:
         print(f"  {seconds:7.1f}  {outcome:7s} {name}")
     failed = sorted(n for n, (o, _) in results.items() if o in ("failure", "error"))
     for name in failed:

@@ -62,6 +62,12 @@ def test_the_workers_share_the_suite_and_report_it_as_one(tmp_path):
     assert "FAILED test_a::test_fails" in lines
     assert not any("test_b::test_fails" in line and "FAILED" in line for line in lines)
     assert "make test: 1 failure, 25 passed, 2 skipped, 2 xfailed" in lines[-1]
+    # The slowest 20 of the 30, slowest first.
+    header = lines.index("slowest tests (s, setup + call + teardown, in a worker beside "
+                         "the others):")
+    slowest = [float(line.split()[0]) for line in lines[header + 1:header + 1 + 30]
+               if re.match(r"\s+\d+\.\d ", line)]
+    assert len(slowest) == 20 and slowest == sorted(slowest, reverse=True), lines
     ran = [outcomes([logs / f"worker{i}.xml"]) for i in range(3)]
     assert sum(len(r) for r in ran) == 30  # each test in one worker only
     assert sum(1 for r in ran if r) >= 2  # the sleeping tests spread
