@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.gpu_only import require_cuda  # noqa: E402
 from profiling import energy, gpu_clocks  # noqa: E402
 
 
@@ -48,9 +49,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reads", type=int, default=300)
     args = ap.parse_args()
-    import torch
-    if not torch.cuda.is_available():
-        sys.exit("needs a CUDA GPU: the counter is the GPU's, read through its driver")
+    require_cuda("the counter is the GPU's, read through its driver")
     gpu = gpu_clocks.gpu_id(0)
     meter, why = energy.open_meter(gpu)
     if meter is None:

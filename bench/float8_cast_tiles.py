@@ -6,11 +6,13 @@ shape. Its floor: 4.3 GB through HBM (the weight read, both copies written).
 Run on the device: python3 bench/float8_cast_tiles.py
 """
 
+import argparse
 import sys
 
 import torch
 
 sys.path.insert(0, ".")
+from bench.gpu_only import require_cuda  # noqa: E402
 from bench.sharded_rank import cuda_ms  # noqa: E402
 from kernels.lin1 import float8_cast as fc  # noqa: E402
 
@@ -27,8 +29,8 @@ def launch(w, w8, w8t, state, rows: int, cols: int, warps: int) -> None:
 
 
 def main() -> None:
-    if not torch.cuda.is_available():
-        sys.exit("needs a CUDA GPU: it times a Triton kernel on the device")
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    require_cuda("it times a Triton kernel on the device")
     w = (torch.randn(ROWS, COLS, device="cuda") / 256).bfloat16()
     fp8 = dict(dtype=torch.float8_e4m3fn, device="cuda")
     ref8, ref8t = torch.empty(ROWS, COLS, **fp8), torch.empty(COLS, ROWS, **fp8)

@@ -13,12 +13,14 @@ GPU time by CUDA events, each the median of 20 calls after 3 warm-ups
 (bench/sharded_rank.cuda_ms). Run on the device: python3 bench/float8_lin1.py
 """
 
+import argparse
 import sys
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
+from bench.gpu_only import require_cuda  # noqa: E402
 from bench.sharded_rank import cuda_ms  # noqa: E402
 from kernels.lin1.float8_cast import cast_weight, new_state, transpose  # noqa: E402
 from kernels.lin1.float8_linear import E4M3, E5M2, float8_linear, quantized  # noqa: E402
@@ -76,8 +78,8 @@ def layer(x, w, dy, w8, w8t, inverse, compiled: bool):
 
 
 def main() -> None:
-    if not torch.cuda.is_available():
-        sys.exit("needs a CUDA GPU with float8 GEMMs (an H100 or H200)")
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    require_cuda("float8 GEMMs, an H100 or H200")
     bf = dict(device="cuda", dtype=torch.bfloat16)
     x = torch.randn(B, FEATURES, **bf).relu()
     w = torch.randn(HIDDEN, FEATURES, **bf) / FEATURES ** 0.5

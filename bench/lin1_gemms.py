@@ -21,6 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
+from bench.gpu_only import require_cuda  # noqa: E402
 from bench.sharded_rank import cuda_ms  # noqa: E402
 from profiling.flops import peak_of  # noqa: E402
 
@@ -72,6 +73,7 @@ def main() -> None:
                         help="cuBLAS and cuBLASLt only (max-autotune takes a minute)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
+    require_cuda("it times lin1's three GEMMs on the device")
     peak = peak_of(torch.cuda.get_device_name())
     pairs = operands()
     plain = {name: (lambda a=a, b=b: torch.mm(a, b)) for name, (a, b) in pairs.items()}

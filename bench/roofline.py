@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 import train  # noqa: E402
+from bench.gpu_only import require_cuda  # noqa: E402
 from bench.sharded_rank import cuda_ms, one_batch, top_kernels  # noqa: E402
 from kernels.lin1.master_halves import split  # noqa: E402
 from kernels.lin1.shadow_sgd import shadow_sgd_step  # noqa: E402
@@ -265,6 +266,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.energy and args.lin1_only:  # its table sets each phase against the whole step
         ap.error("--energy needs the whole step, which --lin1-only leaves out: give one")
+    require_cuda("it times the step's phases on the device")
     meter = None
     if args.energy:
         meter, why_not = open_meter(gpu_id(torch.cuda.current_device()))

@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, ".")
 import train  # noqa: E402
+from bench.gpu_only import require_cuda  # noqa: E402
 from data import SyntheticFaces  # noqa: E402
 from profiling.environment import environment  # noqa: E402
 from training import parallel, speedups  # noqa: E402
@@ -264,6 +265,7 @@ def main() -> None:
     ap.add_argument("--fake-world", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--json", default=os.environ.get("SHARDED_JSON", ""))
     args = ap.parse_args()
+    require_cuda("it times a rank's work per design on the device")
     mesh = world_of_one("29517") if args.fake_world == 1 else fake_world(args.fake_world)
     print(f"# A rank's work per design, {torch.cuda.get_device_name()}, torch "
           f"{torch.__version__}, {args.loss}/{args.backend}\n", flush=True)

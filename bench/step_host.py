@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench.sharded_rank as sharded  # noqa: E402
+from bench.gpu_only import require_cuda  # noqa: E402
 
 ROUNDS = 30  # rounds of three steps; the last two of each are timed
 
@@ -68,6 +69,7 @@ def main() -> None:
     ap.add_argument("--backend", default="cuda")
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     args = ap.parse_args()
+    require_cuda("it times each design's step on the device")
     mesh = sharded.world_of_one("29518")
     print(f"# The host's ms a step per design on a world of one, "
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "

@@ -14,6 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
+from bench.gpu_only import require_cuda  # noqa: E402
 from bench.roofline import preset_step  # noqa: E402
 from bench.sharded_rank import cuda_ms, top_kernels  # noqa: E402
 
@@ -24,6 +25,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("train_args", nargs="*", help="more train.py options, after --")
     args = ap.parse_args()
+    require_cuda("it times the trunk's kernels and the step on the device")
     cfg, model, fns, batch = preset_step(["--loss", args.loss, *args.train_args])
     images = batch[0]
     # The trunk as the step compiles it: flat_features is a method of its own.
