@@ -2,7 +2,7 @@
 its last, the busy time inside it, and the longest idle gaps with the activities around
 them. For a step whose wall time exceeds its GPU time (a CUDA graph run, say).
 
-    python3 bench/step_gaps.py profiles/<run> [--gaps 5]
+    python3 bench/step_gaps.py profiles/<run> | <trace file> [--gaps 5]
 """
 
 import argparse
@@ -13,12 +13,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from profiling.trace_events import GPU_CATS, Windows, find_trace, host_ranges, launchers, load_trace  # noqa: E402
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path)
+    parser.add_argument("run", type=Path, help="a run folder or a trace file")
     parser.add_argument("--gaps", type=int, default=5)
-    args = parser.parse_args()
-    events = load_trace(find_trace(args.run))
+    args = parser.parse_args(argv)
+    try:
+        trace = args.run if args.run.is_file() else find_trace(args.run)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    events = load_trace(trace)
     steps = Windows(host_ranges(events, ())[1])
     step_of = {corr: step for corr, (_, step) in launchers(events, Windows([]), steps).items()}
     by_step = {}
@@ -45,7 +50,8 @@ def main() -> None:
               f"{len(acts)} activities")
         for gap, before, after in sorted(gaps, reverse=True)[:args.gaps]:
             print(f"    idle {gap / 1e3:7.3f} ms after {before[:70]}  before {after[:70]}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
