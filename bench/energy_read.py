@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench.gpu_only import require_cuda  # noqa: E402
+from bench.needs_gpu import require_cuda  # noqa: E402
 from profiling import energy, gpu_clocks  # noqa: E402
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
-from bench.gpu_only import require_cuda  # noqa: E402
+from bench.needs_gpu import require_cuda  # noqa: E402
 from bench.sharded_rank import cuda_ms  # noqa: E402
 from kernels.lin1.float8_cast import cast_weight, new_state, transpose  # noqa: E402
 from kernels.lin1.float8_linear import E4M3, E5M2, float8_linear, quantized  # noqa: E402

@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
-from bench.gpu_only import require_cuda  # noqa: E402
+from bench.needs_gpu import require_cuda  # noqa: E402
 from bench.sharded_rank import cuda_ms  # noqa: E402
 from profiling.flops import peak_of  # noqa: E402
 

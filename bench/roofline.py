@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, ".")
 import train  # noqa: E402
-from bench.gpu_only import require_cuda  # noqa: E402
+from bench.needs_gpu import require_cuda  # noqa: E402
 from bench.sharded_rank import cuda_ms, one_batch, top_kernels  # noqa: E402
 from kernels.lin1.master_halves import split  # noqa: E402
 from kernels.lin1.shadow_sgd import shadow_sgd_step  # noqa: E402

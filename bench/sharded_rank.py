@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, ".")
 import train  # noqa: E402
-from bench.gpu_only import require_cuda  # noqa: E402
+from bench.needs_gpu import require_cuda  # noqa: E402
 from data import SyntheticFaces  # noqa: E402
 from profiling.environment import environment  # noqa: E402
 from training import parallel, speedups  # noqa: E402

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench.sharded_rank as sharded  # noqa: E402
-from bench.gpu_only import require_cuda  # noqa: E402
+from bench.needs_gpu import require_cuda  # noqa: E402
 
 ROUNDS = 30  # rounds of three steps; the last two of each are timed
 

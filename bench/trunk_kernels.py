@@ -14,7 +14,7 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
-from bench.gpu_only import require_cuda  # noqa: E402
+from bench.needs_gpu import require_cuda  # noqa: E402
 from bench.roofline import preset_step  # noqa: E402
 from bench.sharded_rank import cuda_ms, top_kernels  # noqa: E402
 
