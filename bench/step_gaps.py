@@ -10,7 +10,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from profiling.trace_events import GPU_CATS, Windows, find_trace, host_ranges, launchers, load_trace  # noqa: E402
+from profiling.trace_events import (  # noqa: E402
+    GPU_CATS,
+    Windows,
+    command_trace,
+    host_ranges,
+    launchers,
+    load_trace,
+)
 
 
 def main(argv=None) -> int:
@@ -18,10 +25,8 @@ def main(argv=None) -> int:
     parser.add_argument("run", type=Path, help="a run folder or a trace file")
     parser.add_argument("--gaps", type=int, default=5)
     args = parser.parse_args(argv)
-    try:
-        trace = args.run if args.run.is_file() else find_trace(args.run)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    trace = command_trace(args.run)
+    if trace is None:
         return 2
     events = load_trace(trace)
     steps = Windows(host_ranges(events, ())[1])

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from profiling.trace_events import RUNTIME_CATS, find_trace, load_trace
+from profiling.trace_events import RUNTIME_CATS, command_trace, load_trace
 
 HOST_CATS = {"cpu_op", "user_annotation", "python_function"} | RUNTIME_CATS
 
@@ -49,10 +49,8 @@ def main(argv=None) -> int:
     parser.add_argument("--range", default="loss", help="the record_function name")
     parser.add_argument("--steps", type=int, default=2, help="how many occurrences, last first")
     args = parser.parse_args(argv)
-    try:
-        trace = args.run if args.run.is_file() else find_trace(args.run)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    trace = command_trace(args.run)
+    if trace is None:
         return 2
     found = range_events(load_trace(trace), args.range)
     if not found:

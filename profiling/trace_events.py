@@ -15,6 +15,7 @@ import gzip
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "Runtime", "driver"}
@@ -59,6 +60,16 @@ def find_trace(run_dir: Path, worker: str = "*") -> Path:
         raise FileNotFoundError(f"no profiler trace ({worker}.*.pt.trace.json[.gz]) in "
                                 f"{run_dir}")
     return traces[-1]
+
+
+def command_trace(run: Path) -> Path | None:
+    """A command's trace argument: `run` itself where it is a file, else the trace in the
+    run folder; None, after 'error: ...' on stderr, where there is none (exit 2 then)."""
+    try:
+        return run if run.is_file() else find_trace(run)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
 
 
 def profiler_events(prof) -> list[dict]:
