@@ -1,17 +1,10 @@
 """What --float8-lin1 costs and saves at the GPU preset's shapes, each piece alone: lin1's
-three GEMMs in bf16 (torch.mm) and in float8 (torch._scaled_mm, tensorwise scales), every
-cast the float8 step adds (the weight's two layouts by kernels/lin1/float8_cast.py, the
-input's and the output gradient's, eager and compiled), lin1's update with and without
-the e4m3 copy its kernel writes (the split master, as the step runs it), and the whole
-layer's forward and backward both ways, eager and compiled.
+three GEMMs in bf16 and float8, every cast the float8 step adds, lin1's update with and
+without its e4m3 copy, and the whole layer both ways; GPU time by CUDA events.
 
-    forward  Y  = X @ W.T     M 1024,   N 16384, K 65536
-    dX       dX = dY @ W      M 1024,   N 65536, K 16384
-    dW       dW = dY.T @ X    M 16384,  N 65536, K 1024
+Run on the device: python3 bench/float8_lin1.py
 
-GPU time by CUDA events, each the median of 20 calls after 3 warm-ups
-(bench/sharded_rank.cuda_ms). Run on the device: python3 bench/float8_lin1.py
-"""
+The design in full: docs/design.md, this module's section."""
 
 import argparse
 import sys

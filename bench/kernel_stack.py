@@ -1,26 +1,13 @@
 """Each trunk kernel's registers and per-thread stack frame on sm_90a, from the binary
-Triton builds, on any machine: no GPU needed.
-
-Why it matters: a kernel that spills keeps a stack frame in local memory, and the CUDA
-driver sizes a context's local memory for the largest frame it has launched times every
-thread the GPU can hold at once (2048 a SM x 132 SMs on the H100), and never gives it back
-while the process lives (CU_CTX_LMEM_RESIZE_TO_MAX is the default and cannot be turned
-off). A 55,728-byte frame is 15 GB of the H100's 80 for the process's life: what made
-make test-gpu's workers run out of memory.
-
-How: the trunk's launchers (kernels/triton_op.launch) are swapped for one that builds the
-kernel's signature from the very arguments a call passes and compiles it with Triton for
-sm_90a; nothing is launched. The registers and frame are read from the cubin Triton's own
-ptxas made (cuobjdump -res-usage, shipped beside it): the very binary a GPU would load,
-read in milliseconds, where a second ptxas -v over the PTX took a second a kernel and,
-with options other than Triton's, reported frames up to 80 bytes off. Each op is called
-on small CPU tensors in fp32, bf16 and fp16, NCHW and NHWC.
+Triton builds, on any machine: no GPU needed. A spilling kernel's frame sizes the
+context's local memory for every thread the GPU can hold, for the process's life (a
+55,728-byte frame was 15 GB of the H100's 80). Nothing is launched; the cubin's own
+resource usage is read with cuobjdump.
 
     python3 bench/kernel_stack.py [--only 'conv_pool fp32'] [--max-frame BYTES]
 
-Exit 1 if any kernel's frame is over --max-frame (tests/kernels/trunk/test_stack_frames.py
-runs it so in CI).
-"""
+Exit 1 if any kernel's frame is over --max-frame. The design in full: docs/design.md,
+this module's section."""
 
 import argparse
 import os

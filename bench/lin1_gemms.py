@@ -1,18 +1,10 @@
-"""lin1's three GEMMs at the GPU preset's shapes, by each GEMM library torch can call:
-cuBLAS (torch.mm's default), cuBLASLt (torch.backends.cuda.preferred_blas_library), and
-Inductor's max-autotune, which times cuBLAS against its Triton templates (persistent TMA
-ones included) and keeps the fastest. What a speed-up of lin1's GEMMs could gain.
-
-    forward  Y  = X @ W.T     M 1024,   N 16384, K 65536
-    dX       dX = dY @ W      M 1024,   N 65536, K 16384
-    dW       dW = dY.T @ X    M 16384,  N 65536, K 1024   (bf16 out: 2.1 GB written)
-
-Each is 2.2 TFLOP: 2.22 ms at the H100's 989 TFLOP/s dense bf16 peak. GPU time by CUDA
-events: each figure the median of 20 calls after 3 warm-ups (bench/sharded_rank.cuda_ms),
-then the median of --rounds rounds that take the columns in turn.
+"""lin1's three GEMMs at the GPU preset's shapes (forward, dX, dW: 2.2 TFLOP each), by each
+GEMM library torch can call: cuBLAS, cuBLASLt, and Inductor's max-autotune over its
+Triton templates. What a speed-up of lin1's GEMMs could gain; GPU time by CUDA events.
 
 Run on the device: python3 bench/lin1_gemms.py [--no-autotune] > lin1_gemms.md
-"""
+
+The design in full: docs/design.md, this module's section."""
 
 import argparse
 import statistics

@@ -1,17 +1,11 @@
-"""How fast the data loader delivers batches alone, and where its time goes.
+"""How fast the data loader delivers batches alone, and where its time goes: per batch, the
+samples, the collate and the pinning; then make_loader as train.py builds it, batches per
+second in steady state for each number of workers. Host wall time.
 
     python3 bench/loader_rate.py                      # the GPU preset: batch 1024, padded
     python3 bench/loader_rate.py --workers 8,16,32 --batches 300 --no-pin
 
-Two parts, both host wall time:
-1. In one process, per batch of the preset: generating the samples (the dataset's
-   __getitem__), the strategy's collate, and pinning the collated batch (what the
-   DataLoader's pin-memory thread does), each the median of a few batches.
-2. make_loader itself, as train.py builds it (PyTorch's DataLoader, or with --loaders
-   ring data/ring_loader.py), for each number of workers: batches per second in steady
-   state, i.e. after the prefetched batches (workers x 2) have been taken, over --batches
-   batches read as fast as the loader gives them. Nothing else runs.
-"""
+The design in full: docs/design.md, this module's section."""
 
 import argparse
 import statistics

@@ -1,23 +1,12 @@
-"""The train step's roofline on this GPU. Each phase of the GPU preset's
-step alone, its FLOPs and bytes counted from the shapes, its GPU time, what it achieves
-against the device's peaks, and its floor; then the step's floor two ways: the sum of the
-phases' floors (each phase alone at its own roof, one after the other) and the larger of
-the compute-bound and the memory-bound sums (what a step whose parts overlap could reach).
-Then the whole step.
-
-Bytes are the fewest a phase must move: its operands read once and its results written
-once (a conv block: its input and its pooled output; its backward: those and the
-gradients). FLOPs are the tensor-core multiply-adds x 2; the SGD's few FLOPs an element
-are left out (they are not what bounds it).
-
-With --energy, each phase (right after its timing) and the whole step also run back to
-back for two seconds under NVML's energy counter (profiling/energy.py): joules a call and
-the mean watts. Over an
-epoch the H100 holds its 700 W cap (results/step.md), so a step's time there follows its
-joules: the column says which phase to make cheaper, not only faster.
+"""The train step's roofline on this GPU. Each phase of the GPU preset's step alone, its
+FLOPs and bytes counted from the shapes, its GPU time, what it achieves against the
+device's peaks, and its floor; then the step's floor two ways, and the whole step. With
+--energy, joules a call and mean watts from NVML's energy counter: at the card's power cap
+a step's time follows its joules.
 
 Run on the device: python3 bench/roofline.py [--loss padded] [--energy] > roofline.md
-"""
+
+The design in full: docs/design.md, this module's section."""
 
 import argparse
 import statistics

@@ -1,34 +1,13 @@
 """Probe: what one rank of each --parallel design computes, on one GPU, so that the
 several-GPU prediction (docs/several-gpus.md's cost model) rests on measured compute and
-only the collectives are taken from elsewhere.
+only the collectives are taken from elsewhere: a rank's whole step per design on a group
+of one, the pieces that change with N at full size, the step with lin1's update inline,
+and rank 0 of a fake world of N (--fake-worlds 2,4).
 
-A. A rank's whole train step under each design (training/parallel.apply) on a process
-   group of one (NCCL, this GPU): the engines' own cost (DDP's reducer, FSDP2's hooks and
-   its gather into a full weight, DTensor's dispatch, what torch.compile makes of them)
-   with collectives that move nothing. Against "one": the one-GPU step without DDP.
-   Each design a fresh compile; CUDA events around each step (median of --steps after
-   --warmup), the step as train.py runs it (train.make_step), one batch reused.
-B. The pieces that change with N at the full size: lin1's and lin2's three GEMMs at the
-   shapes a tp rank multiplies (the global batch N*B against H/N of lin1's rows: the same
-   FLOPs as one GPU's, other shapes), and the shadow SGD over the H/N rows a zero or tp
-   rank updates. Median of 20 after 3 warm-ups, CUDA events.
+    python3 bench/sharded_rank.py [--loss kernel --backend cuda]
+        [--designs one,one-inline,ddp,zero,tp,tp-inline] [--worlds 1,2,4,8] --json out.json
 
-C. The same steps with lin1's update inline (`one-inline`, `tp-inline`: the speed-up
-   lin1_update_beside_trunk off): their difference is the part of the shadow SGD that the
-   trunk hides on one GPU, which a tp rank's smaller update need no longer save.
-
-D. --fake-worlds 2,4: rank 0 of a world of N on this one GPU, each N a process of its own
-   (--fake-world N), through torch's fake process group (its collectives return at once
-   and move nothing, as torchtitan's dry runs use it): the rank's own kernels at their
-   shapes, its speed-ups resolved as on N ranks (its graphed head, tp's SMs left to NCCL
-   where the copy engines do not move its collectives: a fake group has no peer memory to
-   copy), and the shadow SGD over its H/N rows. The cost model takes these steps over its
-   sum of B's pieces where they were measured.
-
-Run on the device (or `make costmodel ARGS=--measure`, which runs it and predicts from
-it): python3 bench/sharded_rank.py [--loss kernel --backend cuda]
-[--designs one,one-inline,ddp,zero,tp,tp-inline] [--worlds 1,2,4,8] --json out.json
-"""
+The design in full: docs/design.md, this module's section."""
 
 import argparse
 import json

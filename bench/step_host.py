@@ -1,17 +1,11 @@
 """Probe: the host's ms to issue one train step, per --parallel design on a process group of
-one (NCCL, this GPU), beside the GPU's ms for the same step.
-
-Issue 62's runs on several GPUs found each tp rank's host needing 10-13 ms a step against
-one GPU's 7, with the loader, the step reader and the other ranks around it. This takes
-the step alone (bench/sharded_rank.py's build, one batch reused, no loader, no profiler):
-what the design's own code adds to the host's share. Each sample is a step issued right
-after its predecessor, the GPU at most two steps behind (a sync before every third), so
-the host never waits on a full launch queue. `--profile N`: cProfile's N largest
-functions by their own time over 20 steps, a sync after each (host time under cProfile is
-inflated; compare the designs, not the figures).
+one (NCCL, this GPU), beside the GPU's ms for the same step: the step alone (no loader, no
+profiler), the GPU at most two steps behind; `--profile N` adds cProfile's N largest
+functions by their own time.
 
     python3 bench/step_host.py [--designs one,ddp,tp] [--loss kernel --backend cuda]
-"""
+
+The design in full: docs/design.md, this module's section."""
 
 import argparse
 import cProfile

@@ -1,18 +1,8 @@
-"""A step's phase: a torch.profiler range (what the trace, the table and TensorBoard read)
-and, under --nvtx where CUDA is, an NVTX range of the same name, so that Nsight Systems
-and Nsight Compute (`--nvtx --nvtx-include "backward"`) can find and filter the step's
-phases. A whole step is an NVTX range alone, `step N` (the profiler marks it already, as
-ProfilerStep#N).
-
-    with step_range(7), phase("forward"):
-        ...
-
-The NVTX ranges are start/end ranges, not push/pop ones: a pushed range belongs to the
-thread that pushed it, and autograd launches the backward's kernels from a device thread
-of its own, so a pushed `backward` held none of them (docs/runs.md). A start/end range
-holds whatever any thread launches while it is open. ncu names a start/end range without
-the push/pop ranges' trailing slash. A step opens up to nine ranges, under a microsecond
-of host time each where no tool listens (docs/runs.md)."""
+"""A step's phase: a torch.profiler range and, under --nvtx where CUDA is, an NVTX range of the
+same name, for Nsight Systems and Nsight Compute to find and filter (`with step_range(7),
+phase("forward"):`). The NVTX ranges are start/end ranges, not push/pop ones, so that they
+hold the backward's kernels, which autograd launches from a thread of its own. The design
+in full: docs/design.md, this module's section."""
 
 import contextlib
 

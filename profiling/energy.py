@@ -1,17 +1,8 @@
-"""A GPU's energy counter: NVML's total energy since the driver loaded (millijoules,
-Volta and later), read through ctypes from the driver's own libnvidia-ml.so.1, so nothing
-is installed and no process runs beside ours.
-
-Why joules: over an epoch the H100 runs the step at its 700 W cap (profiling/
-gpu_clocks.py), so a step's time there is its energy over the power the cap allows; a
-kernel that needs fewer joules is what shortens it, and a latency-bound one costs little.
-
-The counter moves every 20-100 ms (NVIDIA's NVML notes), so a figure needs a window of a
-second or more: joules_per_call runs a function back to back that long.
-
-    meter, why_not = open_meter(gpu_id(0))
-    joules, watts, ms = joules_per_call(meter, fn)
-"""
+"""A GPU's energy counter: NVML's total energy since the driver loaded, read through ctypes
+from the driver's own libnvidia-ml.so.1. At the card's power cap a step's time is its
+energy over the power the cap allows, so joules say what to make cheaper. The counter
+moves every 20-100 ms, so joules_per_call runs a function back to back for a second or
+more. The design in full: docs/design.md, this module's section."""
 
 import ctypes
 import math

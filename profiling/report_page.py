@@ -1,17 +1,8 @@
-"""A run folder's index.html: one page a person opens from the disk, with no script and no
-style or font fetched. It lays out what the run printed (its title, the table, the
-footer's facts), where it ran (device, torch, commit, date), its charts (the folder's
-PNGs), links to the trace, the memory page and summary.json, and the commands that open
-the trace in TensorBoard and in Perfetto.
-
-    write(folder, summary)           folder/index.html from summary.json's record
-    write_study(folder, markdown)    a study's folder/index.html from its table (compare,
-                                     ladder, sweep, throughput, scaling), with its
-                                     charts and a link to each run's own page
-
-Why: a run was a folder of JSON, a gzip trace and a table in the terminal. The page is
-written beside summary.json, whatever the run's status, and says that status first.
-"""
+"""A run folder's index.html (write) and a study's (write_study): one page a person opens
+from the disk, with no script and no style or font fetched: what the run printed, where it
+ran, its charts, links to the trace, the memory page and summary.json, and the commands
+that open the trace. Written whatever the run's status, which it says first. The design
+in full: docs/design.md, this module's section."""
 
 import html
 from pathlib import Path

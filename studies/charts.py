@@ -1,17 +1,8 @@
-"""Every chart the studies draw, and what they share: matplotlib without a display, the
-bars' labels, a panel with nothing measured, and the caveat of a CPU run (its times say
-nothing about a GPU).
-
-    compare_chart(rows, path, where)     make compare: the loss's cost (forward), the step's
-    ladder_chart(rows, path, where, goal)  make ladder: step time per rung and strategy
-    sweep_chart(rows, path, where, preset)  make sweep: log-log panels per axis
-    throughput_chart(rows, path, where)  make throughput: sustained samples/s against the GPU's
-    step_times_chart(runs, path, where)  make throughput: each run's step times, step by step
-    loss_curves_chart(runs, path, where) bench/loss_curves.py: runs' losses, and their gaps
-
-Every chart's top line says where its figures were measured (`where`: where_of's device and
-commit), so that a picture copied into a doc still says what it shows.
-"""
+"""Every chart the studies draw (compare, ladder, sweep, throughput, step times, loss curves),
+and what they share: matplotlib without a display, the bars' labels, a panel with nothing
+measured, a CPU run's caveat. Every chart's top line says where its figures were measured,
+so that a picture copied into a doc still says what it shows. The design in full:
+docs/design.md, this module's section."""
 
 from pathlib import Path
 

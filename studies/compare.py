@@ -3,20 +3,10 @@
     python3 -m studies.compare [train.py options...]      # run everything, compare
     python3 -m studies.compare --runs DIR [DIR ...]        # rebuild from finished runs
 
-Each run is `train.run` in this process (the model is built and compiled once and
-re-initialised per run), writing into profiles/compare-<UTC time>/<strategy>-<mode>/; the
-comparison (comparison.md, comparison.csv, comparison.png, and a TensorBoard text table
-and scalars under comparison/) is written beside them. Every figure comes from the runs'
-summary.json files, and every row names the folder it came from. The loop strategy gets 1
-warmup and 2 profiled steps (seconds per step at batch 1024); the table's 'profiled steps'
-column says so. Where the CUDA kernel backend cannot run (no GPU or no nvcc), its rows say
-why. A comparison never overwrites another: each goes into a new folder.
-
-Under torchrun (make compare GPUS=N, training/launch.py) every rank makes the same runs,
-each a job of N ranks (train.py's), and rank 0 alone prints and writes the comparison. A
-run that fails on a rank ends the whole job there: the ranks must make their runs in
-step.
-"""
+Each run is `train.run` in this process, into profiles/compare-<UTC time>/; every figure
+of the comparison comes from the runs' summary.json files and names its folder. Under
+torchrun every rank makes the same runs and rank 0 writes the comparison. The design in
+full: docs/design.md, this module's section."""
 
 import argparse
 import json

@@ -1,18 +1,8 @@
 """Side-by-side rows of several runs, from their summary.json files (never re-measured);
-make compare (studies/compare.py) runs the strategies and writes them out.
-
-Per run: each phase's CPU and GPU time per step, the loss's launches (forward and, in
-train mode, backward), host-to-device copies and syncs per step, peak GPU memory, the step
-time, the model's FLOPs a step with their rate and MFU over the step's device time
-(profiling/flops.py), and the loss's speed-up over the loop strategy (host time in the
-loss ranges) when a loop run of the same mode is among the inputs. Peak GPU memory is
-over the whole run.
-
-Runs that differ in more than strategy and mode (batch, image size, ...:
-profiling/alike.py) are still set side by side, but each differing field becomes a column,
-the table opens with a warning naming them, and a speed-up is taken against a loop run
-alike in all of them only. The same run given twice is refused.
-"""
+make compare (studies/compare.py) runs the strategies and writes them out. Runs that
+differ in more than strategy and mode (profiling/alike.py) still stand side by side, each
+differing field a column and the table opening with a warning; the same run given twice is
+refused. The design in full: docs/design.md, this module's section."""
 
 from pathlib import Path
 

@@ -1,20 +1,13 @@
 """make costmodel: each --parallel design's step on N GPUs, predicted from what one GPU
 measured (bench/sharded_rank.py's JSON) and the links' bandwidths, with the bytes every
-rank moves per step; the design it picks at each N. docs/several-gpus.md explains the
-model; results/several-gpus.md sets it beside the measurements.
+rank moves per step; the design it picks at each N.
 
     python3 -m studies.cost_model [--measured results/sharded_rank-h200.json | --measure]
         [--worlds 2,4,8,16,64] [--gpus-per-host 8] [--nvlink-gbs 341] [--network-gbs 50]
         [--chart scaling.png] [--out folder]
 
-The model, per rank and step (docs/several-gpus.md, "The cost model", has it whole): the
-design's step as rank 0 of a fake world of N (measured: its kernels at their shapes, its
-collectives moving nothing), or where N was not measured, its step on a world of one less
-the shadow SGD over the rows it no longer owns; NCCL's ring times for its collectives at
-the bus bandwidth of the slowest link the ring crosses; each collective hidden beside
-compute that does not need it, or exposed, and hidden communication slowing the kernels
-beside it by `contention` of its time.
-"""
+The model whole: docs/several-gpus.md ("The cost model"); the design in full:
+docs/design.md, this module's section."""
 
 import argparse
 import json

@@ -2,18 +2,10 @@
 
     python3 -m studies.ladder [--strategies padded,kernel:cuda] [train.py options...]
 
-Rung 0 is --baseline (the step as the original ran it); rung k adds the k-th speed-up of
-training.speedups.ORDER to rung k-1. Every run has the same seed, so the same batches and
-initial weights. Written under profiles/ladder-<UTC time>/: a run folder per strategy and
-rung, ladder.md and ladder.csv (the maths: "same", or what a rung's speed-ups change in it
-(--float8-lin1, the last rung); step GPU ms, the GPU's busy time a step: the union of its
-work over every stream, so that work beside the compute is not counted twice; step CPU
-ms; each phase's GPU ms, summed over its streams; launches per
-step, peak memory, the first three losses, the run folder), ladder-kernels.md (per rung,
-the kernels whose time changed most against the rung before: what the speed-up removed or
-shortened) and ladder.png. A speed-up that cannot run here (GPU-only ones on a CPU, a CUDA
-graph of a ragged strategy) is a row that says why, and the rungs after it go on without.
-"""
+Rung 0 is --baseline; rung k adds training.speedups.ORDER's k-th speed-up to rung k-1, on
+the same seed. Writes ladder.md, ladder.csv, ladder-kernels.md and ladder.png under
+profiles/ladder-<UTC time>/; a speed-up that cannot run here is a row that says why. The
+design in full: docs/design.md, this module's section."""
 
 import argparse
 import json

@@ -3,13 +3,9 @@
     python3 -m studies.ncu [--loss kernel --backend cuda] [--out DIR] [train.py options...]
     python3 -m studies.ncu --loss kernel --backend cuda --point 1024,1024,full
 
-Runs train.py under `ncu`, which replays each launch of the GIoU kernels (names matching
-KERNELS) with the METRICS below, every other kernel running as usual; with --point
-B,M,SIGMA, the loss alone at a point of make sweep (studies/sweep_point.py), such as one
-no training run reaches. The table, ncu's report and the refusals (no GPU, no ncu, no
-counters, no kernel matched): docs/runs.md ("make ncu"). The run's step times there are
-not figures: ncu serialises the kernels it profiles and replays them.
-"""
+The table, ncu's report and the refusals: docs/runs.md ("make ncu"); the run's step times
+there are not figures (ncu serialises and replays the kernels). The design in full:
+docs/design.md, this module's section."""
 
 import argparse
 import csv

@@ -4,15 +4,8 @@ by side, on the same seed and batches, in one table.
     make scaling GPUS=2 [ARGS="--designs ddp,zero,tp --strategy padded --steps 300
                               --scaling-baseline profiles/<one GPU's run>"]
 
-Under torchrun (GPUS=N, training/launch.py) every rank makes the same runs, one per
-design, each a job of N ranks (train.py's run with --parallel <design>); rank 0 writes
-profiles/scaling-<UTC time>/scaling.md and scaling.csv beside the run folders. Per design,
-from rank 0's summary.json: the step (median and p95 of the sustained steps), NCCL time
-per step and the part of it nothing ran beside (exposed), the bytes a rank sends per step
-(studies/cost_model.py's count for these shapes: NCCL's kernels do not report theirs),
-the optimizer's GPU time, peak GPU memory, the sustained samples/s of the global batch,
-and, with --scaling-baseline (a one-GPU run of the same batch per GPU), the scaling.
-"""
+Every rank makes the same runs, one per design; rank 0 writes scaling.md and scaling.csv
+from its summary.json files. The design in full: docs/design.md, this module's section."""
 
 import argparse
 import time

@@ -3,22 +3,10 @@
     python3 -m studies.sweep [--batch 64,256,...] [--capacity 256,1024,...]
                                    [--sigma 1,3,...,full] [--strategies padded,kernel:cuda]
 
-Three axes, one at a time, around the workload's point (batch 1024, M = 256 slots, box
-sigma 3: 1.9 boxes per image): the batch size; the box capacity M; and the boxes per
-image (the dataset's sigma scaled up to 'full', every slot filled), which runs at M =
---boxes-capacity (1024 on a GPU) so that the empty slots conditional skips are most of
-the input. Every strategy, the fused ones with both kernel backends. Each point is
-studies/sweep_point.measure (what it measures and with which timer is said there).
-
-Written under profiles/sweep-<UTC time>/: sweep.csv (long format: a row per axis, point
-and strategy, with medians and 20th/80th percentiles, like Liger-Kernel's benchmark CSVs),
-sweep.md (a table per axis, each strategy's log-log slope per axis, conditional against
-kernel, bandwidth, what was left out or failed) and sweep.png (log-log panels per axis:
-the GPU's work per call above, the elapsed time per call below; medians with p20-p80
-bars). A point that fails (out of memory, say) is a row that
-says so and is never drawn; the sweep goes on. On a CPU the same command runs a small
-grid (Triton's interpreter, no CUDA backend) and its times mean nothing.
-"""
+Three axes, one at a time, around the workload's point: the batch, the box capacity M and
+the boxes per image; each point is studies/sweep_point.measure. Writes sweep.csv, sweep.md
+and sweep.png under profiles/sweep-<UTC time>/; a point that fails is a row that says so.
+The design in full: docs/design.md, this module's section."""
 
 import argparse
 import math

@@ -2,17 +2,11 @@
 
     python3 -m studies.throughput [--strategies padded,kernel:triton] [train.py options...]
 
-Each strategy runs in train mode for a whole epoch, the same batches for all, its profiled
-window at the run's end; the ragged ones (loop, concat) get a time budget instead
-(--ragged-seconds). What the table holds, column by column, and where it is written:
-docs/runs.md ("make throughput"). The sustained rate is the global batch over the summed
-device step times after --settle (host wall time on a CPU); the GPU's own rate, the batch
-over the profiled steps' GPU busy time, is what the GPU could take if never left waiting.
-
-Under torchrun (make throughput GPUS=N) every rank makes the same runs, each a job of N
-ranks; rank 0 alone prints and writes the table. `--against FOLDER` (one GPU's make
-throughput, say) adds each strategy's scaling: its rate here over its rate there.
-"""
+Each strategy runs a whole epoch in train mode (the ragged ones a time budget), its
+profiled window at the end. The sustained rate is the global batch over the summed device
+step times after --settle; the GPU's own rate is the batch over the profiled steps' GPU
+busy time. The table, column by column: docs/runs.md; the design in full: docs/design.md,
+this module's section."""
 
 import argparse
 import csv

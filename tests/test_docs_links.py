@@ -103,3 +103,48 @@ def test_the_speedups_page_lists_every_speedup_in_the_ladders_order():
     text = (REPO / "docs" / "speedups.md").read_text()
     listed = re.findall(r"^\| `(--[\w-]+)[ `]", text, re.M)
     assert listed == [s.flag for s in SPEEDUPS]
+
+
+# "Its design in full: docs/design.md", "The design in full (...): docs/kernels.md, this
+# module's section".
+POINTER = re.compile(r"design in full[^:]*: (docs/[\w-]+\.md)|(docs/[\w-]+\.md), this module's")
+SECTION = re.compile(r"^## `([\w/.]+\.py)`$", re.M)
+
+
+def module_pointers() -> dict[str, str]:
+    """{module path: the docs page its docstring sends the reader to for its design}."""
+    import ast
+    found = {}
+    for path in sorted(REPO.rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.split("/", 1)[0] not in TOP or rel.startswith("tests/"):
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        match = POINTER.search(" ".join(doc.split()))
+        if match:
+            found[rel] = match.group(1) or match.group(2)
+    return found
+
+
+def unmatched_designs(pointers: dict[str, str], pages: dict[str, str]) -> list[str]:
+    """Each module that points to a section its page lacks, and each section of a page
+    that no module points to it from (renamed, moved or its pointer dropped)."""
+    sections = {(page, path) for page, text in pages.items() for path in SECTION.findall(text)}
+    pointed = set((page, path) for path, page in pointers.items())
+    return ([f"{path}: no section in {page}" for page, path in sorted(pointed - sections)]
+            + [f"{page}: {path} does not point here" for page, path in sorted(sections - pointed)])
+
+
+def test_every_moved_design_has_its_section_and_its_pointer():
+    """A module's long design moved to docs/ stays reachable both ways: its docstring says
+    where, and the page's section names the module."""
+    pages = {f"docs/{p.name}": p.read_text() for p in (REPO / "docs").glob("*.md")}
+    assert unmatched_designs(module_pointers(), pages) == []
+
+
+def test_a_lost_design_is_found():
+    pointers = {"a/one.py": "docs/design.md", "a/two.py": "docs/kernels.md"}
+    pages = {"docs/design.md": "## `a/one.py`\n\n## `a/gone.py`\n", "docs/kernels.md": ""}
+    assert unmatched_designs(pointers, pages) == [
+        "a/two.py: no section in docs/kernels.md",
+        "docs/design.md: a/gone.py does not point here"]

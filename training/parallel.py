@@ -1,16 +1,8 @@
 """--parallel: how the step is spread over N ranks (make profile GPUS=N). ddp, zero, tp and
-tp2d differ in what they do with lin1 (98 % of the parameters): its weight, its gradient,
-its optimizer and the bytes a rank sends are docs/several-gpus.md's table ("Spreading
-lin1"); studies/cost_model.sent_per_rank counts the bytes. The convolutions (and, outside
-tp, lin2 and every bias) are replicated, their gradients all-reduced by DDP
-(training/ddp.py).
-
-Every design sums the gradients over the ranks (the loss is scaled for a sum,
-training/distributed.py): the head's tensor-parallel gradients are sums by construction,
-so the trunk's reduction must be one too (--comm-hook sum, the default, or --no-overlap).
-
-Nothing here imports torch at import time (train.py --help works without it).
-"""
+tp2d differ in what they do with lin1 (98 % of the parameters): docs/several-gpus.md's
+table ("Spreading lin1"). Every design sums the gradients over the ranks, so the trunk's
+reduction must be a sum too. Nothing here imports torch at import time. The design in
+full: docs/design.md, this module's section."""
 
 import weakref
 

@@ -1,27 +1,9 @@
-"""tp's features all-gather and dx's reduce-scatter moved by the copy engines, with no
-kernel: each rank's rows sit in symmetric memory (torch.distributed._symmetric_memory,
-mapped into every rank of the group over NVLink) and the peers pull them with plain
-device copies, ordered by flags that the GPU's front end writes and waits on
-(cuStreamWriteValue32 / cuStreamWaitValue32), not by a kernel.
-
-Why: cuBLAS's Hopper GEMMs are persistent and hold every SM, so NCCL's kernels, and the
-barrier kernels and sums of torch's own low-contention collectives, wait for the GEMM
-they were to hide behind, or the GEMM must leave them SMs and run slower for all its
-length (training/speedups/sms_for_collectives.py). The copy engines need no SM.
-    gather   this rank's rows copied into G (B x F, 134 MB at the GPU preset, ~0.06 ms of
-             HBM on the step's stream, before the own rows' GEMM); each peer's pulled
-             beside that GEMM ((N-1) x B x F over NVLink)
-    scatter  the dX GEMM writes every rank's rows into D; each peer's partial sums of this
-             rank's rows pulled beside the weight-gradient GEMM, then one add a peer
-On two ranks the sums are NCCL's bit for bit (one addition). The flags take only the
-values 0 and 1 (set by the writer, cleared by the reader), so a CUDA graph can replay
-them (tp's graphed head). Measured against NCCL and the carveout: results/several-gpus.md.
-
-What it does not have: NCCL's watchdog and abort. A stream waiting on a flag that a dead
-or stopped rank never sets waits forever, and with it every call that waits for the whole
-device (cudaHostUnregister as the ring loader closed): a rank's early end hung until
-torchrun's SIGKILL (results/several-gpus.md). release_waits is its abort.
-"""
+"""tp's features all-gather and dx's reduce-scatter moved by the copy engines, with no kernel:
+each rank's rows sit in symmetric memory, the peers pull them with plain device copies,
+ordered by flags the GPU's front end writes and waits on (cuStreamWriteValue32 /
+cuStreamWaitValue32). cuBLAS's persistent GEMMs hold every SM; the copy engines need none.
+It has no watchdog: release_waits is its abort, for a rank's early end. The design in
+full: docs/design.md, this module's section."""
 
 import ctypes
 import functools

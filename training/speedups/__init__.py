@@ -1,21 +1,8 @@
 """The training step's speed-ups: each one module of this package (base.py says what a
-speed-up holds), applied to the plain model, its optimizer or the process; all off with
---baseline. The ladder's order is ORDER: make ladder adds them in it, and each transform
-runs in it (channels_last before the Triton blocks that keep its layout).
-
-    train.Config             one field and flag per speed-up (switches())
-    check(asked, cuda)       one line for one asked where it cannot apply
-    resolve(asked, cuda)     what a run uses, and why an auto one is off (summary.json)
-    set_process_flags(...)   the process-wide flags, every run
-    build(used, ...)         (model, runner, optimizer) with the model's and optimizer's
-    graphed_step(...)        the CUDA graph's replay, or None
-    wrap_loss(used, loss)    the strategy's loss as the speed-ups run it
-
-Adding one: a module here with SPEEDUP = SpeedUp(...), and its name in ORDER
-(docs/layout.md walks one through). What each changes, and by how much, is make ladder's
-table (results/step.md). Nothing here imports torch at import time (train.py --help reads
-every SPEEDUP).
-"""
+speed-up holds), applied in ORDER, the ladder's order, to the plain model, its optimizer or
+the process; all off with --baseline. Adding one: a module with SPEEDUP = SpeedUp(...) and
+its name in ORDER. Nothing here imports torch at import time (train.py --help reads every
+SPEEDUP). The design in full: docs/design.md, this module's section."""
 
 import functools
 import importlib

@@ -1,18 +1,8 @@
 """lin1's weight kept as a bf16 parameter with fp32 master weights, which one Triton kernel
-updates together with the momentum, reading the bf16 gradient (kernels/lin1/
-shadow_sgd.py): under bf16 autocast the fp32 weight cost two 1.07 B-element casts a step
-besides the optimizer (fp32 -> bf16 for the forward's GEMM, the bf16 gradient -> fp32).
-
-The maths is the baseline's: the forward reads bf16(master), as autocast's cast would give;
-the gradient is the bf16 one the GEMM makes, as autocast's backward would cast it; the
-update and momentum are fp32. It needs bf16 autocast on a GPU: without it the fp32
-activations would meet a bf16 weight.
-
-    model.lin1.weight    bf16 parameter (its name kept, its value bf16(master))
-    model.lin1_master    fp32 buffer: the old weight's storage, nothing copied
-
-The optimizer is training/shadow_optimizer.py's.
-"""
+(kernels/lin1/shadow_sgd.py) updates with the momentum from the bf16 gradient: under bf16
+autocast the fp32 weight cost two casts of 1.07 B elements a step. The maths is the
+baseline's; it needs bf16 autocast on a GPU. The design in full: docs/design.md, this
+module's section."""
 
 from training.speedups.base import SpeedUp
 

@@ -1,16 +1,8 @@
 """Under --parallel tp, the features' all-gather and dx's reduce-scatter moved by the copy
 engines between symmetric-memory buffers, ordered by flags the GPU's front end sets and
-waits on, with no kernel (training/peer_copies.py), so the GEMMs beside them keep every
-SM (no carveout: --sms-for-collectives idles).
-
-Why: NCCL's kernels cannot share an SM with cuBLAS's persistent GEMMs, and the carveout
-that makes room for them slows those GEMMs for all their length. The same sums (two ranks:
-NCCL's bit for bit). auto turns it on where it was measured faster, tp on two GPUs of one
-host that reach each other's memory; four are not measured yet. A stream waits on a dead
-peer's flag until an early end sets it (peer_copies.release_waits), as NCCL's kernels wait
-until an early end aborts them: the failure promises on NCCL ranks hold under both
-(tests/training/test_gpu_failures.py); measured: results/several-gpus.md.
-"""
+waits on, with no kernel (training/peer_copies.py): NCCL's kernels cannot share an SM with
+cuBLAS's persistent GEMMs, and the GEMMs beside them here keep every SM. The same sums; auto
+where it was measured faster. The design in full: docs/design.md, this module's section."""
 
 from training.speedups.base import SpeedUp
 

@@ -1,15 +1,8 @@
 """cuDNN times its convolution algorithms on the first call of each shape and keeps the
-fastest, where its heuristics pick slow kernels for the small-channel convolutions. The
-tuning runs in the profiler's first, unprofiled steps. A process-wide flag, set for every
-run, on or off.
-
-cuDNN keeps the algorithm it first chose for a convolution (shapes, layout, dtype) for the
-life of the process, and its cache does not look at the flag: after a run with its
-heuristics, a run with autotuning would get the heuristics' choices (measured: no change
-at all, where a fresh process saves tens of ms; results/step.md). So a process that
-measures several runs side by side (make compare, make ladder) keeps one value, and a run
-asking for the other is refused.
-"""
+fastest, where its heuristics pick slow kernels for the small-channel convolutions. A
+process-wide flag, and cuDNN keeps a process's first choice whatever the flag says later,
+so a process that runs several runs keeps one value and refuses a run asking for the other.
+The design in full: docs/design.md, this module's section."""
 
 from core.errors import UserError
 from training.speedups.base import SpeedUp

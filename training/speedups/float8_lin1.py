@@ -1,20 +1,8 @@
 """lin1's three GEMMs in float8 (kernels/lin1/float8_linear.py): the ladder's first rung that
-changes the maths, off by default. The tensor cores run float8 at twice bf16's rate, and
-lin1's GEMMs are most of the step's FLOPs (3 x 2.2 of ~7.9 TFLOP). What it saves, and
-what it does to the loss: results/float8.md.
-
-    model.lin1.forward      -> Float8Linear over the copies below (the bf16 weight stays
-                               the parameter: the update and master are unchanged)
-    model.lin1.weight_e4m3  float8 buffer [out, in]  } cast from the weight at the build
-    model.lin1.weight_e4m3_t float8 buffer [in, out] } (kernels/lin1/float8_cast.py); then
-    model.lin1.float8_state fp32 [66]: scale, amaxes } written by each update's kernel
-    model.lin1.float8_inverse  fp32: 1 / the scale  } (kernels/lin1/shadow_sgd.py, FLOAT8)
-
-Held by lin1, so that its forward and the cast reach them without a reference to the
-model (a cycle that only the garbage collector frees, and model/build.py's reuse counts).
-
-It builds on --bf16-shadow (a bf16 weight, an update kernel of its own to cast in), one GPU.
-"""
+changes the maths, off by default; the tensor cores run float8 at twice bf16's rate. The
+weight's float8 copies and their scale are buffers of lin1, written by each update's
+kernel; it builds on --bf16-shadow, one GPU. What it saves and does to the loss:
+results/float8.md. The design in full: docs/design.md, this module's section."""
 
 from training.speedups.base import SpeedUp
 

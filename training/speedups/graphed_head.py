@@ -1,21 +1,8 @@
 """Under --parallel tp, the head (training/tensor_parallel.py: lin1 column-parallel, ReLU,
-lin2 row-parallel) replayed as two CUDA graphs, its forward and its backward, where the
-eager head is Python on every step.
-
-Why: one GPU's head is compiled with the model; a tp rank's is not (its autograd functions
-and collectives), so each step its host runs three autograd functions, four collectives and
-a dozen ATen calls, and tp ranks were host-bound (results/several-gpus.md).
-Replayed, the head is two launches and two copies a step: the features into the captured
-input (B x F bf16: 128 MB at the GPU preset, ~0.05 ms of HBM) and the incoming gradient.
-
-What it takes: fixed shapes (another batch size runs the eager head; every rank has the
-same), parameters that stay where they are (every update is in place), collectives a graph
-can hold (NCCL's: torch's watchdog queries their events outside the capture), and the
-capture at the first call: two warm-up calls and a device sync, once (--wait 1 or more
-keeps them out of the profiled steps). The graphs replay the eager head's kernels: the
-same losses. So auto, the default, takes it wherever it applies: on two GPUs it shortened
-the host's median tp step and the rate rose a little (results/several-gpus.md).
-"""
+lin2 row-parallel) replayed as two CUDA graphs, forward and backward, where the eager head
+is Python on every step and tp ranks were host-bound. It needs fixed shapes, parameters
+updated in place and one capture at the first call; the same kernels, the same losses.
+The design in full: docs/design.md, this module's section."""
 
 import contextlib
 import functools

@@ -1,15 +1,8 @@
 """padded's loss and its gradient replayed as one CUDA graph (training/cuda_graph.py,
-GraphedLoss): one launch where the eager loss launches ~110 kernels a step.
-
-Why it pays: each of those kernels touches at most the [B, M] slots (1024 × 256 at the GPU
-preset: 1–4 MB, ~1–2 µs of work), and on a stream each waits ~2 µs behind the one before
-it, so the loss idles the GPU more than it uses it; inside a graph the GPU starts the next
-kernel with no launch between. Fixed shapes are what padding buys: the ragged and packed
-layouts change shape every batch and cannot be captured. The maths is the eager loss's,
-kernel for kernel (its loss and gradient bitwise equal).
-
-The capture happens at the first step (a device sync, once), before the profiled steps.
-"""
+GraphedLoss): one launch where the eager loss launches ~110 tiny kernels a step, each
+waiting behind the one before it. Fixed shapes are what padding buys; the maths is the
+eager loss's kernel for kernel, captured at the first step. The design in full:
+docs/design.md, this module's section."""
 
 from core.names import PACKED, RAGGED
 from training.speedups.base import SpeedUp

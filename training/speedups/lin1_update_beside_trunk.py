@@ -1,38 +1,10 @@
-"""lin1's update beside the trunk: the shadow SGD (21.5 GB through HBM, ~7.2 ms at 3 TB/s)
-forked onto a low-priority side stream as soon as lin1's gradient is ready, and joined just
-before lin1's next forward, while the step itself runs on a high-priority stream. The update
-then fills what the trunk's backward, the other parameters' update and the next step's
-trunk forward leave of the SMs: kernels that are latency-bound and leave most of HBM's
-bandwidth idle.
-
-Where, in the step:
-    forward    trunk (graph 1) -> join: the step's stream waits for the side stream ->
-               head (graph 2)
-    backward   head's backward (lin1's dX and dW GEMMs) -> lin1's gradient accumulated ->
-               hook: fork the update -> trunk's backward
-    optimizer  every other parameter's SGD; lin1's is already on its way
-The join is a call the compiler does not trace (a graph break), so the model compiles as
-two graphs, the trunk's and the head's; autograd accumulates lin1's gradient (the hook
-fires) before it starts the trunk's backward.
-
-Why the priorities: the block scheduler gives an SM's freed room to the higher-priority
-stream's waiting blocks first. With the step high and the update low, the update's short
-blocks (kernels/lin1/shadow_sgd.py's, one a 4096 elements) take only room that no trunk
-block is waiting for, and a trunk kernel whose blocks need a whole SM (cuDNN's input
-gradient of the fourth block) waits for some of them to end, not for the whole update.
-Measured both ways in results/toward-20ms.md: at equal priority, or with a persistent
-update, the trunk's kernels waited and the step was slower.
-
-auto leaves it off for the host-bound strategies (loop, concat, nested): it saves GPU
-time they do not need, and nested's epoch ran slower with it (docs/speedups.md,
-results/step.md). `on` still turns it on there.
-
-Each element's update is the same kernel's: the same bits, the same losses. What reads
-lin1's weight, master or momentum between steps other than the model's forward calls
-model.lin1_update.join() first (the state dict does it itself). One GPU, or several under
-tp or tp2d (each rank's rows of lin1 updated beside its trunk); no CUDA graph: a graph of
-one step cannot hold work that runs on into the next.
-"""
+"""lin1's update beside the trunk: the shadow SGD (21.5 GB through HBM, ~7.2 ms) forked onto a
+low-priority side stream from lin1's gradient hook and joined just before lin1's next
+forward, while the step runs on a high-priority stream: the update fills what the trunk's
+latency-bound kernels leave of the SMs and of HBM. The same kernel, the same bits; auto
+leaves it off for the host-bound strategies; no CUDA graph. What reads lin1's weight,
+master or momentum between steps calls model.lin1_update.join() first. The design in full:
+docs/design.md, this module's section."""
 
 from training.speedups.base import SpeedUp
 

@@ -1,20 +1,8 @@
 """Under --parallel tp (and tp2d), the two GEMMs that run while a collective is in flight
-(training/tensor_parallel.py's BESIDE) leave SMS_LEFT SMs to NCCL.
-
-Why: cuBLAS's Hopper GEMMs are persistent (one CTA of ~200 KB of shared memory on every
-SM) and NCCL's CTAs cannot share an SM with one, so the features' all-gather and dx's
-reduce-scatter waited for the GEMMs they were to hide behind (results/several-gpus.md).
-    own rows   x @ W^T + b, 2·B·F·H/N FLOPs (1.1 T at the GPU preset on 2 ranks), carved
-               whole; the gather beside it moves (N-1)·B·F bf16 (134 MB, ~0.4 ms)
-    dW         dy^T @ x, N times that: only its first WEIGHT_GRADIENT_SHARE of rows carved,
-               as long as the reduce-scatter (as many bytes) needs, the rest on every SM
-Only cuBLASLt heeds the carveout (its SM-count target); a plain mm goes to cuBLAS, so the
-carved part of dW is an addmm with a zero bias. Each element is the same sum: the
-baseline's maths. torch warns once a process that the carveout is experimental, a stderr
-line on every rank where a failed job promises one (tests/training/test_gpu_failures.py):
-a run with this on ignores that one message (NOTE). SMS_LEFT is NCCL's CTA count on two
-H200s; the shares are the best of those measured, not tuned per machine.
-"""
+(training/tensor_parallel.py's BESIDE) leave SMS_LEFT SMs to NCCL: cuBLAS's persistent
+Hopper GEMMs hold every SM, and NCCL's CTAs cannot share one, so the collectives waited for
+the GEMMs they were to hide behind. The same sums; torch's once-a-process warning about the
+carveout is ignored (NOTE). The design in full: docs/design.md, this module's section."""
 
 import contextlib
 import warnings

@@ -1,19 +1,8 @@
-"""lin1's fp32 master held as two halves (kernels/lin1/master_halves.py): the bf16 weight
-the GEMMs already read is its high half, rounded; a 16-bit low half and a tie bit are the
-rest. The shadow SGD then moves 18 bytes an element instead of 20 (2.15 GB less a step
-through HBM, ~0.7 ms of the update's 7.2 at 3 TB/s alone) and the master takes 2.3 GB
-instead of 4.3.
-
-The maths is --bf16-shadow's, bit for bit: the same fp32 master, the bf16 weight torch's
-rounding of it, the same momentum.
-
-    model.lin1.weight         bf16 parameter, the master's high half (unchanged)
-    model.lin1_master_low     int16 buffer, the master's low half  } replace
-    model.lin1_master_ties    int32 buffer, a tie bit an element   } lin1_master
-
-The optimizer (training/shadow_optimizer.py) holds the two as its state; the kernel reads
-the master's form from its dtype.
-"""
+"""lin1's fp32 master held as two halves (kernels/lin1/master_halves.py): the bf16 weight the
+GEMMs already read is its high half, rounded; an int16 low half and a tie bit are the rest.
+The shadow SGD then moves 18 bytes an element instead of 20 (2.15 GB less a step), and the
+master takes 2.3 GB instead of 4.3; the maths is --bf16-shadow's bit for bit. The design
+in full: docs/design.md, this module's section."""
 
 from training.speedups.base import SpeedUp
 
