@@ -148,3 +148,15 @@ def test_a_lost_design_is_found():
     assert unmatched_designs(pointers, pages) == [
         "a/two.py: no section in docs/kernels.md",
         "docs/design.md: a/gone.py does not point here"]
+
+
+def test_the_design_pages_list_their_sections_in_path_order():
+    """docs/design.md and docs/kernels.md hold a section per module, sorted by folder and
+    then name, and open with a contents list of them all: a section appended out of place, or left
+    out of the list, fails here."""
+    for name in ("design.md", "kernels.md"):
+        text = (REPO / "docs" / name).read_text()
+        paths = SECTION.findall(text)
+        assert paths == sorted(paths, key=lambda p: p.rpartition("/")[::2]), name
+        contents = text.split("**Contents**", 1)[1].split("\n## ", 1)[0]
+        assert re.findall(r"\(#([\w-]+)\)", contents) == [slug(f"`{p}`") for p in paths], name
