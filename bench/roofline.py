@@ -70,13 +70,12 @@ def gemm_phases(B: int, Fe: int, H: int, meter=None) -> list[dict]:
     return [measured(n, f, b, fn, meter) for n, f, b, fn in rows]
 
 
-def sgd_phase(H: int, Fe: int, meter=None, gradient_rms: float = 5e-6) -> dict:
-    """lin1's shadow SGD as the step runs it (--split-master, --skip-unchanged-weight) at
-    the step's scales: weights kaiming-uniform as lin1's (|w| <= 1/256), lr 1e-4, a
-    gradient whose momentum (~10x it) has the rms a GPU-preset run's has (4-6e-5,
-    results/step.md). Its bytes: 16 an element, the tie bits' words (1/8), and 2
-    for each element of a 32-byte sector of the weight that one call changed (measured
-    here, once the momentum is at its steady size): only those are written."""
+def sgd_update(H: int, Fe: int, gradient_rms: float = 5e-6):
+    """(the call, the bf16 weight it writes): lin1's shadow SGD as the step runs it
+    (--split-master, --skip-unchanged-weight) at the step's scales, its momentum warmed
+    to ~98 % of its steady 10x the gradient. Weights kaiming-uniform as lin1's (|w| <=
+    1/256), lr 1e-4, a gradient whose momentum has the rms a GPU-preset run's has (4-6e-5,
+    results/step.md)."""
     w = (torch.rand(H, Fe, device="cuda") * 2 - 1) / 256
     w, low, ties = split(w)
     buf = torch.zeros(H, Fe, device="cuda")
@@ -84,13 +83,28 @@ def sgd_phase(H: int, Fe: int, meter=None, gradient_rms: float = 5e-6) -> dict:
 
     def update():
         shadow_sgd_step(low, grad, buf, w, 1e-4, 0.9, False, ties, skip_unchanged=True)
-    for _ in range(40):  # the momentum to ~98 % of its steady 10x
+    for _ in range(40):
         update()
+    return update, w
+
+
+def sgd_bytes(update, w) -> tuple[int, float]:
+    """(bytes, share of the weight's 32-byte sectors written) of one call of sgd_update's
+    update: 16 an element, the tie bits' words (1/8), and 2 for each element of a sector of
+    the weight that the call changed (measured, the momentum at its steady size): only
+    those are written."""
     before = w.view(torch.int16).clone()
     update()
+    # host-device sync: the share comes back to the host
     sectors = (w.view(torch.int16) != before).view(-1, 16).any(1).float().mean().item()
     del before
-    moved = H * Fe * 16 + H * Fe // 8 + round(sectors * H * Fe * 2)
+    return w.numel() * 16 + w.numel() // 8 + round(sectors * w.numel() * 2), sectors
+
+
+def sgd_phase(H: int, Fe: int, meter=None) -> dict:
+    """lin1's shadow SGD's row: sgd_update's call, sgd_bytes' bytes."""
+    update, w = sgd_update(H, Fe)
+    moved, sectors = sgd_bytes(update, w)
     row = measured(SGD, 0, moved, update, meter)
     row["sectors_written"] = sectors
     return row
