@@ -135,9 +135,9 @@ def trunk_counts(B: int, S: int) -> tuple[int, int]:
     return flops, moved
 
 
-def trunk_phase(model, images, meter=None) -> dict:
-    """The trunk's forward and backward (flat_features), compiled apart as it is within the
-    step's compiled model."""
+def trunk_call(model, images):
+    """One call of the trunk's forward and backward (flat_features, its flatten included),
+    compiled apart as it is within the step's compiled model."""
     features = torch.compile(model.flat_features)
     with torch.autocast("cuda", dtype=torch.bfloat16):
         grad = torch.randn_like(features(images))
@@ -146,6 +146,12 @@ def trunk_phase(model, images, meter=None) -> dict:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = features(images)
         out.backward(grad)
+    return fwd_bwd
+
+
+def trunk_phase(model, images, meter=None) -> dict:
+    """The trunk's forward and backward (trunk_call)."""
+    fwd_bwd = trunk_call(model, images)
     flops, moved = trunk_counts(images.shape[0], images.shape[-1])
     return measured("conv trunk forward + backward", flops, moved, fwd_bwd, meter, reps=10)
 

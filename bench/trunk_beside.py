@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, ".")
 from bench.needs_gpu import require_cuda  # noqa: E402
-from bench.roofline import peaks, preset_step, sgd_bytes, sgd_update, trunk_counts  # noqa: E402
+from bench.roofline import peaks, preset_step, sgd_bytes, sgd_update, trunk_call, trunk_counts  # noqa: E402
 from bench.sharded_rank import cuda_ms  # noqa: E402
 
 CALLS = 3  # profiled trunk calls a round, each inside its background
@@ -58,19 +58,6 @@ def backgrounds(update, H: int, Fe: int, target_ms: float) -> dict:
     iters = max(1, round(iters * target_ms / once))
     return {"update": update, "copy": lambda: dst.copy_(src),
             "spin": lambda: spin[(programs,)](out, iters, BLOCK=SPIN_BLOCK)}
-
-
-def trunk_call(model, images):
-    """The trunk compiled as the step compiles it, forward and backward: one call."""
-    trunk = torch.compile(model.flat_features)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        grad = torch.randn_like(trunk(images))
-
-    def call():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = trunk(images)
-        out.backward(grad)
-    return call
 
 
 def kernels_of(fn) -> set[str]:

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, ".")
 from bench.needs_gpu import require_cuda  # noqa: E402
-from bench.roofline import preset_step  # noqa: E402
+from bench.roofline import preset_step, trunk_call  # noqa: E402
 from bench.sharded_rank import cuda_ms, top_kernels  # noqa: E402
 
 
@@ -27,17 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     require_cuda("it times the trunk's kernels and the step on the device")
     cfg, model, fns, batch = preset_step(["--loss", args.loss, *args.train_args])
-    images = batch[0]
-    # The trunk as the step compiles it: flat_features is a method of its own.
-    trunk = torch.compile(model.flat_features)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        grad = torch.randn_like(trunk(images))
-
-    def fwd_bwd():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = trunk(images)
-        out.backward(grad)
-
+    fwd_bwd = trunk_call(model, batch[0])
     print(f"# The trunk's kernels, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"{cfg.loss}, batch {cfg.batch_size}\n")
     print(f"trunk forward + backward, compiled: {cuda_ms(fwd_bwd, reps=10):.3f} ms "

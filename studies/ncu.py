@@ -156,7 +156,23 @@ def kernel_rows(launches: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: -(r["duration us"] or 0))
 
 
-def _refusal(output: str) -> str | None:
+def run_ncu(cmd: list[str], raw: Path) -> tuple[int, str]:
+    """(exit code, everything it said: its output and the raw CSV it logged) of ncu's
+    command line, printed first."""
+    print(f"[ncu] {' '.join(cmd)}", flush=True)
+    # ncu leaves a folder of its own (nvidia/) in the temporary folder: a private one,
+    # removed after.
+    scratch = tempfile.mkdtemp(prefix="ncu-")
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True,
+                              env={**os.environ, "TMPDIR": scratch})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return done.returncode, done.stdout + done.stderr + (raw.read_text() if raw.exists() else "")
+
+
+def counters_refusal(output: str) -> str | None:
+    """The one line for ncu refused the performance counters, or None."""
     if PERMISSION in output:
         return ("ncu may not read this GPU's performance counters (ERR_NVGPUCTRPERM): run "
                 "it as root, or load the driver with NVreg_RestrictProfilingToAdminUsers=0")
@@ -199,22 +215,13 @@ def _main(argv) -> int:
     target = (["-m", "studies.ncu", *chosen, "--call-point", args.point] if args.point
               else training_run(out, [*chosen, *train_args]))
     cmd = ncu_command(ncu, out, target)
-    print(f"[ncu] {' '.join(cmd)}", flush=True)
-    # ncu leaves a folder of its own (nvidia/) in the temporary folder: a private one,
-    # removed after.
-    scratch = tempfile.mkdtemp(prefix="ncu-")
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True,
-                              env={**os.environ, "TMPDIR": scratch})
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     raw = out / "ncu-raw.csv"
-    output = done.stdout + done.stderr + (raw.read_text() if raw.exists() else "")
-    if refusal := _refusal(output):
+    code, output = run_ncu(cmd, raw)
+    if refusal := counters_refusal(output):
         raise CountersRefused(refusal)
-    if done.returncode:
+    if code:
         tail = "; ".join(line for line in output.splitlines()[-3:] if line.strip())
-        raise ProjectError(f"the run under ncu failed (exit {done.returncode}): {tail}")
+        raise ProjectError(f"the run under ncu failed (exit {code}): {tail}")
     rows = kernel_rows(read_raw(raw.read_text())) if raw.exists() else []
     if not rows:
         raise UserError(f"ncu profiled no kernel matching {KERNELS} in that run")
