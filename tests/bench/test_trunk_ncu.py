@@ -3,6 +3,8 @@
 
 import gzip
 
+import pytest
+
 from bench import trunk_ncu
 from studies.ncu import read_raw
 from tests.helpers import REPO
@@ -50,3 +52,53 @@ def test_the_stalls_are_the_three_largest_but_selected():
         cell = trunk_ncu.row(launch).split(" | ")[-1].removesuffix(" |")
         named = [part.split()[0] for part in cell.split(", ")]
         assert named == sorted(stalls, key=stalls.get, reverse=True)[:3], cell
+
+
+def _fake_ncu(tmp_path, monkeypatch, body: str):
+    """An `ncu` on PATH that runs body (sh); torch told there is a GPU."""
+    fake = tmp_path / "bin" / "ncu"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\n{body}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.get_device_name", lambda *a: "a fake GPU")
+
+
+def test_the_tool_runs_itself_under_ncu_and_prints_the_table(tmp_path, monkeypatch, capsys):
+    """ncu is given the kernels, the sections, a raw CSV log and this tool's one-call child
+    with its options; the log it writes is the table printed."""
+    raw = tmp_path / "raw.csv.gz"
+    raw.write_bytes(RAW.read_bytes())
+    # The fake writes the recorded CSV where --log-file says, and its arguments beside it.
+    _fake_ncu(tmp_path, monkeypatch, f'echo "$@" > {tmp_path}/args\nwhile [ $# -gt 0 ]; do '
+              f'if [ "$1" = --log-file ]; then gunzip -c {raw} > "$2"; fi; shift; done')
+    out = tmp_path / "out"
+    monkeypatch.setattr("sys.argv", ["bench/trunk_ncu.py", "--out", str(out), "--", "--backend",
+                                     "cuda"])
+    trunk_ncu.main()
+    args = (tmp_path / "args").read_text().split()
+    assert args[args.index("--kernel-name") + 1] == trunk_ncu.KERNELS
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--section"] == list(trunk_ncu.SECTIONS)
+    assert args[args.index("--profile-from-start") + 1] == "off"
+    assert args[-7:] == [trunk_ncu.__file__, "--one-call", "--loss", "kernel", "--", "--backend",
+                         "cuda"]
+    printed = capsys.readouterr().out
+    assert "| `_second_block_xgrad` |" in printed and "a fake GPU" in printed
+    assert (out / "raw.csv").exists()
+
+
+def test_counters_kept_from_the_user_are_one_line(tmp_path, monkeypatch):
+    _fake_ncu(tmp_path, monkeypatch, "echo '==ERROR== ERR_NVGPUCTRPERM - no permission'\nexit 1")
+    monkeypatch.setattr("sys.argv", ["bench/trunk_ncu.py", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as ended:
+        trunk_ncu.main()
+    assert ended.value.code.startswith("error: ncu may not read this GPU's performance counters")
+
+
+def test_a_run_that_profiled_nothing_is_one_line(tmp_path, monkeypatch):
+    _fake_ncu(tmp_path, monkeypatch, "echo 'the child failed'\nexit 3")
+    monkeypatch.setattr("sys.argv", ["bench/trunk_ncu.py", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as ended:
+        trunk_ncu.main()
+    assert ended.value.code == "error: ncu profiled nothing (exit 3): the child failed"
