@@ -49,8 +49,8 @@ def backgrounds(update, H: int, Fe: int, target_ms: float) -> dict:
     src = torch.empty(H * Fe * 2, device="cuda")  # fp32: 8 bytes an element of lin1
     dst = torch.empty_like(src)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    # Many short programs (8 waves of them a round at 8 an SM), so that the trunk's
-    # high-priority blocks wait little for an SM's slot: they share SMs, not wait for them.
+    # Many short programs (256 waves a call at 8 an SM), so that the trunk's high-priority
+    # blocks wait little for an SM's slot: they share SMs, not wait for them.
     spin, programs = spin_kernel(), sms * 2048
     out = torch.empty(programs * SPIN_BLOCK, device="cuda")
     iters = 64

@@ -1,5 +1,7 @@
 """bench/trunk_ncu.py's table, read from ncu's raw CSV of one compiled trunk call on an H100
-(tests/fixtures/gpu_trunk_ncu_raw.csv.gz: the tool's raw.csv, gzipped)."""
+(tests/fixtures/gpu_trunk_ncu_raw.csv.gz; `bench/record_fixtures.sh DEST ncu` records it
+anew; the one in the tree is from the probe that became the tool, the same sections and
+kernels), and its run under a fake ncu."""
 
 import gzip
 
