@@ -6,6 +6,7 @@ it has launched, for every thread the GPU can hold, and keeps it while the proce
 The fp32 conv-pool forward once spilled 55,728 bytes a thread, 15 GB of the H100 for any
 process that ran it once: make test-gpu's six workers then ran the GPU out of memory."""
 
+import os
 import subprocess
 import sys
 
@@ -44,3 +45,59 @@ def test_the_frame_check_fails_over_its_limit():
     assert done.returncode == 1
     over = [line for line in done.stderr.splitlines() if line.startswith("over 1024 bytes: ")]
     assert len(over) == 1 and "_conv_pool_xgrad_kernel" in over[0], done.stderr[-2000:]
+
+
+def _table(*flags: str) -> dict[str, list[str]]:
+    """kernel -> its row's cells after the kernel's name, for the second block in bf16 NHWC."""
+    done = subprocess.run([sys.executable, "bench/kernel_stack.py", "--only",
+                           "second_block bf16 NHWC", *flags], cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {line.split(" | ")[1]: line.split(" | ")[2:] for line in done.stdout.splitlines()
+            if line.startswith("| second_block")}
+
+
+def test_as_the_step_builds_it_a_kernel_is_specialised_and_its_sass_counted():
+    """--as-step builds each kernel as Inductor's launch in the compiled step does (ints
+    equal to 1 as constants, alignment marked, at the preset's sizes): leaner than the
+    unspecialised build. --sass adds the instruction count and the commonest opcodes."""
+    plain, step = _table(), _table("--as-step", "--sass")
+    assert set(plain) == set(step) == {"_second_block_fwd_kernel", "_second_block_wgrad_kernel",
+                                       "_second_block_xgrad_kernel"}
+    for kernel, cells in step.items():
+        assert int(cells[0]) <= int(plain[kernel][0]), kernel  # registers
+        total, opcodes = cells[3].removesuffix(" |").split(": ")
+        counts = [int(part.split()[1]) for part in opcodes.split(", ")]
+        assert len(counts) == 8 and counts == sorted(counts, reverse=True)
+        assert sum(counts) <= int(total)
+    assert int(step["_second_block_xgrad_kernel"][0]) < int(plain["_second_block_xgrad_kernel"][0])
+
+
+_KERNEL = """
+import triton
+import triton.language as tl
+@triton.jit
+def k(x_ptr, n, one, seven, C: tl.constexpr, BLOCK: tl.constexpr):
+    pass
+"""
+
+
+def test_the_signature_marks_what_a_launch_would_specialise(tmp_path):
+    """Unspecialised: ints as i32, only declared constexprs constant (C, passed by position,
+    included). Specialised: the int equal to 1 constant, the int divisible by 16 and the
+    aligned pointer marked divisible; 7 neither."""
+    code = (f"{_KERNEL}\nimport torch\nfrom bench.kernel_stack import signature\n"
+            "x = torch.zeros(64)\n"
+            "for flag in (False, True):\n"
+            "    print(signature(k, (x, 32, 1, 7, 4), {'BLOCK': 8}, flag))\n")
+    (tmp_path / "sig.py").write_text(code)
+    done = subprocess.run([sys.executable, str(tmp_path / "sig.py")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "0"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    plain, step = done.stdout.splitlines()
+    assert plain == ("({'x_ptr': '*fp32', 'n': 'i32', 'one': 'i32', 'seven': 'i32', "
+                     "'C': 'constexpr', 'BLOCK': 'constexpr'}, {'C': 4, 'BLOCK': 8}, {})")
+    assert step == ("({'x_ptr': '*fp32', 'n': 'i32', 'one': 'constexpr', 'seven': 'i32', "
+                    "'C': 'constexpr', 'BLOCK': 'constexpr'}, {'one': 1, 'C': 4, 'BLOCK': 8}, "
+                    "{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]]})")
