@@ -172,7 +172,10 @@ def main(argv=None) -> int:
             out = thunk()
             # As the step: the gradient in the output's dtype and layout (a plain sum's is a
             # broadcast one, whose strides build another kernel).
-            out.backward(torch.randn_like(out)) if args.as_step else out.float().sum().backward()
+            if args.as_step:
+                out.backward(torch.randn_like(out))
+            else:
+                out.float().sum().backward()
         finally:
             for module in list(sys.modules.values()):
                 if getattr(module, "launch", None) is record:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, ".")
 from bench.needs_gpu import require_cuda  # noqa: E402
-from studies.ncu import counters_refusal, find_ncu, read_raw, run_ncu, short_name  # noqa: E402
+from studies.ncu import counters_refusal, find_ncu, in_us, number, read_raw, run_ncu, short_name  # noqa: E402
 
 # The trunk's Triton blocks and cuDNN's convolutions (the fourth block's).
 KERNELS = "regex:_first_block|_second_block|_conv_pool|_pool_|xmma|cudnn"
@@ -45,10 +45,9 @@ def one_call(loss: str, train_args: list[str]) -> None:
 
 
 def _number(launch: dict, metric: str) -> float:
-    try:
-        return float(launch.get(metric, "").replace(",", ""))
-    except ValueError:
-        return float("nan")
+    """A launch's metric (studies/ncu.number), NaN where ncu printed none."""
+    value = number(launch.get(metric, ""))
+    return float("nan") if value is None else value
 
 
 def kernel_label(name: str) -> str:
@@ -61,19 +60,18 @@ def kernel_label(name: str) -> str:
 
 def row(launch: dict) -> str:
     """One launch's markdown row (the columns of table())."""
-    busiest = max(PIPES, key=lambda p: _number(launch, f"sm__inst_executed_pipe_{p}{SHARE}")
-                  if _number(launch, f"sm__inst_executed_pipe_{p}{SHARE}") >= 0 else -1)
+    shares = {p: _number(launch, f"sm__inst_executed_pipe_{p}{SHARE}") for p in PIPES}
+    busiest = max(PIPES, key=lambda p: shares[p] if shares[p] >= 0 else -1)  # NaN last
     stalls = sorted(((_number(launch, name), name.removeprefix(STALL[0]).removesuffix(STALL[1]))
                      for name in launch if name.startswith(STALL[0]) and name.endswith(STALL[1])
                      and name != f"{STALL[0]}selected{STALL[1]}"), reverse=True)[:3]
-    us = _number(launch, "gpu__time_duration.sum")
-    if launch["_units"].get("gpu__time_duration.sum", "ns").strip() in ("ns", "nsecond"):
-        us /= 1e3
+    us = in_us(_number(launch, "gpu__time_duration.sum"),
+               launch["_units"].get("gpu__time_duration.sum", "ns"))
     cells = [kernel_label(launch["Kernel Name"]), f"{us:.0f}",
              f"{_number(launch, 'sm__throughput.avg.pct_of_peak_sustained_elapsed'):.0f}",
              f"{_number(launch, 'gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed'):.0f}",
              f"{_number(launch, 'sm__pipe_tensor_cycles_active' + SHARE):.0f}",
-             f"{busiest} {_number(launch, f'sm__inst_executed_pipe_{busiest}{SHARE}'):.0f}",
+             f"{busiest} {shares[busiest]:.0f}",
              f"{_number(launch, 'launch__registers_per_thread'):.0f}",
              f"{_number(launch, 'sm__warps_active' + SHARE):.0f} / "
              f"{_number(launch, 'sm__maximum_warps_per_active_cycle_pct'):.0f}",

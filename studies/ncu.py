@@ -98,7 +98,8 @@ def call_point(loss: str, backend: str, point: str, device: str = "cuda") -> Non
         torch.cuda.synchronize()  # host-device sync: every call done before the process ends
 
 
-def _number(text: str) -> float | None:
+def number(text: str) -> float | None:
+    """ncu's printed value ('1,234.5') as a float, or None where it is not a number."""
     try:
         return float(text.replace(",", ""))
     except ValueError:
@@ -128,7 +129,8 @@ def read_raw(text: str) -> list[dict]:
     return [{**dict(zip(header, row)), "_units": units} for row in body]
 
 
-def _in_us(value: float, unit: str) -> float:
+def in_us(value: float, unit: str) -> float:
+    """A duration in ncu's unit (ns, us, ms, their long names) in µs; an unknown unit as ns."""
     return value * {"ns": 1e-3, "nsecond": 1e-3, "usecond": 1.0, "us": 1.0,
                     "msecond": 1e3, "ms": 1e3}.get(unit.strip(), 1e-3)
 
@@ -143,14 +145,14 @@ def kernel_rows(launches: list[dict]) -> list[dict]:
         row = {"kernel": name, "launches profiled": len(group),
                "block": group[0].get("Block Size"), "grid": group[0].get("Grid Size")}
         for metric, column in METRICS.items():
-            values = [_number(g.get(metric, "")) for g in group]
+            values = [number(g.get(metric, "")) for g in group]
             values = [v for v in values if v is not None]
             if not values:
                 row[column] = None
                 continue
             mean = sum(values) / len(values)
             if metric == "gpu__time_duration.sum":
-                mean = _in_us(mean, group[0]["_units"].get(metric, "ns"))
+                mean = in_us(mean, group[0]["_units"].get(metric, "ns"))
             row[column] = mean
         rows.append(row)
     return sorted(rows, key=lambda r: -(r["duration us"] or 0))

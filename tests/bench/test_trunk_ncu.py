@@ -14,9 +14,12 @@ from tests.helpers import REPO
 RAW = REPO / "tests" / "fixtures" / "gpu_trunk_ncu_raw.csv.gz"
 
 
+def _launches() -> list[dict]:
+    return read_raw(gzip.decompress(RAW.read_bytes()).decode())
+
+
 def _rows() -> dict[str, list[str]]:
-    text = gzip.decompress(RAW.read_bytes()).decode()
-    lines = trunk_ncu.table(read_raw(text)).splitlines()
+    lines = trunk_ncu.table(_launches()).splitlines()
     assert lines[1].count("|") == lines[0].count("|") == 10
     return {line.split(" | ")[0].removeprefix("| "): line.split(" | ")[1:] for line in lines[2:]}
 
@@ -29,8 +32,7 @@ def test_a_row_for_each_kernel_the_call_ran():
 
 
 def test_the_cells_are_the_launchs_metrics():
-    text = gzip.decompress(RAW.read_bytes()).decode()
-    launch = next(x for x in read_raw(text) if "_second_block_xgrad" in x["Kernel Name"])
+    launch = next(x for x in _launches() if "_second_block_xgrad" in x["Kernel Name"])
     cells = _rows()["`_second_block_xgrad`"]
     us = float(launch["gpu__time_duration.sum"].replace(",", ""))
     assert launch["_units"]["gpu__time_duration.sum"] in ("ns", "nsecond", "us", "usecond")
@@ -45,8 +47,7 @@ def test_the_cells_are_the_launchs_metrics():
 
 
 def test_the_stalls_are_the_three_largest_but_selected():
-    text = gzip.decompress(RAW.read_bytes()).decode()
-    for launch in read_raw(text):
+    for launch in _launches():
         stalls = {k.removeprefix(trunk_ncu.STALL[0]).removesuffix(trunk_ncu.STALL[1]):
                   float(v) for k, v in launch.items()
                   if k.startswith(trunk_ncu.STALL[0]) and k.endswith(trunk_ncu.STALL[1])}
