@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
-from kernels.rounding import POOL_DTYPES, TL_DTYPE, round_to
+from kernels.rounding import POOL_DTYPES, TL_DTYPE, round_to_cvt
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
 from kernels.trunk.conv_pool_bwd import conv_pool_backward
 from kernels.trunk.pool import pool_bias_relu_backward
@@ -49,7 +49,7 @@ def _tap_weights(w_ptr, dx: tl.constexpr, ky: tl.constexpr, swo, swi, swh, sww,
     ok = (kx >= 0) & (kx < 3)
     ptrs = w_ptr + co[None, :] * swo + ((k % CI) * swi + ky * swh + kx * sww)[:, None]
     w = tl.load(ptrs, mask=ok[:, None], other=0).to(tl.float32)
-    return round_to(w, ROUND).to(DOT)  # exact: DOT holds ROUND's values
+    return round_to_cvt(w, ROUND).to(DOT)  # exact: DOT holds ROUND's values
 
 
 @triton.jit
@@ -60,7 +60,7 @@ def _window_value(ra, rb, rc, wa, wb, wc, bias, ROUND: tl.constexpr,
     acc = tl.dot(ra, wa, input_precision=PRECISION)
     acc = tl.dot(rb, wb, acc, input_precision=PRECISION)
     acc = tl.dot(rc, wc, acc, input_precision=PRECISION)
-    return round_to(round_to(acc, ROUND) + bias[None, :], ROUND)
+    return round_to_cvt(round_to_cvt(acc, ROUND) + bias[None, :], ROUND)
 
 
 @triton.jit
@@ -112,7 +112,7 @@ def _conv_pool_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, code_ptr, n_pooled, H, 
     w10 = _tap_weights(w_ptr, 1, 0, swo, swi, swh, sww, CI, CO, DOT, ROUND)
     w11 = _tap_weights(w_ptr, 1, 1, swo, swi, swh, sww, CI, CO, DOT, ROUND)
     w12 = _tap_weights(w_ptr, 1, 2, swo, swi, swh, sww, CI, CO, DOT, ROUND)
-    bias = round_to(tl.load(bias_ptr + tl.arange(0, CO)).to(tl.float32), ROUND)
+    bias = round_to_cvt(tl.load(bias_ptr + tl.arange(0, CO)).to(tl.float32), ROUND)
     for blk in tl.range(tl.program_id(0), tl.cdiv(n_pooled, BLOCK), tl.num_programs(0),
                         num_stages=STAGES):
         _conv_pool_block(x_ptr, y_ptr, code_ptr, blk, n_pooled, H, W, H2, W2, sxb, sxc,

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
-from kernels.rounding import POOL_DTYPES, TL_DTYPE, round_to
+from kernels.rounding import POOL_DTYPES, TL_DTYPE, round_to_cvt
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
 from kernels.trunk.window import DEAD, patch_row, pooled_pixels
 
@@ -80,7 +80,7 @@ def _xgrad_weights(w_ptr, ky: tl.constexpr, v: tl.constexpr, swo, swi, swh, sww,
     ok = (kx >= 0) & (kx < 3)
     ptrs = w_ptr + (co * swo)[:, None] + ((n % CI) * swi + ky * swh + kx * sww)[None, :]
     w = tl.load(ptrs, mask=ok[None, :], other=0).to(tl.float32)
-    return round_to(w, ROUND).to(DOT)  # exact: DOT holds ROUND's values
+    return round_to_cvt(w, ROUND).to(DOT)  # exact: DOT holds ROUND's values
 
 
 @triton.jit
@@ -91,7 +91,7 @@ def _store_row(dx_ptr, acc, b, i, j, mask, a: tl.constexpr, sxb, sxc, sxh, sxw,
     n = tl.arange(0, 2 * CI)
     ptrs = (dx_ptr + (b * sxb + (2 * i + a) * sxh)[:, None]
             + (2 * j[:, None] + (n // CI)[None, :]) * sxw + ((n % CI) * sxc)[None, :])
-    tl.store(ptrs, round_to(acc, ROUND).to(dx_ptr.dtype.element_ty), mask=mask[:, None])
+    tl.store(ptrs, round_to_cvt(acc, ROUND).to(dx_ptr.dtype.element_ty), mask=mask[:, None])
 
 
 @triton.jit
