@@ -41,7 +41,7 @@ def _tap_weights(w_ptr, dx: tl.constexpr, ky: tl.constexpr, swo, swi, swh, sww,
                  CI: tl.constexpr, CO: tl.constexpr, DOT: tl.constexpr,
                  ROUND: tl.constexpr):
     """W_(dx,ky) [4*CI, CO]: row px*CI + ci holds w[co, ci, ky, px-dx] rounded to ROUND
-    (x's dtype, as autocast casts the weight; by round_to, which the interpreter gets
+    (x's dtype, as autocast casts the weight; by round_to_cvt, which the interpreter gets
     right), 0 off the kernel."""
     k = tl.arange(0, 4 * CI)
     co = tl.arange(0, CO)

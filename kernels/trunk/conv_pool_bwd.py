@@ -87,7 +87,7 @@ def _xgrad_weights(w_ptr, ky: tl.constexpr, v: tl.constexpr, swo, swi, swh, sww,
 def _store_row(dx_ptr, acc, b, i, j, mask, a: tl.constexpr, sxb, sxc, sxh, sxw,
                CI: tl.constexpr, ROUND: tl.constexpr):
     """dL/dx at input row 2i+a, columns 2j+e, channel ci (column e*CI + ci of acc),
-    rounded once to x's dtype (by round_to: the interpreter truncates a cast to bf16)."""
+    rounded once to x's dtype (by round_to_cvt: the interpreter truncates a cast to bf16)."""
     n = tl.arange(0, 2 * CI)
     ptrs = (dx_ptr + (b * sxb + (2 * i + a) * sxh)[:, None]
             + (2 * j[:, None] + (n // CI)[None, :]) * sxw + ((n % CI) * sxc)[None, :])
