@@ -1,12 +1,8 @@
-"""Builds the model of a run, and keeps it between the runs of one process (make compare).
-
-Built on the device: initialising the 1.07 B parameters of the full model on the host took
-15 s on 2 cores (then a 4.3 GB copy), every run. With reuse, a later run with the same
-shape, seed and transform gets the same model back with its initial parameters restored
-from pinned host memory (4.3 GB), so torch.compile's work (its guards hold for the same
-module) and CUDA's start-up are paid once per process. The host copy keeps the GPU's peak
-memory what a fresh process would see.
-"""
+"""Builds the model of a run on the device (the host is slow to initialise 1.07 B
+parameters), and keeps it between the runs of one process (make compare): a later run of
+the same shape, seed and transform gets it back with its initial parameters restored from
+pinned host memory, so torch.compile's work is paid once a process and the GPU's peak
+memory stays what a fresh process would see."""
 
 import gc
 
@@ -22,30 +18,22 @@ _kept: dict = {}
 def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool,
                 seed: int, device: torch.device, reuse: bool = False, transform=None,
                 wrap=None, wrap_key=None):
-    """(model, runner): BoxNet initialised from seed, transform(model) applied in place (the
-    step's speed-ups, training/speedups/; transform.key says which, for reuse), then
-    runner = torch.compile(wrap(model)) or wrap(model), where wrap (DDP on several ranks,
-    training/ddp.py; wrap_key says how it wraps) comes before compiling, so that the
-    compiler sees DDP's buckets. A transform that leaves a part torch.compile cannot
-    trace sets model.compile_whole = False: then only flat_features is compiled."""
+    """(model, runner): BoxNet from seed, transform(model) in place (the speed-ups), then
+    runner = torch.compile(wrap(model)) or wrap(model): wrapped (DDP) before compiling so
+    the compiler sees DDP's buckets. model.compile_whole = False (a part the compiler
+    cannot trace) compiles only flat_features."""
     key = (image_size, capacity, hidden, compile_model, seed, str(device),
            getattr(transform, "key", None), wrap_key)
     kept = reuse and _kept.get("key") == key
     if not kept:
         if compile_model and reuse and _kept:
-            # Another model replaces the kept one, so Dynamo forgets the frames it compiled
-            # for the models before: make ladder builds one a rung in one process, each a
-            # compile of the same BoxNet.forward, and past 8 of a frame (its
-            # recompile_limit) Dynamo runs the frame eagerly with only a warning. A ladder
-            # of ten tuned rungs ran its ninth eager.
+            # Dynamo forgets the replaced models' frames: past its recompile_limit (8) of
+            # one frame it runs it eagerly, with only a warning (make ladder's ninth rung).
             torch._dynamo.reset()
-        # Dropped before the collection below: a model in a reference cycle (lin1's update
-        # beside the trunk rebinds model.head to a method of the model) is freed only by
-        # it, and make ladder's rung after one counted it in its own peak (21.4 GB against
-        # 14.7 a rung before, aa9cb7d on the H100).
+        # Dropped before the collection below, which alone frees a model in a reference
+        # cycle (lin1's update beside the trunk): else the next run counts it in its peak.
         forget_kept_model()
-    # What earlier runs of this process (make compare) left is freed and uncached first:
-    # each run's peak memory is its own.
+    # Each run's peak memory is its own: earlier runs' leftovers freed and uncached.
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -54,7 +42,7 @@ def build_model(image_size: int, capacity: int, hidden: int, compile_model: bool
         model = _kept["model"]
         if device.type == "cuda":
             # host-device sync, once a run: the kept model's last step may still run on
-            # another stream (--lin1-update-beside-trunk) when its parameters are restored.
+            # another stream when its parameters are restored.
             torch.cuda.synchronize(device)
         with torch.no_grad():
             for p, p0 in zip(_state(model), _kept["initial"]):
@@ -85,9 +73,8 @@ def _state(model) -> list:
 
 
 def _rows(tensor):
-    """A sharded tensor's part on this rank (a DTensor's local rows under --parallel zero
-    or tp), else the tensor: a DTensor cannot be pinned (aten.is_pinned has no sharding
-    rule), and this rank's rows are all that it restores."""
+    """A DTensor's local rows (--parallel zero or tp), else the tensor: a DTensor cannot
+    be pinned, and this rank's rows are all that it restores."""
     to_local = getattr(tensor, "to_local", None)
     return to_local() if to_local is not None else tensor
 
