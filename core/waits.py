@@ -1,15 +1,8 @@
-"""A wait for the device that a signal can end: CUDA's blocking waits (an event's
-synchronize) sit in C until the work is done, where Python's signal handlers cannot run.
-Under NCCL a peer that died leaves this rank's collective, and so every later kernel of its
-stream, waiting forever: torchrun's SIGTERM then went unanswered until its SIGKILL 30 s
-later. Polled in short sleeps, the handler runs between two of them.
-
-A peer that is stopped (SIGSTOP, a debugger) or hung, not dead, leaves the same wait with
-no signal to end it: set_bound makes each wait end in a TimeoutError instead
-(--hang-timeout on NCCL ranks; training/ranks.set_hang_timeout). NCCL's own watchdog would
-abort the process from a thread of its own, printing its logs, with no line for the user.
-
-Nothing here imports torch: the event is anything with query()."""
+"""A wait for the device that a signal can end: CUDA's blocking waits sit in C, where
+Python's signal handlers cannot run, and a dead NCCL peer leaves them waiting forever;
+polled in short sleeps, the handler runs between two. set_bound ends a wait on a stopped
+or hung peer in a TimeoutError. Nothing here imports torch. The design in full:
+docs/design.md, this module's section."""
 
 import time
 

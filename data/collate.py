@@ -1,19 +1,7 @@
-"""Collate functions: the strategy decides how the ragged targets are laid out.
-
-A batch is a list of `(image uint8 [1,H,W], boxes uint8 [n,4])` pairs. Both collates
-stack the images; they differ in the targets:
-- `collate_list`: a Python list of per-sample `[n_i, 4]` tensors (one host-to-device copy
-  per sample later);
-- `collate_padded`: one `[B, capacity, 4]` tensor, zero past each sample's count, plus an
-  int32 `[B]` tensor of counts (two copies for the whole batch). Validity comes from the
-  counts, never from a sentinel coordinate;
-- `collate_packed` (packed and nested): every valid box of the batch in one `[N, 4]`
-  tensor, in image order; an int32 `[2, N]` index: each box's image and its slot (its
-  place among the image's boxes); int64 `[B + 1]` offsets, image b's boxes being rows
-  offsets[b] .. offsets[b + 1] - 1 (what torch.nested's jagged layout is made of).
-  Nothing is padded: the targets are N * 12 + 8(B + 1) bytes whatever the capacity.
-All of it is computed here on the host, so the device needs no sync to learn a count.
-"""
+"""Collate functions: the strategy decides how the ragged targets are laid out (a list, a
+padded tensor with counts, or packed boxes with their index and offsets), all computed
+on the host so that the device needs no sync to learn a count. The design in full:
+docs/design.md, this module's section."""
 
 import torch
 

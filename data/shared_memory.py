@@ -1,14 +1,6 @@
-"""What a loader needs of /dev/shm, against what it offers: checked before the run starts.
-
-Data workers hand batches to the main process through shared memory: the ring loader's
-buffer of (PREFETCH x workers + SPARE_SLOTS) batch slots, made once; PyTorch's loader
-moves every batch in flight (prefetch_factor x workers of them) into /dev/shm. A Docker
-container has 64 MB there by default, and what happened then was unlike an error of the
-user's: the ring's allocation failed with a traceback and left a 0-byte
-/dev/shm/torch_<pid>_* file behind; PyTorch's loader lost a batch in a worker's pickling
-thread (a traceback on stderr) and its main process waited for it forever.
-With no workers nothing is shared: the main process makes every batch.
-"""
+"""What a loader needs of /dev/shm, against what it offers, checked before the run starts:
+a container's small default made the loaders fail with a traceback or hang, not with a
+line the user could act on. The design in full: docs/design.md, this module's section."""
 
 import glob
 import os

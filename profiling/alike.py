@@ -1,13 +1,7 @@
-"""When two runs' figures may be set side by side: the same workload (batch, image size,
-box capacity, model width), the same step (autocast, compile, the speed-ups asked for),
-the same data loader, seed, ranks and device. make compare and a scaling baseline read
-these from the runs' summary.json files.
-
-Strategy, kernel backend and mode are a comparison's rows, not a difference: they are
-what it compares. The speed-ups are those asked for (config), not those a run could use:
-under --cuda-graph auto a ragged strategy runs without the graph that padded uses, and
-the table's "CUDA graph" column says so.
-"""
+"""When two runs' figures may be set side by side: the same workload, step, loader, seed,
+ranks and device, read from their summary.json files; strategy, backend and mode are a
+comparison's rows, not a difference. The design in full: docs/design.md, this module's
+section."""
 
 from core.names import describe as strategy_name
 from training.speedups import BY_NAME

@@ -1,15 +1,7 @@
 """A job of several ranks in one summary: each rank's table and communication, samples
-per second, and the scaling against a one-GPU run (--scaling-baseline).
-
-samples_per_s = global batch (ranks x --batch-size) / the mean wall time of a profiled
-step on rank 0 (the ranks wait for each other in every step's all-reduce and loss read,
-so rank 0's step is the job's).
-
-The scaling compares the sustained rates (every step after --settle) where both runs have
-one: a handful of profiled steps carries the profiler's own cost, which differs by design
-(DDP's profiled steps took half as long again as its sustained ones, and the scaling
-they gave was far off: results/several-gpus.md).
-"""
+per second (the global batch over rank 0's step: the ranks wait for each other every
+step), and the scaling against a one-GPU run, by sustained rates where both runs have
+one. The design in full: docs/design.md, this module's section."""
 
 from pathlib import Path
 

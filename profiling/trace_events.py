@@ -1,13 +1,6 @@
-"""A torch.profiler Chrome trace as events, and what each kind of event is: the
-definitions every figure of this project is built on (profiling/trace_summary.py for a
-run's table, profiling/communication.py for a rank's NCCL time, make sweep's points).
-
-- a launch: a runtime or driver call that launches a kernel or a graph (is_launch);
-- a sync: a runtime call that blocks the host on the device (is_sync);
-- an H2D copy: a host-to-device memcpy activity (is_h2d);
-- a device op belongs to the host range (phase or step) that holds the runtime call that
-  launched it, matched by correlation id (launchers), whatever thread made the call.
-"""
+"""A torch.profiler Chrome trace as events, and what each kind of event is (a launch, a
+sync, an H2D copy, a device op's host range): the definitions every figure of this
+project is built on. The design in full: docs/design.md, this module's section."""
 
 import bisect
 import errno

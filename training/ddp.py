@@ -1,13 +1,7 @@
 """DistributedDataParallel around the model on several ranks, and its knobs (bucket_mb,
-bucket_view, comm_hook, overlap): each a train.Config switch recorded in summary.json,
-what it does and what it measured in docs/several-gpus.md's table of DDP knobs. lin1's
-weight (1.07 B elements) is a bucket of its own whatever the size; bucket_view spares two
-passes over 2-4 GB of gradients (no copy into the buckets and back); sum spares one
-(the loss is scaled for a sum instead of DDP dividing every gradient by N).
-
-Nothing here imports torch at import time (train.py --help works without it). The loss's
-global mean over the ranks is training/distributed.py's.
-"""
+bucket_view, comm_hook, overlap), each a train.Config switch recorded in summary.json.
+Nothing here imports torch at import time. The design in full: docs/design.md, this
+module's section."""
 
 from core.errors import UserError
 

@@ -1,13 +1,7 @@
-"""The optimizer of --bf16-shadow (training/speedups/bf16_shadow.py): SGD with momentum,
-torch's for every parameter but the shadowed ones, and for those one Triton kernel each
-(kernels/lin1/shadow_sgd.py) over the bf16 gradient, the fp32 master and the momentum.
-
-A torch.optim.Optimizer, so that what torch.profiler learns from an optimizer's step (its
-param_groups and state, read where the step returns) holds for lin1 too: its bf16 weight
-is a parameter, its master and momentum are optimizer state. Without that, --memory-
-snapshot's categories saw the master and momentum (8.6 GB at the GPU preset) nowhere,
-and the bf16 weight as an input.
-"""
+"""The optimizer of --bf16-shadow: SGD with momentum, torch's for every parameter but the
+shadowed ones, and one Triton kernel each for those (kernels/lin1/shadow_sgd.py). A
+torch.optim.Optimizer, so that the profiler's memory categories see lin1's master and
+momentum as optimizer state. The design in full: docs/design.md, this module's section."""
 
 import torch
 
