@@ -1,12 +1,6 @@
-"""stdout that a closed pipe cannot break: `make throughput | head -6` closes the pipe
-after six lines, and the next print raised BrokenPipeError in the middle of a run, which
-then ended as failed, as if by a bug, with two tracebacks. A reader that goes
-away is the user's choice, like Ctrl-C; here it is a quieter one: the lines after it go
-nowhere and the runs go on to their end, their folders whole.
-
-    survive_closed_stdout()   every command calls it first (core.commands.run_command,
-                              train.main)
-"""
+"""stdout that a closed pipe cannot break (`make throughput | head -6`): the lines after it
+go nowhere and the runs go on to their end, where a BrokenPipeError failed them as if by
+a bug. The design in full: docs/design.md, this module's section."""
 
 import os
 import sys

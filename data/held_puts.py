@@ -1,12 +1,6 @@
-"""A loader's iterator started with Ctrl-C and SIGTERM held, and each of its index puts.
-
-multiprocessing.Queue.put takes the queue's threading.Condition in a `with`. Python runs
-a signal's handler between bytecodes, so stop_once's KeyboardInterrupt could be raised in
-Condition.__enter__ after its lock was taken and before the `with` began: the lock stayed
-taken. The loader's shutdown then puts None on that queue, and the main thread waited on
-its own lock for ever, its worker polling for the None (a run that never ended after
-Ctrl-C). A put never blocks (the queues are unbounded), so a held signal waits
-microseconds and is acted on as the put returns."""
+"""A loader's iterator started with Ctrl-C and SIGTERM held, and each of its index puts: an
+interrupt inside a queue's put could leave its lock taken, and the loader's shutdown
+then waited on it for ever. The design in full: docs/design.md, this module's section."""
 
 from core.signals import stop_signals_held
 

@@ -1,11 +1,6 @@
-"""The DataLoader of a run: workers at low priority, optionally on their own cores.
-
-Data workers yield the CPU to the training process: on a host with as many busy workers
-as cores, at normal priority, the main thread was preempted inside the timed ranges (a
-fused loss of microseconds of GPU work read milliseconds of CPU time, and step times
-swung by half: results/host.md); at nice 19 generation keeps up and the ranges are
-steady.
-"""
+"""The DataLoader of a run: workers at low priority (at normal priority they preempted the
+training process inside its timed ranges), optionally on their own cores. The design in
+full: docs/design.md, this module's section."""
 
 import atexit
 import multiprocessing
