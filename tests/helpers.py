@@ -148,6 +148,14 @@ def backward_into_nan_memory(loss, pred, monkeypatch) -> None:
     monkeypatch.undo()
 
 
+def floats_of_bits(bits: list[int]):
+    """fp32 values with these bit patterns (each an unsigned 32-bit int): the edge cases of
+    a rounding, written as bits."""
+    import torch
+    b = torch.tensor(bits, dtype=torch.int64)
+    return torch.where(b >= 1 << 31, b - (1 << 32), b).to(torch.int32).view(torch.float32)
+
+
 def kernels_launched(fn) -> list[str]:
     """The CUDA kernels fn launches, by name."""
     import torch

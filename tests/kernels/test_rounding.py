@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from kernels.rounding import INTERPRETED, TL_DTYPE, round_to, round_to_cvt
+from tests.helpers import floats_of_bits
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # Ties rounded down (even) and up (odd), both signs; a rounding up across a binade and up
@@ -30,11 +31,6 @@ def _round_kernel(x_ptr, out_ptr, n, ROUND: tl.constexpr, CVT: tl.constexpr,
         tl.store(out_ptr + offs, round_to(v, ROUND), mask=mask)
 
 
-def _floats(bits: list[int]) -> torch.Tensor:
-    b = torch.tensor(bits, dtype=torch.int64)
-    return torch.where(b >= 1 << 31, b - (1 << 32), b).to(torch.int32).view(torch.float32)
-
-
 def _rounded(x: torch.Tensor, dtype: torch.dtype, cvt: bool) -> torch.Tensor:
     out = torch.empty_like(x)
     _round_kernel[(triton.cdiv(x.numel(), 256),)](x, out, x.numel(), ROUND=TL_DTYPE[dtype],
@@ -50,7 +46,7 @@ def test_rounding_is_torchs_bit_for_bit(device, dtype, cvt):
     rounding held in fp32; a NaN a NaN, in bf16 its own bits."""
     n = 3000
     values = torch.randn(n) * torch.logspace(-20, 20, n)[torch.randperm(n)]
-    x = torch.cat([values, _floats(EDGES)]).to(device)
+    x = torch.cat([values, floats_of_bits(EDGES)]).to(device)
     got = _rounded(x, dtype, cvt)
     nan = x.isnan()
     assert torch.equal(got.isnan(), nan)

@@ -10,7 +10,7 @@ import train
 from core.errors import InputError
 from kernels.lin1.master_halves import join, split
 from kernels.lin1.shadow_sgd import shadow_sgd_step
-from tests.helpers import resolved, shadow_steps
+from tests.helpers import floats_of_bits, resolved, shadow_steps
 from training import speedups
 from training.optimizer import MOMENTUM
 
@@ -22,15 +22,10 @@ EDGES = [0x3F808000, 0xBF808000, 0x3F818000, 0xBF818000, 0x3F7FFFFF, 0xBF7FFFFF,
          0x3F80FFFF, 0x3F807FFF]
 
 
-def _floats(bits: list[int]) -> torch.Tensor:
-    b = torch.tensor(bits, dtype=torch.int64)
-    return torch.where(b >= 1 << 31, b - (1 << 32), b).to(torch.int32).view(torch.float32)
-
-
 def _masters(n: int, device="cpu") -> torch.Tensor:
     """Fresh random fp32 values over 12 decades and both signs, then the edges."""
     values = torch.randn(n) * torch.logspace(-6, 6, n)[torch.randperm(n)]
-    return torch.cat([values, _floats(EDGES)]).to(device)
+    return torch.cat([values, floats_of_bits(EDGES)]).to(device)
 
 
 def _ties_rounded_down(master: torch.Tensor) -> torch.Tensor:
