@@ -38,6 +38,28 @@ def _coords(pid_p, pid_c, n_pooled, C, H2, W2, BLOCK_P: tl.constexpr,
     return p, c, b, i, j, mask
 
 
+@triton.jit
+def _rounded_max_bf16(base, sxh, sxw, bias, mask):
+    """(y before the ReLU, code) of each window in bf16, rounding once: the first position
+    at or above the least fp32 that rounds to the rounded maximum (docs/kernels.md)."""
+    v0 = tl.load(base, mask=mask, other=0).to(tl.float32) + bias[None, :]
+    v1 = tl.load(base + sxw, mask=mask, other=0).to(tl.float32) + bias[None, :]
+    v2 = tl.load(base + sxh, mask=mask, other=0).to(tl.float32) + bias[None, :]
+    v3 = tl.load(base + sxh + sxw, mask=mask, other=0).to(tl.float32) + bias[None, :]
+    m = tl.maximum(tl.maximum(v0, v1), tl.maximum(v2, v3))
+    r = round_to(m, tl.bfloat16)
+    rb = r.to(tl.int32, bitcast=True)
+    lo = rb - 0x8000 + ((rb >> 16) & 1)
+    code = tl.where(v2.to(tl.int32, bitcast=True) >= lo, 2, 3)
+    code = tl.where(v1.to(tl.int32, bitcast=True) >= lo, 1, code)
+    code = tl.where(v0.to(tl.int32, bitcast=True) >= lo, 0, code)
+    r = tl.where(v0 != v0, v0, r)
+    r = tl.where(v1 != v1, v1, r)
+    r = tl.where(v2 != v2, v2, r)
+    r = tl.where(v3 != v3, v3, r)
+    return r, tl.where(r > 0.0, code, DEAD)
+
+
 @triton.jit(do_not_specialize_on_alignment=_GENERIC)
 def _pool_fwd_kernel(x_ptr, bias_ptr, y_ptr, code_ptr, n_pooled, C, H2, W2,
                      sxb, sxc, sxh, sxw, syb, syc, syh, syw,
@@ -46,20 +68,23 @@ def _pool_fwd_kernel(x_ptr, bias_ptr, y_ptr, code_ptr, n_pooled, C, H2, W2,
                                   BLOCK_P, BLOCK_C)
     bias = round_to(tl.load(bias_ptr + c, mask=c < C, other=0).to(tl.float32), ROUND)
     base = x_ptr + (b * sxb + (2 * i) * sxh + (2 * j) * sxw)[:, None] + c[None, :] * sxc
-    best = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
-    code = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
-    for d in tl.static_range(4):
-        x = tl.load(base + (d // 2) * sxh + (d % 2) * sxw, mask=mask, other=0)
-        v = round_to(x.to(tl.float32) + bias[None, :], ROUND)
-        if d == 0:
-            best = v
-        else:
-            take = (v > best) | (v != v)
-            best = tl.where(take, v, best)
-            code = tl.where(take, d, code)
+    if ROUND == tl.bfloat16:
+        best, code = _rounded_max_bf16(base, sxh, sxw, bias, mask)
+    else:
+        best = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+        code = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.int32)
+        for d in tl.static_range(4):
+            x = tl.load(base + (d // 2) * sxh + (d % 2) * sxw, mask=mask, other=0)
+            v = round_to(x.to(tl.float32) + bias[None, :], ROUND)
+            if d == 0:
+                best = v
+            else:
+                take = (v > best) | (v != v)
+                best = tl.where(take, v, best)
+                code = tl.where(take, d, code)
+        code = tl.where(best > 0.0, code, DEAD)
     y = tl.maximum(best, 0.0)  # relu keeps a NaN (tl.maximum propagates it)
     y = tl.where(best != best, best, y)
-    code = tl.where(best > 0.0, code, DEAD)
     tl.store(y_ptr + (b * syb + i * syh + j * syw)[:, None] + c[None, :] * syc,
              y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(code_ptr + p.to(tl.int64)[:, None] * C + c[None, :], code.to(tl.int8),
