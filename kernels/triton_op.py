@@ -10,6 +10,9 @@ the CPU tests) torch cannot trace into the kernels (wrap_triton hands back the r
 kernel), so the launchers are an opaque custom_op, and each op registers an explicit fake.
 """
 
+import hashlib
+from pathlib import Path
+
 import torch
 import triton
 from torch.library import triton_op, wrap_triton
@@ -27,6 +30,31 @@ def _is_interpreted(kernel) -> bool:
 
 INTERPRETED = _is_interpreted(_probe)
 define_op = torch.library.custom_op if INTERPRETED else triton_op
+
+
+REPO_KERNELS = Path(__file__).parent
+
+
+def sources_tag(root: Path = REPO_KERNELS) -> str:
+    """A hash of every Python file under root (kernels/): the Triton kernels' sources."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return f"kernels-{digest.hexdigest()[:16]}"
+
+
+def _tag_compile_caches() -> None:
+    """Keys torch.compile's caches on the kernels' sources. AOTAutograd's cache keys a
+    triton_op by the kernels torch finds in its source, and it finds none behind launch():
+    after a kernel's edit, a warm cache served the compiled step with the old kernel
+    (seen on an H100, results/trunk.md)."""
+    config = torch.compiler.config
+    tag = sources_tag()
+    if hasattr(config, "cache_key_tag") and tag not in config.cache_key_tag:
+        config.cache_key_tag = f"{config.cache_key_tag}{tag}"
+
+
+_tag_compile_caches()
 
 
 def launch(kernel, grid, *args, **meta) -> None:

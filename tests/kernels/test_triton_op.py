@@ -46,3 +46,76 @@ def test_two_same_shaped_outputs_stay_two_buffers_under_aot_cse():
     strides = torch.empty(SHAPE).to(memory_format=torch.channels_last).stride()
     assert _allocations_left_by_cse(
         lambda: torch.empty_strided(SHAPE, strides, dtype=torch.bfloat16)) == 1
+
+
+def test_the_compile_caches_are_keyed_on_the_kernels_sources(tmp_path):
+    import shutil
+
+    from kernels import triton_op
+    assert triton_op.sources_tag() in torch.compiler.config.cache_key_tag
+    copy = tmp_path / "kernels"
+    shutil.copytree(triton_op.REPO_KERNELS, copy,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    assert triton_op.sources_tag(copy) == triton_op.sources_tag()
+    pool = copy / "trunk" / "pool.py"
+    pool.write_text(pool.read_text().replace("0x8000", "0x8001", 1))
+    edited = triton_op.sources_tag(copy)
+    assert edited != triton_op.sources_tag()
+    (copy / "trunk" / "new_block.py").write_text("")
+    assert triton_op.sources_tag(copy) not in (edited, triton_op.sources_tag())
+
+
+# A kernel launched through launch(), as every one here is, in a package of its own; the
+# program compiles a function of it and prints what it returns.
+_KERNEL = """
+import torch, triton, triton.language as tl
+from kernels.triton_op import define_op, launch
+
+@triton.jit
+def _plus(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + ADDED, mask=offs < n)
+
+@define_op("cachetest::plus", mutates_args=())
+def plus(x: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(x)
+    launch(_plus, (1,), x, y, x.numel(), BLOCK=16)
+    return y
+"""
+_PROGRAM = """
+import sys, torch
+from pathlib import Path
+from kernels.triton_op import sources_tag
+if sys.argv[1] == "tagged":
+    torch.compiler.config.cache_key_tag += sources_tag(Path(sys.argv[2]) / "pkg")
+sys.path.insert(0, sys.argv[2])
+from pkg.kernel import plus
+print(int(torch.compile(lambda x: plus(x) * 1)(torch.zeros(4, device="cuda"))[0]))
+"""
+
+
+@pytest.mark.gpu
+def test_a_kernels_edit_reaches_the_compiled_function_through_a_warm_cache(tmp_path):
+    """Two processes, one Inductor cache, the kernel edited between them: with the
+    kernels' sources in the cache's key the second runs the edited kernel."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    program = tmp_path / "program.py"
+    program.write_text(_PROGRAM)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "PYTHONPATH": str(REPO)}
+
+    def run(added: int, how: str) -> int:
+        (tmp_path / "pkg" / "kernel.py").write_text(_KERNEL.replace("ADDED", str(added)))
+        done = subprocess.run([sys.executable, str(program), how, str(tmp_path)], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.split()[-1])
+
+    assert run(1, "tagged") == 1
+    assert run(2, "tagged") == 2
