@@ -65,8 +65,8 @@ def test_the_compile_caches_are_keyed_on_the_kernels_sources(tmp_path):
     assert triton_op.sources_tag(copy) not in (edited, triton_op.sources_tag())
 
 
-# A kernel launched through launch(), as every one here is, in a package of its own; the
-# program compiles a function of it and prints what it returns.
+# A kernel launched through launch(), as every one here is, added to kernels/ in a copy of
+# the tree; the program compiles a function of it and prints what it returns.
 _KERNEL = """
 import torch, triton, triton.language as tl
 from kernels.triton_op import define_op, launch
@@ -82,40 +82,25 @@ def plus(x: torch.Tensor) -> torch.Tensor:
     launch(_plus, (1,), x, y, x.numel(), BLOCK=16)
     return y
 """
-_PROGRAM = """
-import sys, torch
-from pathlib import Path
-from kernels.triton_op import sources_tag
-if sys.argv[1] == "tagged":
-    torch.compiler.config.cache_key_tag += sources_tag(Path(sys.argv[2]) / "pkg")
-sys.path.insert(0, sys.argv[2])
-from pkg.kernel import plus
-print(int(torch.compile(lambda x: plus(x) * 1)(torch.zeros(4, device="cuda"))[0]))
-"""
+PROGRAM = ("import torch; from kernels.cache_test_kernel import plus; "
+           "print(int(torch.compile(lambda x: plus(x) * 1)(torch.zeros(4, device='cuda'))[0]))")
+
+
+def compiled_plus(tree, tmp_path, added: int) -> str:
+    """What PROGRAM prints in `tree` with the kernel adding `added`; Inductor's cache is
+    the one under tmp_path (python_in's TMPDIR), the same for every call."""
+    from tests.helpers import python_in
+    (tree / "kernels" / "cache_test_kernel.py").write_text(_KERNEL.replace("ADDED", str(added)))
+    done = python_in(tree, tmp_path, "-c", PROGRAM, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()[-1]
 
 
 @pytest.mark.gpu
 def test_a_kernels_edit_reaches_the_compiled_function_through_a_warm_cache(tmp_path):
-    """Two processes, one Inductor cache, the kernel edited between them: with the
-    kernels' sources in the cache's key the second runs the edited kernel."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.helpers import REPO
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "__init__.py").write_text("")
-    program = tmp_path / "program.py"
-    program.write_text(_PROGRAM)
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-           "PYTHONPATH": str(REPO)}
-
-    def run(added: int, how: str) -> int:
-        (tmp_path / "pkg" / "kernel.py").write_text(_KERNEL.replace("ADDED", str(added)))
-        done = subprocess.run([sys.executable, str(program), how, str(tmp_path)], env=env,
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return int(done.stdout.split()[-1])
-
-    assert run(1, "tagged") == 1
-    assert run(2, "tagged") == 2
+    """Two processes, one Inductor cache, a kernel under kernels/ edited between them: the
+    second runs the edited kernel (the sources' tag in the cache's key)."""
+    from tests.helpers import copy_of_the_tree
+    tree = copy_of_the_tree(tmp_path)
+    assert compiled_plus(tree, tmp_path, 1) == "1"
+    assert compiled_plus(tree, tmp_path, 2) == "2"
