@@ -14,10 +14,9 @@ import triton
 import triton.language as tl
 
 from core.errors import InputError
-from kernels.rounding import INTERPRETED as ROUNDING_INTERPRETED
 from kernels.rounding import POOL_DTYPES, TL_DTYPE, round_to_cvt
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
-from kernels.trunk.window import DEAD, patch_row, pooled_pixels
+from kernels.trunk.window import DEAD, patch_row, pooled_pixels, where_code
 
 C_IN, C_OUT = 16, 64    # conv3's channels, as kernels/trunk/conv_pool.py
 # Launch shapes, the fastest timed on the H100 at the model's size (results/step.md):
@@ -38,41 +37,6 @@ STAGES = 1
 # bench/kernel_stack.py). The model's bf16 step never runs it.
 FP32_BLOCK, FP32_WARPS = 16, 8
 PARTIALS = 3 * C_OUT * 4 * C_IN + C_OUT  # per program: A_0, A_1, A_2, then dL/dbias
-
-
-def _eq_asm(d: int) -> str:
-    """PTX for four bf16 g (two words, $2 $3) and their four int8 codes (one word, $4): g
-    where code == d, else 0. Byte k of t = code_k ^ d is 0 where equal and at most 7 else
-    (codes 0-4), so adding 0x7F sets its top bit only where not equal, with no carry into
-    the next byte; the top bits inverted, prmt's sign-replicating selectors (8-B) spread
-    bytes 0-1 and 2-3 into halfword masks for the two words."""
-    return ("{ .reg .b32 t, m; "
-            f"xor.b32 t, $4, {0x01010101 * d:#010x}; add.u32 t, t, 0x7F7F7F7F; "
-            "and.b32 t, t, 0x80808080; xor.b32 t, t, 0x80808080; "
-            "prmt.b32 m, t, 0, 0x9988; and.b32 $0, $2, m; "
-            "prmt.b32 m, t, 0, 0xBBAA; and.b32 $1, $3, m; }")  # one line: Inductor copies it
-
-
-_EQ_ASM_0, _EQ_ASM_1, _EQ_ASM_2, _EQ_ASM_3 = (tl.constexpr(_eq_asm(d)) for d in range(4))
-
-
-@triton.jit
-def _where_code(g, code, d: tl.constexpr, DOT: tl.constexpr):
-    """g where code == d, else 0: in bf16 compiled, four elements an instance by _eq_asm's
-    masks, in place of a compare, a select and the halves' repacking each."""
-    if DOT == tl.bfloat16 and not ROUNDING_INTERPRETED:
-        if d == 0:
-            asm: tl.constexpr = _EQ_ASM_0
-        elif d == 1:
-            asm: tl.constexpr = _EQ_ASM_1
-        elif d == 2:
-            asm: tl.constexpr = _EQ_ASM_2
-        else:
-            asm: tl.constexpr = _EQ_ASM_3
-        return tl.inline_asm_elementwise(asm, "=r,=r,r,r,r", [g, code], dtype=g.dtype,
-                                         is_pure=True, pack=4)
-    else:
-        return tl.where(code == d, g, 0).to(DOT)
 
 
 @triton.jit
@@ -96,7 +60,7 @@ def _segment(top, bottom, g, code, d: tl.constexpr, w_top, w_bottom, TOP: tl.con
              BOTTOM: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
     """F_(u,v) = g where code == d: its dots into the quad's top row (w_top = V_(2-u),v)
     and bottom row (w_bottom = V_(3-u),v), where the kernel reaches them."""
-    f = _where_code(g.to(DOT), code, d, DOT)
+    f = where_code(g.to(DOT), code, d, DOT)
     if TOP:
         top = tl.dot(f, w_top, top, input_precision=PRECISION)
     if BOTTOM:
@@ -217,7 +181,7 @@ def _conv_pool_xgrad_kernel(g_ptr, code_ptr, w_ptr, dx_ptr, n_pooled, H2, W2,
 @triton.jit
 def _masked_t(g, code, d: tl.constexpr, DOT: tl.constexpr):
     """G_d^T [CO, BLOCK]."""
-    return tl.trans(tl.where(code == d, g, 0).to(DOT))
+    return tl.trans(where_code(g.to(DOT), code, d, DOT))
 
 
 @triton.jit

@@ -16,7 +16,7 @@ from core.checks import check_conv_block
 from core.errors import InputError
 from kernels.rounding import TL_DTYPE
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
-from kernels.trunk.window import first_max, pooled_pixels
+from kernels.trunk.window import first_max, pooled_pixels, where_code
 
 C_IN, C_OUT = 4, 16     # conv2's channels: the kernels are written for this block
 # Launch shapes for bf16 and fp16, the fastest timed on the H100 at the model's size
@@ -194,9 +194,10 @@ def _tap_weights(w_ptr, u: tl.constexpr, v: tl.constexpr, swo, swi, swh, sww,
 
 @triton.jit
 def _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-               di: tl.constexpr, dj: tl.constexpr, ACC: tl.constexpr):
-    """(g, d*) [BLOCK, 16] of the pooled neighbour (i+di, j+dj): its gradient and window
-    choice per channel (0 and 4, no choice, off the image)."""
+               di: tl.constexpr, dj: tl.constexpr, DOT: tl.constexpr, ROUND: tl.constexpr):
+    """(g, d*) [BLOCK, 16] of the pooled neighbour (i+di, j+dj): its gradient as a dot
+    operand, rounded once, and window choice per channel (0 and 4, no choice, off the
+    image)."""
     co = tl.arange(0, 16)
     I = i + di  # noqa: E741 (the pooled row, as in the docstring's maths)
     J = j + dj
@@ -207,15 +208,15 @@ def _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
                 mask=ok[:, None], other=0)
     sel = tl.load(sel_ptr + (((b * H2 + I) * W2 + J) * 16)[:, None] + co[None, :],
                   mask=ok[:, None], other=4)
-    return g.to(ACC), sel
+    return _operand(g, DOT, ROUND), sel
 
 
 @triton.jit
-def _tap_dot(acc, g, sel, d: tl.constexpr, t_uv, DOT: tl.constexpr, ROUND: tl.constexpr,
+def _tap_dot(acc, g, sel, d: tl.constexpr, t_uv, DOT: tl.constexpr,
              PRECISION: tl.constexpr):
     """acc + G @ T_uv, G the neighbour's gradient at the channels whose window chose
     position d (the conv position of T_uv), 0 at the others."""
-    return acc + _mm(_operand(tl.where(sel == d, g, 0.0), DOT, ROUND), t_uv, PRECISION)
+    return acc + _mm(where_code(g, sel, d, DOT), t_uv, PRECISION)
 
 
 @triton.jit(do_not_specialize_on_alignment=_GENERIC)
@@ -257,41 +258,41 @@ def _second_block_xgrad_kernel(grad_ptr, sel_ptr, w_ptr, dx_ptr, n_pooled, H2, W
         acc = tl.zeros((BLOCK_, 16), dtype=ACC)
         # Row above (u = 0: its window row dy = 1): d = 2*dy + dx.
         g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-                          -1, -1, ACC)
-        acc = _tap_dot(acc, g, s, 3, t00, DOT, ROUND, PRECISION)
+                          -1, -1, DOT, ROUND)
+        acc = _tap_dot(acc, g, s, 3, t00, DOT, PRECISION)
         g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-                          -1, 0, ACC)
-        acc = _tap_dot(acc, g, s, 2, t01, DOT, ROUND, PRECISION)
-        acc = _tap_dot(acc, g, s, 3, t02, DOT, ROUND, PRECISION)
+                          -1, 0, DOT, ROUND)
+        acc = _tap_dot(acc, g, s, 2, t01, DOT, PRECISION)
+        acc = _tap_dot(acc, g, s, 3, t02, DOT, PRECISION)
         g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-                          -1, 1, ACC)
-        acc = _tap_dot(acc, g, s, 2, t03, DOT, ROUND, PRECISION)
+                          -1, 1, DOT, ROUND)
+        acc = _tap_dot(acc, g, s, 2, t03, DOT, PRECISION)
         # The quad's own row (u = 1, 2: dy = 0, 1).
         g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-                          0, -1, ACC)
-        acc = _tap_dot(acc, g, s, 1, t10, DOT, ROUND, PRECISION)
-        acc = _tap_dot(acc, g, s, 3, t20, DOT, ROUND, PRECISION)
+                          0, -1, DOT, ROUND)
+        acc = _tap_dot(acc, g, s, 1, t10, DOT, PRECISION)
+        acc = _tap_dot(acc, g, s, 3, t20, DOT, PRECISION)
         g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-                          0, 0, ACC)
-        acc = _tap_dot(acc, g, s, 0, t11, DOT, ROUND, PRECISION)
-        acc = _tap_dot(acc, g, s, 1, t12, DOT, ROUND, PRECISION)
-        acc = _tap_dot(acc, g, s, 2, t21, DOT, ROUND, PRECISION)
-        acc = _tap_dot(acc, g, s, 3, t22, DOT, ROUND, PRECISION)
+                          0, 0, DOT, ROUND)
+        acc = _tap_dot(acc, g, s, 0, t11, DOT, PRECISION)
+        acc = _tap_dot(acc, g, s, 1, t12, DOT, PRECISION)
+        acc = _tap_dot(acc, g, s, 2, t21, DOT, PRECISION)
+        acc = _tap_dot(acc, g, s, 3, t22, DOT, PRECISION)
         g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-                          0, 1, ACC)
-        acc = _tap_dot(acc, g, s, 0, t13, DOT, ROUND, PRECISION)
-        acc = _tap_dot(acc, g, s, 2, t23, DOT, ROUND, PRECISION)
+                          0, 1, DOT, ROUND)
+        acc = _tap_dot(acc, g, s, 0, t13, DOT, PRECISION)
+        acc = _tap_dot(acc, g, s, 2, t23, DOT, PRECISION)
         # Row below (u = 3: dy = 0).
         g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-                          1, -1, ACC)
-        acc = _tap_dot(acc, g, s, 1, t30, DOT, ROUND, PRECISION)
+                          1, -1, DOT, ROUND)
+        acc = _tap_dot(acc, g, s, 1, t30, DOT, PRECISION)
         g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-                          1, 0, ACC)
-        acc = _tap_dot(acc, g, s, 0, t31, DOT, ROUND, PRECISION)
-        acc = _tap_dot(acc, g, s, 1, t32, DOT, ROUND, PRECISION)
+                          1, 0, DOT, ROUND)
+        acc = _tap_dot(acc, g, s, 0, t31, DOT, PRECISION)
+        acc = _tap_dot(acc, g, s, 1, t32, DOT, PRECISION)
         g, s = _neighbour(grad_ptr, sel_ptr, b, i, j, mask, H2, W2, sgb, sgc, sgh, sgw,
-                          1, 1, ACC)
-        acc = _tap_dot(acc, g, s, 0, t33, DOT, ROUND, PRECISION)
+                          1, 1, DOT, ROUND)
+        acc = _tap_dot(acc, g, s, 0, t33, DOT, PRECISION)
         r = 2 * i[:, None] + (col // 8)[None, :]
         c = 2 * j[:, None] + ((col // 4) % 2)[None, :]
         ptrs = dx_ptr + b[:, None] * sxb + (col % 4)[None, :] * sxc + r * sxh + c * SXW

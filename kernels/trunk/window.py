@@ -1,9 +1,11 @@
 """What the Triton conv blocks share about a 2x2 max-pool window (first_block.py,
-second_block.py, conv_pool.py and its backward, conv_pool_bwd.py), and the pool code of a
-window whose ReLU passes no gradient (DEAD)."""
+second_block.py, conv_pool.py and its backward, conv_pool_bwd.py): the pool code of a
+window whose ReLU passes no gradient (DEAD), and the select of a gradient by its code."""
 
 import triton
 import triton.language as tl
+
+from kernels.rounding import INTERPRETED
 
 DEAD = tl.constexpr(4)  # the code of a pooled value whose ReLU passes no gradient
 
@@ -46,3 +48,38 @@ def patch_row(x_ptr, b, i, j, mask, pr: tl.constexpr, shift: tl.constexpr, H, W,
     inside = (mask & (r >= 0) & (r < H))[:, None] & (c >= 0) & (c < W)
     ptrs = x_ptr + (b * sxb + r * sxh)[:, None] + c * sxw + (k % CI)[None, :] * sxc
     return tl.load(ptrs, mask=inside, other=0).to(DOT)
+
+
+def _eq_asm(d: int) -> str:
+    """PTX for four bf16 g (two words, $2 $3) and their four int8 codes (one word, $4): g
+    where code == d, else 0. Byte k of t = code_k ^ d is 0 where equal and at most 7 else
+    (codes 0-4), so adding 0x7F sets its top bit only where not equal, with no carry into
+    the next byte; the top bits inverted, prmt's sign-replicating selectors (8-B) spread
+    bytes 0-1 and 2-3 into halfword masks for the two words."""
+    return ("{ .reg .b32 t, m; "
+            f"xor.b32 t, $4, {0x01010101 * d:#010x}; add.u32 t, t, 0x7F7F7F7F; "
+            "and.b32 t, t, 0x80808080; xor.b32 t, t, 0x80808080; "
+            "prmt.b32 m, t, 0, 0x9988; and.b32 $0, $2, m; "
+            "prmt.b32 m, t, 0, 0xBBAA; and.b32 $1, $3, m; }")  # one line: Inductor copies it
+
+
+_EQ_ASM_0, _EQ_ASM_1, _EQ_ASM_2, _EQ_ASM_3 = (tl.constexpr(_eq_asm(d)) for d in range(4))
+
+
+@triton.jit
+def where_code(g, code, d: tl.constexpr, DOT: tl.constexpr):
+    """g where code == d, else 0: in bf16 compiled, four elements an instance by _eq_asm's
+    masks, in place of a compare, a select and the halves' repacking each."""
+    if DOT == tl.bfloat16 and not INTERPRETED:
+        if d == 0:
+            asm: tl.constexpr = _EQ_ASM_0
+        elif d == 1:
+            asm: tl.constexpr = _EQ_ASM_1
+        elif d == 2:
+            asm: tl.constexpr = _EQ_ASM_2
+        else:
+            asm: tl.constexpr = _EQ_ASM_3
+        return tl.inline_asm_elementwise(asm, "=r,=r,r,r,r", [g, code], dtype=g.dtype,
+                                         is_pure=True, pack=4)
+    else:
+        return tl.where(code == d, g, 0).to(DOT)

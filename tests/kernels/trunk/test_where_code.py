@@ -1,4 +1,4 @@
-"""The PTX that kernels/trunk/conv_pool_bwd's input gradient runs for `g where code == d`,
+"""The PTX that the trunk's backward kernels run for `g where code == d` (window.where_code),
 read instruction by instruction and executed by the PTX ISA's rules on the CPU (the
 interpreter runs tl.where instead, so no other CPU test reaches it): for every pooled
 code 0-4 in every byte, every d, and random bf16 bits, the select bit for bit. The GPU
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from kernels.trunk.conv_pool_bwd import _eq_asm
+from kernels.trunk.window import _eq_asm
 
 MASK = 0xFFFFFFFF
 
