@@ -50,7 +50,7 @@ def patch_row(x_ptr, b, i, j, mask, pr: tl.constexpr, shift: tl.constexpr, H, W,
     return tl.load(ptrs, mask=inside, other=0).to(DOT)
 
 
-def _eq_asm(d: int) -> str:
+def eq_asm(d: int) -> str:
     """PTX for four bf16 g (two words, $2 $3) and their four int8 codes (one word, $4): g
     where code == d, else 0. Byte k of t = code_k ^ d is 0 where equal and at most 7 else
     (codes 0-4), so adding 0x7F sets its top bit only where not equal, with no carry into
@@ -63,12 +63,12 @@ def _eq_asm(d: int) -> str:
             "prmt.b32 m, t, 0, 0xBBAA; and.b32 $1, $3, m; }")  # one line: Inductor copies it
 
 
-_EQ_ASM_0, _EQ_ASM_1, _EQ_ASM_2, _EQ_ASM_3 = (tl.constexpr(_eq_asm(d)) for d in range(4))
+_EQ_ASM_0, _EQ_ASM_1, _EQ_ASM_2, _EQ_ASM_3 = (tl.constexpr(eq_asm(d)) for d in range(4))
 
 
 @triton.jit
 def where_code(g, code, d: tl.constexpr, DOT: tl.constexpr):
-    """g where code == d, else 0: in bf16 compiled, four elements an instance by _eq_asm's
+    """g where code == d, else 0: in bf16 compiled, four elements an instance by eq_asm's
     masks, in place of a compare, a select and the halves' repacking each."""
     if DOT == tl.bfloat16 and not INTERPRETED:
         if d == 0:

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from kernels.trunk.window import _eq_asm
+from kernels.trunk.window import eq_asm
 
 MASK = 0xFFFFFFFF
 
@@ -57,7 +57,7 @@ def _run(asm: str, operands: dict[str, int]) -> dict[str, int]:
 @pytest.mark.parametrize("d", range(4))
 def test_the_masks_select_g_where_the_code_is_d(d):
     rng = random.Random()
-    asm = _eq_asm(d)
+    asm = eq_asm(d)
     assert re.search(r"\$[0-4]", asm) and "\n" not in asm  # Inductor's copy needs one line
     codes = [(c0, c1, c2, c3) for c0 in range(5) for c1 in range(5)
              for c2 in range(5) for c3 in range(5)]
