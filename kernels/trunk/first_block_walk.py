@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.trunk.window import divmod_nonneg
+
 CHANNELS = 4            # conv1's output channels: the kernels are written for this block
 PARTIALS = CHANNELS * 10  # per program: 9 weight sums and 1 bias sum per channel
 
@@ -26,8 +28,7 @@ def patch(img_ptr, b, pid, H, W, W2, n_pooled, BLOCK_: tl.constexpr, COMPUTE: tl
     2j-1..2j+2, as 16 vectors (row-major), plus the block's positions and mask."""
     offs = pid * BLOCK_ + tl.arange(0, BLOCK_)
     mask = offs < n_pooled
-    i = offs // W2
-    j = offs % W2
+    i, j = divmod_nonneg(offs, W2)
     img = img_ptr + b.to(tl.int64) * H * W
     r = 2 * i - 1
     c = 2 * j - 1

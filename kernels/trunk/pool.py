@@ -15,7 +15,7 @@ import triton.language as tl
 from core.errors import InputError
 from kernels.rounding import POOL_DTYPES, TL_DTYPE, round_to
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
-from kernels.trunk.window import DEAD
+from kernels.trunk.window import DEAD, flat_bij
 
 # Pooled pixels x channels per program; the channels are x's contiguous dimension under
 # channels_last, so each row of a window position is one coalesced load.
@@ -32,9 +32,7 @@ def _coords(pid_p, pid_c, n_pooled, C, H2, W2, BLOCK_P: tl.constexpr,
     p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = (p < n_pooled)[:, None] & (c < C)[None, :]
-    b = (p // (H2 * W2)).to(tl.int64)
-    i = (p // W2) % H2
-    j = p % W2
+    b, i, j = flat_bij(p, H2, W2)
     return p, c, b, i, j, mask
 
 

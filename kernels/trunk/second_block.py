@@ -57,18 +57,15 @@ def _mm(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, SXW, DOT: tl.constexpr,
+def _patch(x_ptr, b, i, j, mask, H, W, sxb, sxc, sxh, SXW, DOT: tl.constexpr,
            ROUND: tl.constexpr):
-    """P: the [BLOCK, 64] input patches of pooled pixels offs (flat over b, i, j), column
-    (py*4 + px)*4 + ci holding x[b, ci, 2i-1+py, 2j-1+px] (0 outside the image)."""
-    b = offs // (H2 * W2)
-    i = (offs // W2) % H2
-    j = offs % W2
+    """P: the [BLOCK, 64] input patches of pooled pixels (b, i, j) (window.pooled_pixels's),
+    column (py*4 + px)*4 + ci holding x[b, ci, 2i-1+py, 2j-1+px] (0 outside the image)."""
     k = tl.arange(0, 64)
     r = 2 * i[:, None] - 1 + (k // 16)[None, :]
     c = 2 * j[:, None] - 1 + ((k // 4) % 4)[None, :]
     inside = mask[:, None] & (r >= 0) & (r < H) & (c >= 0) & (c < W)
-    ptrs = x_ptr + b.to(tl.int64)[:, None] * sxb + (k % 4)[None, :] * sxc + r * sxh + c * SXW
+    ptrs = x_ptr + b[:, None] * sxb + (k % 4)[None, :] * sxc + r * sxh + c * SXW
     return _operand(tl.load(ptrs, mask=inside, other=0), DOT, ROUND)
 
 
@@ -114,10 +111,9 @@ def _second_block_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, sel_ptr, n_pooled, H
                              syh, syw,
                              BLOCK_: tl.constexpr, DOT: tl.constexpr, ROUND: tl.constexpr,
                              ACC: tl.constexpr, PRECISION: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK_ + tl.arange(0, BLOCK_)
-    mask = offs < n_pooled
+    offs, b, i, j, mask = pooled_pixels(tl.program_id(0), n_pooled, H2, W2, BLOCK_)
     co = tl.arange(0, 16)
-    patch = _patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, SXW, DOT, ROUND)
+    patch = _patch(x_ptr, b, i, j, mask, H, W, sxb, sxc, sxh, SXW, DOT, ROUND)
     bias = tl.load(bias_ptr + co).to(ACC)
     w0 = _window_weights(w_ptr, 0, 0, swo, swi, swh, sww, DOT, ROUND)
     w1 = _window_weights(w_ptr, 0, 1, swo, swi, swh, sww, DOT, ROUND)
@@ -129,10 +125,7 @@ def _second_block_fwd_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, sel_ptr, n_pooled, H
     # d* for the backward: 4 where the ReLU is dead (no gradient passes).
     tl.store(sel_ptr + offs.to(tl.int64)[:, None] * 16 + co[None, :],
              tl.where(m > 0.0, sel, 4).to(tl.int8), mask=mask[:, None])
-    b = offs // (H2 * W2)
-    i = (offs // W2) % H2
-    j = offs % W2
-    ptrs = (y_ptr + (b.to(tl.int64) * syb + i * syh + j * syw)[:, None]
+    ptrs = (y_ptr + (b * syb + i * syh + j * syw)[:, None]
             + co[None, :] * syc)
     tl.store(ptrs, y.to(y_ptr.dtype.element_ty), mask=mask[:, None])
 
@@ -156,8 +149,7 @@ def _second_block_wgrad_kernel(x_ptr, grad_ptr, sel_ptr, part_ptr, n_pooled, H, 
     acc_bias = tl.zeros((16,), dtype=ACC)
     for blk in range(pid, tl.cdiv(n_pooled, BLOCK_), tl.num_programs(0)):
         offs, b, i, j, mask = pooled_pixels(blk, n_pooled, H2, W2, BLOCK_)
-        patch_t = tl.trans(_patch(x_ptr, offs, mask, H, W, H2, W2, sxb, sxc, sxh, SXW, DOT,
-                                  ROUND))
+        patch_t = tl.trans(_patch(x_ptr, b, i, j, mask, H, W, sxb, sxc, sxh, SXW, DOT, ROUND))
         sel = tl.load(sel_ptr + offs.to(tl.int64)[:, None] * 16 + co[None, :],
                       mask=mask[:, None], other=4)
         gptrs = grad_ptr + (b * sgb + i * sgh + j * sgw)[:, None] + co[None, :] * sgc

@@ -26,12 +26,33 @@ def first_max(v0, v1, v2, v3):
 
 
 @triton.jit
+def divmod_nonneg(p, d):
+    """(p // d, p % d) for int32 p >= 0 and d > 0, divided unsigned: the signed division
+    takes each operand's absolute value and fixes the quotient's sign after (IABS, LOP3,
+    ISETP, a negation), a dozen instructions an element where the sizes are not constexprs."""
+    u = p.to(tl.uint32)
+    v = tl.cast(d, tl.uint32)
+    return (u // v).to(tl.int32), (u % v).to(tl.int32)
+
+
+@triton.jit
+def flat_bij(p, H2, W2):
+    """(b (int64), i, j) of flat pooled indices p >= 0 over (b, i, j), unsigned as
+    divmod_nonneg (b from p itself, not from p // W2: fewer instructions in the second
+    block's weight gradient, whose loop needs b in three layouts)."""
+    u = p.to(tl.uint32)
+    w2 = tl.cast(W2, tl.uint32)
+    b = u // (w2 * tl.cast(H2, tl.uint32))
+    return b.to(tl.int64), ((u // w2) % tl.cast(H2, tl.uint32)).to(tl.int32), (u % w2).to(tl.int32)
+
+
+@triton.jit
 def pooled_pixels(blk, n_pooled, H2, W2, BLOCK: tl.constexpr):
     """Block blk's pooled pixels, flat over (b, i, j): the flat index, b (int64), i, j,
     and the mask of those that exist."""
     p = blk * BLOCK + tl.arange(0, BLOCK)
-    mask = p < n_pooled
-    return p, (p // (H2 * W2)).to(tl.int64), (p // W2) % H2, p % W2, mask
+    b, i, j = flat_bij(p, H2, W2)
+    return p, b, i, j, p < n_pooled
 
 
 @triton.jit
