@@ -42,8 +42,8 @@ def flat_bij(p, H2, W2):
     block's weight gradient, whose loop needs b in three layouts)."""
     u = p.to(tl.uint32)
     w2 = tl.cast(W2, tl.uint32)
-    b = u // (w2 * tl.cast(H2, tl.uint32))
-    return b.to(tl.int64), ((u // w2) % tl.cast(H2, tl.uint32)).to(tl.int32), (u % w2).to(tl.int32)
+    h2 = tl.cast(H2, tl.uint32)
+    return (u // (w2 * h2)).to(tl.int64), ((u // w2) % h2).to(tl.int32), (u % w2).to(tl.int32)
 
 
 @triton.jit
