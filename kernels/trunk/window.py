@@ -89,8 +89,9 @@ _EQ_ASM_0, _EQ_ASM_1, _EQ_ASM_2, _EQ_ASM_3 = (tl.constexpr(eq_asm(d)) for d in r
 
 @triton.jit
 def where_code(g, code, d: tl.constexpr, DOT: tl.constexpr):
-    """g where code == d, else 0: in bf16 compiled, four elements an instance by eq_asm's
-    masks, in place of a compare, a select and the halves' repacking each."""
+    """g where code == d, else 0 (g and code 2-D, [rows, channels]): in bf16 compiled, four
+    elements an instance by eq_asm's masks, in place of a compare, a select and the
+    halves' repacking each."""
     if DOT == tl.bfloat16 and not INTERPRETED:
         if d == 0:
             asm: tl.constexpr = _EQ_ASM_0
