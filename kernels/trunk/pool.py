@@ -15,7 +15,7 @@ import triton.language as tl
 from core.errors import InputError
 from kernels.rounding import POOL_DTYPES, TL_DTYPE, round_to
 from kernels.triton_op import INTERPRETED, define_op, empty_4d, is_nhwc, launch
-from kernels.trunk.window import DEAD, flat_bij, where_code
+from kernels.trunk.window import DEAD, flat_bij
 
 # Pooled pixels x channels per program; the channels are x's contiguous dimension under
 # channels_last, so each row of a window position is one coalesced load.
@@ -97,17 +97,14 @@ def _pool_bwd_kernel(grad_ptr, code_ptr, dx_ptr, part_ptr, n_pooled, C, H2, W2,
     p, c, b, i, j, mask = _coords(pid_p, tl.program_id(1), n_pooled, C, H2, W2, BLOCK_P,
                                   BLOCK_C)
     code = tl.load(code_ptr + p.to(tl.int64)[:, None] * C + c[None, :], mask=mask,
-                   other=DEAD)
+                   other=DEAD).to(tl.int32)
     g = tl.load(grad_ptr + (b * sgb + i * sgh + j * sgw)[:, None] + c[None, :] * sgc,
                 mask=mask, other=0)
+    g = tl.where(code < DEAD, g, 0.0)
     base = dx_ptr + (b * sxb + (2 * i) * sxh + (2 * j) * sxw)[:, None] + c[None, :] * sxc
     for d in tl.static_range(4):
-        # where_code: in bf16 its byte-mask select runs in g's layout, into which Triton
-        # moves the int8 codes once; a compare and select had it move five boolean masks
-        # (in the flat last block, g is pixel-contiguous and dx channel-contiguous).
         tl.store(base + (d // 2) * sxh + (d % 2) * sxw,
-                 where_code(g, code, d, g.dtype).to(dx_ptr.dtype.element_ty), mask=mask)
-    g = tl.where(code < DEAD, g, 0.0)
+                 tl.where(code == d, g, 0.0).to(dx_ptr.dtype.element_ty), mask=mask)
     tl.store(part_ptr + pid_p.to(tl.int64) * C + c, tl.sum(g.to(tl.float32), axis=0),
              mask=c < C)
 

@@ -1,7 +1,6 @@
 """What the Triton conv blocks share about a 2x2 max-pool window (first_block.py,
-second_block.py, conv_pool.py and its backward, conv_pool_bwd.py, pool.py): the pool code
-of a window whose ReLU passes no gradient (DEAD), and the select of a gradient by its
-code."""
+second_block.py, conv_pool.py and its backward, conv_pool_bwd.py): the pool code of a
+window whose ReLU passes no gradient (DEAD), and the select of a gradient by its code."""
 
 import triton
 import triton.language as tl
