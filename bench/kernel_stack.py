@@ -119,7 +119,8 @@ def _conv(c_in, c_out, size, dtype, fmt, weight_dtype=None):
 def calls(side: int | None = None):
     """(what, thunk) for each trunk op, forward and backward, at each dtype and layout:
     CPU tensors of 2 samples (their values never matter: nothing runs), each block's input
-    8 pixels a side, or at images `side` pixels a side, each block's half the one before."""
+    8 pixels a side, or at images `side` pixels a side, each block's half the one before
+    (and the pool on the fourth conv's 256 channels, flat, as the step runs it)."""
     from kernels.trunk import conv_pool, first_block, pool, second_block
     sides = [8] * 4 if side is None else [side // 2 ** i for i in range(4)]
     images = torch.randint(0, 256, (2, 1, sides[0], sides[0]), dtype=torch.uint8)
@@ -138,8 +139,10 @@ def calls(side: int | None = None):
             x3, w3, b3 = _conv(16, 64, sides[2], dtype, fmt)
             yield (f"conv_pool {tag}",
                    lambda: conv_pool.conv_pool_bias_relu(x3, w3, b3, triton_backward=True))
-            x4, _, b4 = _conv(64, 64, sides[3], dtype, fmt)
-            yield f"pool {tag}", lambda: pool.pool_bias_relu(x4, b4)
+            # Flat for lin1, the pool's gradient is pixel-contiguous: its backward's layouts.
+            c4 = 64 if side is None else 256
+            x4, _, b4 = _conv(c4, c4, sides[3], dtype, fmt)
+            yield f"pool {tag}", lambda: pool.pool_bias_relu(x4, b4, flat=side is not None)
 
 
 def main(argv=None) -> int:

@@ -101,3 +101,31 @@ def test_the_signature_marks_what_a_launch_would_specialise(tmp_path):
     assert step == ("({'x_ptr': '*fp32', 'n': 'i32', 'one': 'constexpr', 'seven': 'i32', "
                     "'C': 'constexpr', 'BLOCK': 'constexpr'}, {'one': 1, 'C': 4, 'BLOCK': 8}, "
                     "{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]]})")
+
+
+_POOL_AS_STEP = """
+import sys
+sys.path.insert(0, ".")
+import bench.kernel_stack as ks
+from kernels.trunk import pool
+seen = {}
+pool.launch = lambda kernel, grid, *args, **meta: seen.setdefault(kernel.fn.__name__, args)
+for what, thunk in ks.calls(256):
+    if what == "pool bf16 NHWC":
+        out = thunk()
+        out.backward(ks.torch.randn_like(out))
+bwd = seen["_pool_bwd_kernel"]
+print(tuple(out.shape), out.is_contiguous(), bwd[5], bwd[8:12], bwd[12:16])
+"""
+
+
+def test_as_the_step_builds_it_the_pool_is_the_fourth_blocks(tmp_path):
+    """At the step's sizes the pool is the fourth block's: 256 channels pooled flat for
+    lin1, so its backward reads a pixel-contiguous gradient (the stride of a column 1) and
+    writes a channels_last dx: the layouts that set its build."""
+    (tmp_path / "pool.py").write_text(_POOL_AS_STEP)
+    done = subprocess.run([sys.executable, str(tmp_path / "pool.py")], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[0] == ("(2, 256, 16, 16) True 256 (65536, 256, 16, 1) "
+                                          "(262144, 1, 8192, 256)")
