@@ -82,13 +82,18 @@ def test_baseline_turns_every_speedup_off_and_a_given_one_stays_on():
     assert default.fused_sgd and default.channels_last and default.cuda_graph == "off"
 
 
+def _batch(seed: int):
+    """(padded strategy, images, targets): five of the workload's images at 32x32."""
+    strategy = losses.get("padded", capacity=16)
+    dataset = SyntheticFaces(100, 32, seed)
+    return strategy, *strategy.collate([dataset[i] for i in range(5)])
+
+
 def _after_one_step(seed: int, names: set):
     """Loss, every parameter's gradient, and the parameters after one SGD step, for the
     padded loss on the workload's data at a small size (fp32 on the CPU)."""
     model, optimizer = model_with(names, 32, 16, 32, seed)
-    strategy = losses.get("padded", capacity=16)
-    dataset = SyntheticFaces(100, 32, seed)
-    images, targets = strategy.collate([dataset[i] for i in range(5)])
+    strategy, images, targets = _batch(seed)
     loss = strategy.loss(model(images), targets)
     loss.backward()
     grads = [p.grad.clone() for p in model.parameters()]
@@ -105,6 +110,60 @@ def _baseline_update(seed: int, grads: list) -> list:
     return [p.detach().clone() for p in model.parameters()]
 
 
+# A speed-up sums in another order than the baseline, so their fp32 values differ by about
+# fp32's own error. Where a pool window's two largest values, a pool's max and 0 (the ReLU
+# after it) or lin1's output and 0 lie closer than that, the two may decide differently and
+# send one gradient to another pixel: a CI's draw moved the first conv's dL/dweight by
+# 0.8 % (seed 1816761166 moves it 2 %: a window's two largest 3.4e-8 apart in float64,
+# fp32's error in that layer 1.5e-7). Such draws are drawn again, as in
+# tests/kernels/trunk/test_first_block.py. Exact ties stay: equal inputs, equal values.
+NEAR = 4  # a decision within 4x the baseline's largest fp32 error (vs float64) of its layer
+
+
+def _nearest_decision(seed: int) -> float:
+    """How near the baseline's forward comes to a decision, in units of its layer's fp32
+    error: the least, over the four pools' windows and lin1's ReLU, of (gap to the
+    window's max, or |value| at a ReLU) / (the layer's largest |fp32 - float64|)."""
+    import torch.nn.functional as F
+    model, _ = model_with(set(), 32, 16, 32, seed)
+    _, images, _ = _batch(seed)
+    x32, x64, nearest = model.pixels(images), images.double() / 255, float("inf")
+
+    def near(gaps, err):
+        return (gaps[gaps > 0].min().item() if (gaps > 0).any() else float("inf")) / err
+
+    with torch.no_grad():
+        for block in model.features:
+            conv = block[0]
+            v32 = conv(x32)
+            v64 = F.conv2d(x64, conv.weight.double(), conv.bias.double(), padding="same")
+            err = (v32.double() - v64).abs().max().item()
+            B, C, H, W = v64.shape
+            windows = (v64.reshape(B, C, H // 2, 2, W // 2, 2).permute(0, 1, 2, 4, 3, 5)
+                       .reshape(B, C, H // 2, W // 2, 4))
+            top = windows.max(-1, keepdim=True).values
+            nearest = min(nearest, near(top - windows, err), near(top.abs(), err))
+            x32, x64 = block(x32), torch.relu(F.max_pool2d(v64, 2))
+        h32 = model.lin1(x32.flatten(1))
+        h64 = F.linear(x64.flatten(1), model.lin1.weight.double(), model.lin1.bias.double())
+        return min(nearest, near(h64.abs(), (h32.double() - h64).abs().max().item()))
+
+
+def _decisive_seed() -> int:
+    """A fresh seed whose baseline forward decides nowhere within NEAR (about 1 draw in 3
+    does not)."""
+    for _ in range(100):
+        seed = torch.randint(0, 2**31, ()).item()
+        if _nearest_decision(seed) >= NEAR:
+            return seed
+    raise AssertionError("100 draws, each with a near decision")
+
+
+def test_a_draw_with_a_near_tie_is_drawn_again():
+    """The check itself: the CI's draw, whose first pool holds a near tie, does not pass."""
+    assert _nearest_decision(1816761166) < 1
+
+
 def _runs_here(spec) -> bool:
     """A speed-up of the model or optimizer that a CPU run without autocast can use."""
     return (spec.model or spec.optimizer) and not spec.gpu_only and not spec.refusal
@@ -112,7 +171,7 @@ def _runs_here(spec) -> bool:
 
 @pytest.mark.parametrize("name", [s.name for s in speedups.SPEEDUPS if _runs_here(s)])
 def test_each_speedup_that_runs_here_gives_the_baselines_loss_gradients_and_update(name):
-    seed = torch.randint(0, 2**31, ()).item()
+    seed = _decisive_seed()
     loss0, grads0, _ = _after_one_step(seed, set())
     loss1, grads1, after1 = _after_one_step(seed, set(with_what_it_needs(name, _runs_here)))
     torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6)
