@@ -74,5 +74,7 @@ def test_a_shadowed_model_takes_the_baselines_steps_under_autocast():
     assert base_dtype == torch.float32 and shadow_dtype == torch.bfloat16
     for (loss0, grad0), (loss1, grad1) in zip(base, shadow, strict=True):
         torch.testing.assert_close(loss1, loss0, rtol=1e-3, atol=1e-5)
-        assert ((grad1 - grad0).norm() / grad0.norm()).item() < 1e-2
+        # A product, not a ratio: six images without a box (1 draw in 2,700) give zero
+        # gradients, which must stay zero.
+        assert (grad1 - grad0).norm() <= 1e-2 * grad0.norm()
     assert ((shadow_weight - base_weight).norm() / base_weight.norm()).item() < 1e-4
