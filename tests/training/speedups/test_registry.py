@@ -129,8 +129,9 @@ def _nearest_decision(seed: int) -> float:
     _, images, _ = _batch(seed)
     x32, x64, nearest = model.pixels(images), images.double() / 255, float("inf")
 
-    def near(gaps, err):
-        return (gaps[gaps > 0].min().item() if (gaps > 0).any() else float("inf")) / err
+    def near(gaps, err):  # err 0: fp32 exact, so no gap is too near
+        gap = gaps[gaps > 0].min().item() if (gaps > 0).any() else float("inf")
+        return gap / err if err > 0 else float("inf")
 
     with torch.no_grad():
         for block in model.features:
