@@ -184,21 +184,24 @@ def test_a_batch_without_boxes_gives_zero_gradients_both_ways():
 def _gives_the_baselines_step(name: str, seed: int) -> None:
     """The speed-up `name` (and what it needs) against the baseline: the loss, every
     gradient, and the update on its own gradients."""
+    def with_seed(message: str) -> str:  # a failing draw can be run again
+        return f"{message} (seed {seed})"
+
     loss0, grads0, _ = _after_one_step(seed, set())
     loss1, grads1, after1 = _after_one_step(seed, set(with_what_it_needs(name, _runs_here)))
-    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss1, loss0, rtol=1e-5, atol=1e-6, msg=with_seed)
     for g1, g0 in zip(grads1, grads0, strict=True):
         assert g1.shape == g0.shape
         # Relative to the tensor's norm, not per element (another summation order moves a
         # near-zero element by more than its size), and as a product: five images without
         # a box (1 draw in 2,000) give a zero loss, whose gradients must stay zero.
         # Each speed-up's worst in 8 decisive draws: 2.3e-6 (a near tie's flip: 7.7e-3).
-        assert (g1 - g0).norm() <= 5e-3 * g0.norm()
+        assert (g1 - g0).norm() <= 5e-3 * g0.norm(), f"seed {seed}"
     # The update, element by element: the speed-up's step against the baseline's SGD on the
     # speed-up's own gradients. Against the baseline's own step, a near-tie flipped above
     # moved one weight by lr x that gradient (a CI: 2e-6 on a conv weight, channels_last).
     for p1, p0 in zip(after1, _baseline_update(seed, grads1), strict=True):
-        torch.testing.assert_close(p1, p0, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(p1, p0, rtol=1e-5, atol=1e-6, msg=with_seed)
 
 
 @pytest.mark.parametrize("name", [s.name for s in speedups.SPEEDUPS if s.model])
