@@ -112,10 +112,10 @@ def _unraisable(unraisable) -> None:
     """stop_once's KeyboardInterrupt raised where Python cannot raise (a weakref's callback,
     a finalizer, an at-fork callback) is not printed as "Exception ignored in ...": its
     signal is noted, and raise_if_stopped raises it again where the run can end. Nor,
-    after a stop signal, is a half-made object's finalizer. Everything else goes to the
-    hook stop_once found."""
+    after a stop signal, is a half-made object's finalizer, or one that joins its own
+    thread. Everything else goes to the hook stop_once found."""
     if _STOPPED and (wrapped_interrupt(unraisable.exc_value) is not None
-                     or _half_made(unraisable)):
+                     or _half_made(unraisable) or joined_itself(unraisable)):
         return
     (_UNRAISABLE[0] if _UNRAISABLE else sys.__unraisablehook__)(unraisable)
 
@@ -126,6 +126,17 @@ def _half_made(unraisable) -> bool:
     batch's shared storage arrives, then has no _free_weak_ref)."""
     return (isinstance(unraisable.exc_value, AttributeError)
             and getattr(unraisable.object, "__name__", None) == "__del__")
+
+
+def joined_itself(unraisable) -> bool:
+    """A finalizer that joined the thread it ran on: PyTorch's rendezvous keep-alive timer
+    (elastic's _PeriodicTimer) sets its stop event, then joins its thread. As a stop
+    signal unwinds the launcher, that thread can hold the handler's last reference (a
+    keep-alive in flight), so the finalizer runs there and the join raises; the event is
+    set, so the thread ends all the same (a CI at 92f2ab6: "cannot join current thread"
+    under the launcher's one line)."""
+    return (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "cannot join current thread")
 
 
 def wrapped_interrupt(exc: BaseException | None) -> KeyboardInterrupt | None:

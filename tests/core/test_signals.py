@@ -102,6 +102,38 @@ def test_the_finalizer_of_an_object_a_stop_signal_left_half_made_prints_nothing(
     assert len(seen) == 1 and signals.stop_signal() == "SIGTERM"
 
 
+def _a_finalizer_that_joins_its_own_thread() -> None:
+    """What PyTorch's rendezvous timer does when its thread drops the last reference."""
+    import threading
+    import weakref
+
+    class Timer:
+        pass
+
+    def run():
+        timer = Timer()
+        weakref.finalize(timer, threading.Thread.join, threading.current_thread())
+        del timer  # the finalizer runs here, on the thread it joins
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+
+
+def test_a_finalizer_that_joins_its_own_thread_after_a_stop_signal_prints_nothing(
+        stop_once_here, monkeypatch):
+    """The launcher's rendezvous keep-alive timer, its last reference dropped on its own
+    thread as a SIGTERM unwound the launcher: "cannot join current thread" was printed
+    under the one line. Before any stop signal it reaches the hook."""
+    seen = []
+    monkeypatch.setattr(signals, "_UNRAISABLE", [lambda u: seen.append(u.exc_value)])
+    _a_finalizer_that_joins_its_own_thread()
+    assert [str(e) for e in seen] == ["cannot join current thread"]
+    _swallowing(signal.SIGTERM)
+    _a_finalizer_that_joins_its_own_thread()
+    assert len(seen) == 1 and signals.stop_signal() == "SIGTERM"
+
+
 def test_a_stop_signal_python_wrapped_in_a_finalizer_prints_nothing(stop_once_here,
                                                                     monkeypatch):
     """The same signal whose handler ran inside a cached_property's __set_name__, in a
