@@ -37,6 +37,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# A test's random inputs can be drawn again: TEST_TORCH_SEED=<n> seeds every test with n
+# (tests/cases.py's loss cases have fixed seeds of their own, which TEST_SEED shifts).
+SEED_ENV = "TEST_TORCH_SEED"
+
+
+@pytest.fixture(autouse=True)
+def a_fresh_seed_named_on_failure(request):
+    """Every test: torch's generators seeded afresh, so each run draws new inputs (torch's
+    own first seed is a constant, so a worker's first draws were the same every run), and
+    the seed is kept for pytest_runtest_makereport to print beside a failure."""
+    seed = int(os.environ.get(SEED_ENV) or int.from_bytes(os.urandom(4), "little") >> 1)
+    torch.manual_seed(seed)
+    request.node.torch_seed = seed
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seed = getattr(item, "torch_seed", None)
+    if report.failed and seed is not None:
+        report.sections.append(("torch seed", f"{SEED_ENV}={seed} pytest '{item.nodeid}' "
+                                              "draws this test's inputs again"))
+
+
 @pytest.fixture(autouse=True)
 def cudnn_flags_as_they_were():
     """Every test: cuDNN's process-wide flags as the test found them. A run sets
