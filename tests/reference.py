@@ -98,3 +98,25 @@ def second_block_reference(x, weight, bias):
     """The model's blocks[3:6] in float64."""
     return F.relu(F.max_pool2d(F.conv2d(x.double(), weight.double(), bias.double(),
                                         padding=1), 2))
+
+
+def pool_windows(v):
+    """[B, C, H, W] -> [B, C, H // 2, W // 2, 4]: each 2x2 pooling window's four values
+    (an odd last row or column left out, as max_pool2d leaves it)."""
+    B, C, H, W = v.shape
+    return (v[:, :, :H // 2 * 2, :W // 2 * 2].reshape(B, C, H // 2, 2, W // 2, 2)
+            .permute(0, 1, 2, 4, 3, 5).reshape(B, C, H // 2, W // 2, 4))
+
+
+def nearest_pool_decision(v) -> float:
+    """How near a 2x2 max-pool, then a ReLU, over v (float64: the values the pool takes)
+    comes to deciding otherwise: the least gap between a window's max and another of its
+    values, or between the max and 0. A kernel that sums v in fp32 may decide otherwise
+    within fp32's error, and send a gradient to another pixel. Exact ties are left out:
+    equal inputs give equal values in any precision, decided alike."""
+    windows = pool_windows(v)
+    top = windows.max(-1, keepdim=True).values
+    gaps = (top - windows).flatten()
+    gaps = gaps[gaps > 0]
+    nearest_tie = gaps.min().item() if gaps.numel() else float("inf")
+    return min(nearest_tie, top.abs().min().item())
