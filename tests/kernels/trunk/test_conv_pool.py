@@ -13,7 +13,7 @@ import kernels.trunk.conv_pool as conv_pool
 from core.errors import InputError
 from kernels.trunk.conv_pool import conv_pool_bias_relu, conv_pool_bias_relu_op, unfused
 from tests.helpers import compiled_trunks_agree
-from tests.reference import rel_err
+from tests.reference import pool_windows, rel_err
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # (B, H, W) of the 16-channel input: one pooled pixel, odd pooled sizes both ways.
@@ -24,15 +24,57 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 1e-6, torch.bfloat16: 4e-3, torch.float16: 1e-3}
 
 
-def _inputs(shape, dtype, device, channels_last):
-    gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
-    B, H, W = shape
-    x = torch.randn(B, 16, H, W, generator=gen).to(dtype)
-    weight = torch.randn(64, 16, 3, 3, generator=gen) * 0.2
-    bias = torch.randn(64, generator=gen) * 0.5
+def _inputs(shape, dtype, device, channels_last, seed=None):
+    """Drawn from seed (a fresh one if None), then again while a pool or ReLU is not sure
+    to decide as float64 does (_decides_alike)."""
+    for _ in range(100):
+        gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item()
+                                            if seed is None else seed)
+        seed = None
+        B, H, W = shape
+        x = torch.randn(B, 16, H, W, generator=gen).to(dtype)
+        weight = torch.randn(64, 16, 3, 3, generator=gen) * 0.2
+        bias = torch.randn(64, generator=gen) * 0.5
+        if _decides_alike(x, weight, bias, dtype):
+            break
+    else:
+        raise AssertionError("100 draws, each with a near decision")
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
     return x.to(device), weight.to(device), bias.to(device)
+
+
+# The kernel sums each conv value in fp32 (up to 9.4e-6 from float64 at these sizes, a CPU
+# count) before the roundings _reference makes. Where that can move a window's choice or
+# its ReLU (fp32: two values within it; bf16 and fp16: a rival value whose rounding it can
+# change), the kernel may send a gradient elsewhere than float64: fp32's conv decided
+# otherwise in 1-2 draws in 10,000 a case. Such draws are drawn again, as the first and
+# second blocks' tests do.
+NEAR = 2e-5
+
+
+def _decides_alike(x, weight, bias, dtype) -> bool:
+    """Whether every window's choice and ReLU over _reference's values stays the same for
+    any conv value within NEAR of float64's. The roundings are monotone, so each value lies
+    between those of conv - NEAR and conv + NEAR. Exact ties in the conv stay (equal
+    inputs, equal sums in any order)."""
+    w = weight.double().to(dtype).double()
+    conv = F.conv2d(x.double(), w, None, padding=1)
+    b = bias.double().to(dtype).double()[None, :, None, None]
+
+    def pooled(c):
+        return pool_windows((c.to(dtype).double() + b).to(dtype).double())
+
+    c, v, lo, hi = pool_windows(conv), pooled(conv), pooled(conv - NEAR), pooled(conv + NEAR)
+    first = (v == v.max(-1, keepdim=True).values).int().argmax(-1, keepdim=True)
+
+    def chosen(t):
+        return t.gather(-1, first)
+
+    fixed = lo == hi  # a value no move within NEAR rounds otherwise
+    rival = (hi >= chosen(lo)) & (c != chosen(c)) & ~(fixed & chosen(fixed))
+    relu = (chosen(lo) <= 0) & (chosen(hi) > 0)
+    return not bool(rival.any() or relu.any())
 
 
 def _reference(x, weight, bias, dtype):
@@ -42,6 +84,18 @@ def _reference(x, weight, bias, dtype):
     conv = F.conv2d(x.double(), w, None, padding=1).to(dtype).double()
     v = (conv + bias.double().to(dtype).double()[None, :, None, None]).to(dtype).double()
     return torch.relu(F.max_pool2d(v, 2))
+
+
+def test_a_draw_whose_roundings_can_move_a_choice_is_drawn_again():
+    """A bf16 draw that fp32's conv decides otherwise than float64 (found by a CPU count:
+    2 draws in 10,000 at this size), on which test_conv_pool_bwd's dL/dx bound failed, is
+    drawn again; a draw without one is kept."""
+    def drawn(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return torch.randn(2, 16, 6, 10, generator=gen).bfloat16()
+    near, _, _ = _inputs((2, 6, 10), torch.bfloat16, "cpu", False, seed=349829734)
+    far, _, _ = _inputs((2, 6, 10), torch.bfloat16, "cpu", False, seed=1)
+    assert not torch.equal(near, drawn(349829734)) and torch.equal(far, drawn(1))
 
 
 @pytest.mark.parametrize("device", DEVICES)
