@@ -48,7 +48,7 @@ def _inputs(shape, dtype, device, channels_last, seed=None):
 # count) before the roundings _reference makes. Where that can move a window's choice or
 # its ReLU (fp32: two values within it; bf16 and fp16: a rival value whose rounding it can
 # change), the kernel may send a gradient elsewhere than float64: fp32's conv decided
-# otherwise in 1-2 draws in 10,000 a case. Such draws are drawn again, as the first and
+# otherwise in 1-4 draws in 10,000 a case. Such draws are drawn again, as the first and
 # second blocks' tests do.
 NEAR = 2e-5
 
