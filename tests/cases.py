@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tests.reference import nearest_pool_decision
+from tests.reference import drawn_until, nearest_pool_decision
 
 KINDS = ("random", "identical", "disjoint", "nested", "touching", "degenerate", "mixed")
 # Touching boxes whose far edges lie off the integer grid: an intersection exactly 0 that
@@ -147,18 +147,16 @@ def second_block_inputs(B, H, W, device, dtype=torch.float32, channels_last=Fals
     in bf16 and fp16, so the kernel's cast of the weight to x's dtype (autocast's) changes
     nothing and the reference sees the same numbers. Drawn from seed (a fresh one if
     None), then again while a pool or ReLU decides within SECOND_BLOCK_NEAR."""
-    for _ in range(100):
-        gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item()
-                                            if seed is None else seed)
-        seed = None
+    def draw(gen):
         x = torch.randn(B, 4, H, W, generator=gen).to(dtype)
         weight = (torch.randn(16, 4, 3, 3, generator=gen) * 0.3).bfloat16()
-        bias = (torch.randn(16, generator=gen) * 0.1).bfloat16()
+        return x, weight, (torch.randn(16, generator=gen) * 0.1).bfloat16()
+
+    def decisive(x, weight, bias):
         v = F.conv2d(x.double(), weight.double(), bias.double(), padding=1)
-        if nearest_pool_decision(v) >= SECOND_BLOCK_NEAR:
-            break
-    else:
-        raise AssertionError("100 draws, each with a near decision")
+        return nearest_pool_decision(v) >= SECOND_BLOCK_NEAR
+
+    x, weight, bias = drawn_until(draw, decisive, seed)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
     wdt = torch.float64 if dtype == torch.float64 else torch.float32

@@ -108,6 +108,20 @@ def pool_windows(v):
             .permute(0, 1, 2, 4, 3, 5).reshape(B, C, H // 2, W // 2, 4))
 
 
+def drawn_until(draw, keep, seed=None, tries: int = 100):
+    """draw(generator) from seed (a fresh one if None), drawn again from fresh seeds until
+    keep(*drawn) holds: the kernel tests' inputs, redrawn near a decision fp32 may take
+    otherwise than float64."""
+    for _ in range(tries):
+        gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item()
+                                            if seed is None else seed)
+        seed = None
+        drawn = draw(gen)
+        if keep(*drawn):
+            return drawn
+    raise AssertionError(f"{tries} draws, each with a near decision")
+
+
 def nearest_pool_decision(v) -> float:
     """How near a 2x2 max-pool, then a ReLU, over v (float64: the values the pool takes)
     comes to deciding otherwise: the least gap between a window's max and another of its

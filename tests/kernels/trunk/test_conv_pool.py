@@ -13,7 +13,7 @@ import kernels.trunk.conv_pool as conv_pool
 from core.errors import InputError
 from kernels.trunk.conv_pool import conv_pool_bias_relu, conv_pool_bias_relu_op, unfused
 from tests.helpers import compiled_trunks_agree
-from tests.reference import pool_windows, rel_err
+from tests.reference import drawn_until, pool_windows, rel_err
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 # (B, H, W) of the 16-channel input: one pooled pixel, odd pooled sizes both ways.
@@ -27,18 +27,13 @@ TOL = {torch.float32: 1e-6, torch.bfloat16: 4e-3, torch.float16: 1e-3}
 def _inputs(shape, dtype, device, channels_last, seed=None):
     """Drawn from seed (a fresh one if None), then again while a pool or ReLU is not sure
     to decide as float64 does (_decides_alike)."""
-    for _ in range(100):
-        gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item()
-                                            if seed is None else seed)
-        seed = None
-        B, H, W = shape
-        x = torch.randn(B, 16, H, W, generator=gen).to(dtype)
+    def draw(gen):
+        x = torch.randn(shape[0], 16, *shape[1:], generator=gen).to(dtype)
         weight = torch.randn(64, 16, 3, 3, generator=gen) * 0.2
-        bias = torch.randn(64, generator=gen) * 0.5
-        if _decides_alike(x, weight, bias, dtype):
-            break
-    else:
-        raise AssertionError("100 draws, each with a near decision")
+        return x, weight, torch.randn(64, generator=gen) * 0.5
+
+    x, weight, bias = drawn_until(
+        draw, lambda x, weight, bias: _decides_alike(x, weight, bias, dtype), seed)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
     return x.to(device), weight.to(device), bias.to(device)

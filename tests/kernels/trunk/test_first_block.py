@@ -11,7 +11,12 @@ import torch
 
 from core.errors import InputError
 from kernels.trunk.first_block import first_block, first_block_op
-from tests.reference import first_block_reference, nearest_pool_decision, rel_err
+from tests.reference import (
+    drawn_until,
+    first_block_reference,
+    nearest_pool_decision,
+    rel_err,
+)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SIZES = [(1, 2, 2), (3, 6, 10), (2, 18, 34), (1, 64, 64)]
@@ -20,17 +25,15 @@ KEEP_CODE = pytest.mark.parametrize("keep_code", [False, True], ids=["recompute"
 
 def _inputs(B, H, W, device, image="random"):
     """Fresh random inputs, drawn again while a decision lies too near (_decisive)."""
-    for _ in range(100):
-        gen = torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+    def draw(gen):
         if image == "random":
             images = torch.randint(0, 256, (B, 1, H, W), generator=gen, dtype=torch.uint8)
         else:  # one value everywhere: every pooling window is a tie inside the image
             images = torch.full((B, 1, H, W), 77, dtype=torch.uint8)
         weight = torch.randn(4, 1, 3, 3, generator=gen) * 0.5
-        bias = torch.randn(4, generator=gen) * 0.1
-        if _decisive(images, weight, bias):
-            return images.to(device), weight.to(device), bias.to(device)
-    raise AssertionError("100 draws, each with a near tie")
+        return images, weight, torch.randn(4, generator=gen) * 0.1
+
+    return tuple(t.to(device) for t in drawn_until(draw, _decisive))
 
 
 # The kernel decides in fp32, the reference in float64. Where a window's two largest values,
