@@ -142,21 +142,23 @@ SECOND_BLOCK_NEAR = 1e-5
 
 
 def second_block_inputs(B, H, W, device, dtype=torch.float32, channels_last=False,
-                        seed=None):
+                        seed=None, decisive=True):
     """x in dtype; the weight and bias fp32 (fp64 for fp64 x) but exactly representable
     in bf16 and fp16, so the kernel's cast of the weight to x's dtype (autocast's) changes
     nothing and the reference sees the same numbers. Drawn from seed (a fresh one if
-    None), then again while a pool or ReLU decides within SECOND_BLOCK_NEAR."""
+    None), then, where decisive, again while a pool or ReLU decides within
+    SECOND_BLOCK_NEAR. Not at the model's size: there some window always does (100 draws
+    in a row, on an H100), and its checks are bounded for them."""
     def draw(gen):
         x = torch.randn(B, 4, H, W, generator=gen).to(dtype)
         weight = (torch.randn(16, 4, 3, 3, generator=gen) * 0.3).bfloat16()
         return x, weight, (torch.randn(16, generator=gen) * 0.1).bfloat16()
 
-    def decisive(x, weight, bias):
+    def decides_clearly(x, weight, bias):
         v = F.conv2d(x.double(), weight.double(), bias.double(), padding=1)
         return nearest_pool_decision(v) >= SECOND_BLOCK_NEAR
 
-    x, weight, bias = drawn_until(draw, decisive, seed)
+    x, weight, bias = drawn_until(draw, decides_clearly if decisive else lambda *drawn: True, seed)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
     wdt = torch.float64 if dtype == torch.float64 else torch.float32

@@ -24,16 +24,19 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TOL = {torch.float32: 1e-6, torch.bfloat16: 4e-3, torch.float16: 1e-3}
 
 
-def _inputs(shape, dtype, device, channels_last, seed=None):
-    """Drawn from seed (a fresh one if None), then again while a pool or ReLU is not sure
-    to decide as float64 does (_decides_alike)."""
+def _inputs(shape, dtype, device, channels_last, seed=None, decisive=True):
+    """Drawn from seed (a fresh one if None), then, where decisive, again while a pool or
+    ReLU is not sure to decide as float64 does (_decides_alike). Not at the model's size:
+    there some window never is (100 draws in a row, on an H100), and its checks are
+    bounded for them."""
     def draw(gen):
         x = torch.randn(shape[0], 16, *shape[1:], generator=gen).to(dtype)
         weight = torch.randn(64, 16, 3, 3, generator=gen) * 0.2
         return x, weight, torch.randn(64, generator=gen) * 0.5
 
     x, weight, bias = drawn_until(
-        draw, lambda x, weight, bias: _decides_alike(x, weight, bias, dtype), seed)
+        draw, lambda x, weight, bias: not decisive or _decides_alike(x, weight, bias, dtype),
+        seed)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
     return x.to(device), weight.to(device), bias.to(device)
@@ -204,7 +207,7 @@ def test_bad_inputs_fail_in_one_line(bad, message):
 def test_the_model_size_matches_the_unfused_graph():
     """At the GPU preset's size (B=64 of its [16, 64, 64] inputs), bf16 NHWC: the same
     values as cuDNN's conv and the pool kernel but where the sum's order moves a rounding."""
-    x, weight, bias = _inputs((64, 64, 64), torch.bfloat16, "cuda", True)
+    x, weight, bias = _inputs((64, 64, 64), torch.bfloat16, "cuda", True, decisive=False)
     y = conv_pool_bias_relu(x, weight, bias)
     expected = unfused(x, weight, bias)
     assert (y == expected).float().mean().item() > 0.99
