@@ -27,8 +27,8 @@ TOL = {torch.float32: 1e-6, torch.bfloat16: 4e-3, torch.float16: 1e-3}
 def _inputs(shape, dtype, device, channels_last, seed=None, decisive=True):
     """Drawn from seed (a fresh one if None), then, where decisive, again while a pool or
     ReLU is not sure to decide as float64 does (_decides_alike). Not at the model's size:
-    there some window never is (100 draws in a row, on an H100), and its checks are
-    bounded for them."""
+    there no draw is sure (100 refused in a row, on an H100), and its checks are bounded
+    for the windows that are not."""
     def draw(gen):
         x = torch.randn(shape[0], 16, *shape[1:], generator=gen).to(dtype)
         weight = torch.randn(64, 16, 3, 3, generator=gen) * 0.2
