@@ -158,7 +158,7 @@ def second_block_inputs(B, H, W, device, dtype=torch.float32, channels_last=Fals
         v = F.conv2d(x.double(), weight.double(), bias.double(), padding=1)
         return nearest_pool_decision(v) >= SECOND_BLOCK_NEAR
 
-    x, weight, bias = drawn_until(draw, decides_clearly if decisive else lambda *drawn: True, seed)
+    x, weight, bias = drawn_until(draw, decides_clearly if decisive else None, seed)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
     wdt = torch.float64 if dtype == torch.float64 else torch.float32

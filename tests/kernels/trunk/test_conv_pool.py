@@ -34,9 +34,10 @@ def _inputs(shape, dtype, device, channels_last, seed=None, decisive=True):
         weight = torch.randn(64, 16, 3, 3, generator=gen) * 0.2
         return x, weight, torch.randn(64, generator=gen) * 0.5
 
-    x, weight, bias = drawn_until(
-        draw, lambda x, weight, bias: not decisive or _decides_alike(x, weight, bias, dtype),
-        seed)
+    def alike(x, weight, bias):
+        return _decides_alike(x, weight, bias, dtype)
+
+    x, weight, bias = drawn_until(draw, alike if decisive else None, seed)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
     return x.to(device), weight.to(device), bias.to(device)
